@@ -1,0 +1,156 @@
+"""The one engine interface that the UI, the CLI and every engine share.
+
+A Request goes in; a stream of events comes out: Delta events while text is produced
+(each with a live Stats snapshot, so gauges can move while tokens stream), then exactly
+one Result. Generation is cancelled by setting the threading.Event passed to generate();
+the stream then ends with finish_reason "cancelled".
+
+Nothing here imports torch or llama_cpp: the UI depends on this module only.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Literal, Sequence, Union
+
+from localchat.errors import UsageError
+
+Role = Literal["system", "user", "assistant"]
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Role
+    content: str
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling as llama.cpp users know it. temperature 0 means greedy."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (self.top_k >= 0, f"top-k must be >= 0, got {self.top_k}"),
+            (0 < self.top_p <= 1, f"top-p must be in (0, 1], got {self.top_p}"),
+            (0 <= self.min_p <= 1, f"min-p must be in [0, 1], got {self.min_p}"),
+            (self.repeat_penalty > 0, f"repeat penalty must be > 0, got {self.repeat_penalty}"),
+            (self.seed is None or self.seed >= 0, f"seed must be >= 0, got {self.seed}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise UsageError(message)
+
+
+@dataclass(frozen=True)
+class Request:
+    """Either chat messages (rendered with the model's template) or raw prompt tokens."""
+
+    messages: Sequence[Message] = ()
+    prompt_tokens: Sequence[int] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int | None = None  # None: until stop or the end of the context
+    stop: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        if not self.messages and not self.prompt_tokens:
+            raise UsageError("a request needs messages or prompt tokens")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise UsageError(f"max tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass(frozen=True)
+class Stats:
+    """What one generation cost, measured by the engine where the work happened.
+
+    Rates are 0.0 when there was nothing to measure (e.g. one token: no decode rate).
+    """
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt prefix reused from the KV cache, not recomputed
+    completion_tokens: int = 0
+    ttft_s: float = 0.0
+    prefill_tok_s: float = 0.0
+    decode_tok_s: float = 0.0
+    elapsed_s: float = 0.0
+    kv_cache_bytes: int = 0  # KV cache in use now
+    kv_cache_capacity_bytes: int = 0
+    context_tokens: int = 0  # tokens in the context window now
+    context_capacity: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New text (possibly empty while a multi-byte character is incomplete)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    stats: Stats
+
+
+@dataclass(frozen=True)
+class Result:
+    text: str
+    finish_reason: FinishReason
+    stats: Stats
+
+
+Event = Union[Delta, Result]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts about the loaded model that the UI shows and the context policy needs."""
+
+    name: str
+    path: str
+    architecture: str
+    quant_type: str
+    file_size: int
+    n_ctx_train: int
+    n_ctx: int  # the context window this engine was loaded with
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    kv_bytes_per_token: int
+
+
+class Engine(ABC):
+    """An in-process inference engine bound to one loaded model."""
+
+    name: str
+    info: ModelInfo
+
+    @abstractmethod
+    def generate(self, request: Request, cancel: threading.Event | None = None) -> Iterator[Event]:
+        """Stream Delta events, then one Result. Raises ContextOverflowError up front
+        when the prompt cannot fit."""
+
+    @abstractmethod
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
+        """Tokens the rendered chat prompt takes (used to fit history into the context)."""
+
+    def complete(self, request: Request, cancel: threading.Event | None = None) -> Result:
+        """Run a request to the end and return only its Result."""
+        result = None
+        for event in self.generate(request, cancel):
+            if isinstance(event, Result):
+                result = event
+        assert result is not None, "an engine stream must end with a Result"
+        return result
+
+    def close(self) -> None:
+        """Release the model. Safe to call twice."""
