@@ -1,0 +1,87 @@
+"""`localchat pull` and `localchat models`: fetch a model, list the known ones.
+
+Both return an exit code and raise LocalchatError subclasses for user mistakes; the
+CLI prints those as one line.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from localchat.models import ModelEntry, list_models, resolve_model
+
+COLUMNS = ("SOURCE", "SPEC/NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "KV/TOKEN")
+
+
+def cmd_pull(spec: str) -> int:
+    """Download (if needed) and validate a model; print where it lives."""
+    print(resolve_model(spec, local_only=False))
+    return 0
+
+
+def cmd_models(as_json: bool = False) -> int:
+    """Print the known models as a table, or as a JSON list for scripts."""
+    entries = list_models()
+    if as_json:
+        print(json.dumps([_as_dict(e) for e in entries], indent=2))
+        return 0
+    if not entries:
+        print("no models found; try `localchat pull OWNER/REPO:QUANT`")
+        return 0
+    rows = [_row(e) for e in entries]
+    widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
+    for row, entry in zip([COLUMNS, *rows], [None, *entries]):
+        line = "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+        if entry is not None and entry.error:
+            line += f"  error: {entry.error}"
+        print(line)
+    return 0
+
+
+def human_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'; binary units, one decimal."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _row(entry: ModelEntry) -> tuple[str, ...]:
+    f = entry.facts
+    if f is None:
+        return (entry.source, entry.spec, "-", "-", "-", "-", "-")
+    return (
+        entry.source,
+        entry.spec,
+        f.quant_type,
+        human_bytes(f.file_size),
+        f.architecture,
+        str(f.context_length),
+        human_bytes(f.kv_bytes_per_token()),
+    )
+
+
+def _as_dict(entry: ModelEntry) -> dict[str, Any]:
+    out: dict[str, Any] = {"source": entry.source, "spec": entry.spec, "path": str(entry.path)}
+    f = entry.facts
+    if f is None:
+        out["error"] = entry.error
+        return out
+    out.update(
+        name=f.name,
+        quant=f.quant_type,
+        size_bytes=f.file_size,
+        architecture=f.architecture,
+        context_length=f.context_length,
+        n_layers=f.n_layers,
+        n_heads=f.n_heads,
+        n_kv_heads=f.n_kv_heads,
+        head_dim=f.head_dim,
+        vocab_size=f.vocab_size,
+        kv_bytes_per_token=f.kv_bytes_per_token(),
+        has_chat_template=f.chat_template is not None,
+    )
+    return out

