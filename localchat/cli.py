@@ -1,0 +1,101 @@
+"""Command line: `localchat` opens the chat TUI; subcommands do the rest.
+
+Flags follow what llama.cpp and Ollama users know (-m, -n, -c, --temp, ...). Every user
+mistake surfaces as a LocalchatError: one line on stderr and a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from localchat import __version__
+from localchat.errors import LocalchatError
+
+
+def _model_flags() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("model")
+    g.add_argument("-m", "--model", default="default", metavar="SPEC",
+                   help="'default' (bundled SmolLM2-135M), a .gguf path, or OWNER/REPO:FILE.gguf "
+                        "or OWNER/REPO:QUANT on Hugging Face (default: %(default)s)")
+    g.add_argument("--engine", default="llama.cpp", choices=["llama.cpp"],
+                   help="inference engine (default: %(default)s)")
+    g.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
+                   help="context window in tokens (default: min(model's, 4096); 0 = model's)")
+    g.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU threads (default: all cores)")
+    return p
+
+
+def _sampling_flags() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("sampling")
+    g.add_argument("-s", "--system", default=None, metavar="TEXT", help="system prompt")
+    g.add_argument("-n", "--max-tokens", type=int, default=None, metavar="N",
+                   help="most tokens to generate (default: until done or context end)")
+    g.add_argument("--temp", "--temperature", dest="temp", type=float, default=0.8,
+                   help="temperature, 0 = greedy (default: %(default)s)")
+    g.add_argument("--top-k", type=int, default=40, help="(default: %(default)s)")
+    g.add_argument("--top-p", type=float, default=0.95, help="(default: %(default)s)")
+    g.add_argument("--min-p", type=float, default=0.05, help="(default: %(default)s)")
+    g.add_argument("--repeat-penalty", type=float, default=1.0, help="(default: %(default)s)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    model, sampling = _model_flags(), _sampling_flags()
+    parser = argparse.ArgumentParser(
+        prog="localchat",
+        parents=[model, sampling],
+        description="Chat with a local, quantized LLM. With no command, opens the chat UI.",
+    )
+    parser.add_argument("--version", action="version", version=f"localchat {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", parents=[model, sampling], help="one-shot prompt, reply on stdout",
+                         description="Print the model's reply to PROMPT (and/or stdin) on stdout.")
+    run.add_argument("prompt", nargs="?", default=None,
+                     help="the prompt; '-' or piped stdin supplies it (stdin first, then this)")
+    run.add_argument("--verbose", action="store_true", help="stats block on stderr")
+    run.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
+
+    pull = sub.add_parser("pull", help="download a model from Hugging Face")
+    pull.add_argument("spec", metavar="SPEC", help="OWNER/REPO:FILE.gguf or OWNER/REPO:QUANT")
+
+    models = sub.add_parser("models", help="list models available locally")
+    models.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "run":
+        from localchat.run_command import cmd_run
+
+        return cmd_run(args)
+    if args.command == "pull":
+        from localchat.model_commands import cmd_pull
+
+        return cmd_pull(args.spec)
+    if args.command == "models":
+        from localchat.model_commands import cmd_models
+
+        return cmd_models(as_json=args.json)
+    from localchat.tui.app import run_tui
+
+    return run_tui(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except LocalchatError as exc:
+        print(f"localchat: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 141

@@ -1,0 +1,44 @@
+"""Engines behind one interface (base.py). load_engine() is the only way in, so the
+UI and CLI never import an engine's heavy dependencies themselves."""
+
+from __future__ import annotations
+
+from localchat.engine.base import Engine
+from localchat.errors import UsageError
+
+ENGINES = ("llama.cpp",)
+DEFAULT_CTX = 4096
+
+
+def load_engine(
+    spec: str = "default",
+    *,
+    engine: str = "llama.cpp",
+    ctx_size: int | None = None,
+    threads: int | None = None,
+) -> Engine:
+    """Resolve a model SPEC, validate the file, and load it into the chosen engine.
+
+    ctx_size None picks min(the model's training context, 4096), like Ollama's default;
+    0 means the model's full training context.
+    """
+    from localchat.model_files import validate_model_file
+    from localchat.models import resolve_model
+
+    if engine not in ENGINES:
+        raise UsageError(f"unknown engine {engine!r} (choose from: {', '.join(ENGINES)})")
+    if ctx_size is not None and ctx_size < 0:
+        raise UsageError(f"context size must be >= 0, got {ctx_size}")
+    if threads is not None and threads < 1:
+        raise UsageError(f"threads must be >= 1, got {threads}")
+    facts = validate_model_file(resolve_model(spec))
+    if ctx_size is None:
+        ctx_size = min(facts.context_length, DEFAULT_CTX)
+    elif ctx_size == 0:
+        ctx_size = facts.context_length
+    if ctx_size < 16:
+        raise UsageError(f"context size must be at least 16 tokens, got {ctx_size}")
+
+    from localchat.engine.llamacpp import LlamaCppEngine
+
+    return LlamaCppEngine(facts, n_ctx=ctx_size, threads=threads)

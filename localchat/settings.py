@@ -1,0 +1,48 @@
+"""ChatSettings: what a chat runs with, built once from command-line flags and shared
+by `localchat run` and the TUI so both read the flags the same way."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from localchat.engine.base import Message, SamplingParams
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    model: str = "default"
+    engine: str = "llama.cpp"
+    ctx_size: int | None = None
+    threads: int | None = None
+    system: str | None = None
+    max_tokens: int | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ChatSettings":
+        return cls(
+            model=args.model,
+            engine=args.engine,
+            ctx_size=args.ctx_size,
+            threads=args.threads,
+            system=args.system,
+            max_tokens=args.max_tokens,
+            sampling=SamplingParams(
+                temperature=args.temp,
+                top_k=args.top_k,
+                top_p=args.top_p,
+                min_p=args.min_p,
+                repeat_penalty=args.repeat_penalty,
+                seed=args.seed,
+            ),
+        )
+
+    def system_messages(self) -> list[Message]:
+        return [Message("system", self.system)] if self.system else []
+
+    def load_engine(self):
+        from localchat.engine import load_engine
+
+        return load_engine(self.model, engine=self.engine, ctx_size=self.ctx_size,
+                           threads=self.threads)

@@ -1,0 +1,121 @@
+"""The real `localchat` command in a subprocess: one-shot runs and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def localchat(*args, stdin: str | None = None, env_extra: dict | None = None, timeout=120):
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "localchat", *args],
+        input=stdin if stdin is not None else "",
+        capture_output=True, text=True, timeout=timeout, env=env,
+    )
+
+
+def assert_one_line_error(proc, *needles):
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("localchat: error: ")
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert proc.stdout == ""
+
+
+def test_run_json_has_text_and_positive_stats():
+    proc = localchat("run", "What is the capital of France?", "-n", "32", "--temp", "0", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["text"].strip()
+    for key in ("ttft_s", "decode_tok_s", "prefill_tok_s", "kv_cache_bytes",
+                "kv_cache_capacity_bytes", "prompt_tokens", "completion_tokens"):
+        assert out[key] > 0, key
+    assert out["finish_reason"] in ("stop", "length")
+    assert out["engine"] == "llama.cpp" and out["model"]
+    assert out["cached_tokens"] == 0
+
+
+def test_run_streams_reply_only_on_stdout_and_stats_on_stderr():
+    proc = localchat("run", "Which city is the capital of France?", "-n", "16", "--temp", "0",
+                     "--verbose")
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout
+    assert "eval rate" not in proc.stdout
+    for field in ("time to first token", "prompt eval rate", "eval rate", "kv cache"):
+        assert field in proc.stderr
+
+
+def test_stdin_comes_first_then_the_argument():
+    proc = localchat("run", "-", "-n", "8", "--temp", "0", "--json",
+                     stdin="The capital of France is Paris.\n")
+    assert proc.returncode == 0, proc.stderr
+    piped_only = json.loads(proc.stdout)["prompt_tokens"]
+    proc2 = localchat("run", "Repeat it.", "-n", "8", "--temp", "0", "--json",
+                      stdin="The capital of France is Paris.\n")
+    both = json.loads(proc2.stdout)["prompt_tokens"]
+    assert both > piped_only
+
+
+def test_system_prompt_and_sampling_flags_are_accepted():
+    proc = localchat("run", "Hi", "-s", "Answer in one word.", "-n", "4", "--temp", "0.7",
+                     "--top-k", "20", "--top-p", "0.9", "--min-p", "0.1",
+                     "--repeat-penalty", "1.1", "--seed", "7", "-c", "256", "--threads", "1",
+                     "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["kv_cache_capacity_bytes"] == 256 * 23040
+
+
+def test_prompt_longer_than_context_is_a_clear_error():
+    proc = localchat("run", "word " * 600, "-c", "256")
+    assert_one_line_error(proc, "256 tokens")
+    assert proc.returncode == 1
+
+
+@pytest.mark.parametrize("content, name", [
+    (None, "missing.gguf"),
+    (b"hello, I am not a model\n" * 10, "notes.gguf"),
+    (b"\x80\x04\x95" + b"\x00" * 64, "evil.gguf"),
+    (b"PK\x03\x04" + b"\x00" * 64, "model.gguf"),
+    (b"\x00" * 64, "weights.pt"),
+    (b"\x00" * 64, "pytorch_model.bin"),
+])
+def test_bad_model_files_are_one_line_errors(tmp_path, content, name):
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    proc = localchat("run", "hi", "-m", str(path))
+    assert_one_line_error(proc)
+
+
+def test_truncated_gguf_is_a_one_line_error(tmp_path):
+    from localchat.models import resolve_model
+
+    data = resolve_model("default").read_bytes()
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(data[: len(data) // 2])
+    assert_one_line_error(localchat("run", "hi", "-m", str(path)), "cut.gguf")
+
+
+@pytest.mark.parametrize("spec", ["owner/repo:../../etc/passwd.gguf", "owner/repo:/etc/x.gguf",
+                                  "../repo:model.gguf"])
+def test_hub_refs_escaping_the_cache_are_refused(spec):
+    proc = localchat("run", "hi", "-m", spec)
+    assert_one_line_error(proc)
+    assert proc.returncode == 2
+
+
+def test_no_prompt_is_a_usage_error():
+    assert_one_line_error(localchat("run"), "no prompt")
+
+
+def test_bad_sampling_value_is_a_usage_error():
+    assert_one_line_error(localchat("run", "hi", "--temp", "-1"), "temperature")
