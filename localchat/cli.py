@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     pull = sub.add_parser("pull", help="download a model from Hugging Face")
     pull.add_argument("spec", metavar="SPEC", help="OWNER/REPO:FILE.gguf or OWNER/REPO:QUANT")
 
+    bench = sub.add_parser("bench", parents=[model], help="measure prefill and decode speed",
+                           description="Prefill and decode speed, llama-bench style.")
+    bench.add_argument("-p", "--prompt-tokens", type=int, default=512, help="(default: %(default)s)")
+    bench.add_argument("-g", "--gen-tokens", type=int, default=128, help="(default: %(default)s)")
+    bench.add_argument("-r", "--repeats", type=int, default=5, help="(default: %(default)s)")
+    bench.add_argument("--json", action="store_true", help="print JSON")
+
     models = sub.add_parser("models", help="list models available locally")
     models.add_argument("--json", action="store_true", help="print JSON")
     return parser
@@ -74,6 +81,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from localchat.run_command import cmd_run
 
         return cmd_run(args)
+    if args.command == "bench":
+        from localchat.bench import cmd_bench
+
+        return cmd_bench(args)
     if args.command == "pull":
         from localchat.model_commands import cmd_pull
 

@@ -1,0 +1,83 @@
+"""Fit chat history into the context window by dropping whole oldest turns.
+
+Dropping whole turns (a user message with the replies that follow it) keeps the
+conversation well-formed for chat templates that insist on alternating roles. The
+system prompt and the newest user message are never dropped: without them the reply
+would answer the wrong question.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from localchat.engine.base import Message
+from localchat.errors import ContextOverflowError
+
+
+@dataclass(frozen=True)
+class FitResult:
+    messages: tuple[Message, ...]
+    dropped_turns: int
+    prompt_tokens: int
+
+
+def _split(messages: Sequence[Message]) -> tuple[list[Message], list[list[Message]], list[Message]]:
+    """(leading system messages, droppable turns oldest first, the kept tail)."""
+    start = 0
+    while start < len(messages) and messages[start].role == "system":
+        start += 1
+    head = list(messages[:start])
+    users = [i for i in range(start, len(messages)) if messages[i].role == "user"]
+    last_user = users[-1] if users else None
+    if last_user is None:  # nothing that is safe to drop
+        return head, [], list(messages[start:])
+    turns: list[list[Message]] = []
+    for message in messages[start:last_user]:
+        if message.role == "user" or not turns:
+            turns.append([message])  # replies before any user message form their own turn
+        else:
+            turns[-1].append(message)
+    return head, turns, list(messages[last_user:])
+
+
+def fit_history(
+    messages: Sequence[Message],
+    count_tokens: Callable[[Sequence[Message]], int],
+    budget: int,
+) -> FitResult:
+    """Keep the most recent history whose prompt is at most `budget` tokens.
+
+    count_tokens renders and tokenizes, so it is expensive: this calls it at most
+    2 + log2(turns) times (binary search on how many oldest turns to drop; the token
+    count only shrinks as turns are dropped).
+    """
+    head, turns, tail = _split(messages)
+
+    def kept(dropped: int) -> tuple[Message, ...]:
+        return tuple(head + [m for turn in turns[dropped:] for m in turn] + tail)
+
+    counts: dict[int, int] = {}
+
+    def tokens(dropped: int) -> int:
+        if dropped not in counts:
+            counts[dropped] = count_tokens(kept(dropped))
+        return counts[dropped]
+
+    if tokens(0) <= budget:
+        return FitResult(kept(0), 0, tokens(0))
+    least = len(turns)
+    if tokens(least) > budget:
+        raise ContextOverflowError(
+            f"prompt is {tokens(least)} tokens but only {budget} fit in the context "
+            "(system prompt and newest message alone); shorten the message or use a "
+            "larger context"
+        )
+    too_few, enough = 0, least  # invariant: tokens(too_few) > budget >= tokens(enough)
+    while enough - too_few > 1:
+        middle = (too_few + enough) // 2
+        if tokens(middle) <= budget:
+            enough = middle
+        else:
+            too_few = middle
+    return FitResult(kept(enough), enough, tokens(enough))

@@ -1,0 +1,88 @@
+"""The chat UI's widgets: the prompt box, the live gauge bar and message views."""
+
+from __future__ import annotations
+
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message as TextualMessage
+from textual.reactive import reactive
+from textual.widgets import Markdown, Static, TextArea
+
+from localchat.engine.base import Stats
+from localchat.units import human_bytes
+
+NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
+
+
+class PromptInput(TextArea):
+    """Multi-line input: Enter sends, Ctrl+J (or Shift+Enter / Alt+Enter where the
+    terminal can tell them apart from Enter) inserts a newline."""
+
+    BINDINGS = [
+        Binding("enter", "submit", "Send", priority=True),
+        Binding(",".join(NEWLINE_KEYS), "newline", "Newline", key_display="^j", priority=True),
+    ]
+
+    class Submitted(TextualMessage):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    def action_submit(self) -> None:
+        if self.text.strip():
+            self.post_message(self.Submitted(self.text))
+            self.clear()
+
+    def action_newline(self) -> None:
+        self.insert("\n")
+
+
+def kv_bar(used: int, capacity: int, width: int = 8) -> str:
+    filled = round(width * used / capacity) if capacity else 0
+    filled = min(width, max(1 if used else 0, filled))
+    return "█" * filled + "░" * (width - filled)
+
+
+def format_gauges(stats: Stats | None, state: str) -> str:
+    """One line: TTFT, live tok/s, KV cache bar and bytes, context used N of M."""
+    if stats is None:
+        return state
+    ttft = f"{stats.ttft_s * 1000:.0f} ms" if stats.ttft_s > 0 else "–"
+    rate = f"{stats.decode_tok_s:.1f} tok/s" if stats.decode_tok_s > 0 else "– tok/s"
+    capacity = human_bytes(stats.kv_cache_capacity_bytes)  # e.g. "90.0 MiB"
+    unit = capacity.split()[-1]
+    used = stats.kv_cache_bytes / 1024 ** ("B", "KiB", "MiB", "GiB").index(unit)
+    kv = (f"KV {kv_bar(stats.kv_cache_bytes, stats.kv_cache_capacity_bytes)} "
+          f"{used:.1f}/{capacity}")
+    ctx = f"ctx {stats.context_tokens}/{stats.context_capacity}"
+    return f"{state} │ TTFT {ttft} │ {rate} │ {kv} │ {ctx}"
+
+
+class GaugeBar(Static):
+    """Live speed and memory figures, updated with every streamed token."""
+
+    stats: reactive[Stats | None] = reactive(None)
+    state: reactive[str] = reactive("loading model…")
+
+    def render(self) -> str:
+        return format_gauges(self.stats, self.state)
+
+
+class MessageView(Vertical):
+    """One chat message: a role label and its Markdown body (streamed by appending)."""
+
+    def __init__(self, role: str, text: str = "", **kwargs) -> None:
+        super().__init__(classes=f"message {role}", **kwargs)
+        self.role = role
+        self.initial_text = text
+        self.status = Static("", classes="reply-status")
+
+    def compose(self):
+        yield Static("You" if self.role == "user" else "Assistant", classes="role")
+        yield Markdown(self.initial_text)
+        if self.role == "assistant":
+            yield self.status
+
+    @property
+    def markdown(self) -> Markdown:
+        return self.query_one(Markdown)

@@ -1,0 +1,123 @@
+"""The chat TUI driven with Textual's Pilot against the real bundled model."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from localchat.engine.base import SamplingParams
+from localchat.settings import ChatSettings
+from localchat.tui.app import ChatApp
+from localchat.tui.widgets import GaugeBar, MessageView, PromptInput
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+async def wait_until(pilot, predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting for the UI"
+        await pilot.pause(0.02)
+
+
+async def send(pilot, text: str) -> None:
+    prompt = pilot.app.query_one(PromptInput)
+    prompt.text = text
+    prompt.focus()
+    await pilot.press("enter")
+
+
+def replies(app) -> list[MessageView]:
+    return [v for v in app.query(MessageView) if v.role == "assistant"]
+
+
+async def test_send_message_streams_reply_and_gauges_move(engine):
+    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=48), engine=engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
+        gauges = app.query_one(GaugeBar)
+        updates = []
+        gauges.watch(gauges, "stats", lambda s: updates.append((s, app._generating)), init=False)
+        await send(pilot, "Which city is the capital of France?")
+        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        reply = replies(app)[-1]
+        assert "Paris" in reply.markdown.source
+        streaming = [s.completion_tokens for s, generating in updates if generating]
+        assert len(set(streaming)) >= 3, "gauges did not update while tokens streamed"
+        assert streaming == sorted(streaming)
+        s = gauges.stats
+        assert s.ttft_s > 0 and s.kv_cache_bytes > 0 and s.context_tokens > 0
+        rendered = str(gauges.render())
+        assert "TTFT" in rendered and "tok/s" in rendered and f"/{engine.info.n_ctx}" in rendered
+        assert app.query_one(PromptInput).text == ""  # input cleared after sending
+        assert [m.role for m in app.history] == ["user", "assistant"]
+
+
+async def test_escape_stops_generation_and_keeps_partial_reply(engine):
+    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=400), engine=engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
+        await send(pilot, "Write a very long story about a dragon and a knight.")
+        gauges = app.query_one(GaugeBar)
+        await wait_until(pilot, lambda: gauges.stats is not None and gauges.stats.completion_tokens >= 3)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not app._generating)
+        reply = replies(app)[-1]
+        assert "stopped" in str(reply.status.render())
+        assert gauges.stats.completion_tokens < 400
+        assert app.history[-1].role == "assistant" and app.history[-1].content
+
+
+async def test_newline_key_does_not_send(engine):
+    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=4), engine=engine)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
+        app.query_one(PromptInput).focus()
+        await pilot.press("h", "i", "ctrl+j", "y", "o")
+        assert app.query_one(PromptInput).text == "hi\nyo"
+        assert not replies(app)
+
+
+async def test_history_longer_than_context_drops_oldest_turns_and_says_so(small_engine):
+    settings = ChatSettings(system="Be brief.", sampling=GREEDY, max_tokens=8)
+    app = ChatApp(settings, engine=small_engine)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
+        for i in range(6):  # ~60 tokens a turn against a 256-token context
+            await send(pilot, f"Fact {i}: " + "the ocean is deep and the sky is wide. " * 5)
+            await wait_until(pilot, lambda: not app._generating and len(app.history) == 2 * (i + 1) + 1)
+        notices = [str(n.render()) for n in app.query(".notice")]
+        assert any(re.search(r"\d+ earlier turn\(s\) dropped", n) for n in notices), notices
+        assert app.history[0].role == "system"
+        assert all(m.content for m in app.history if m.role == "assistant")
+
+
+async def test_ctrl_q_quits_cleanly(engine):
+    app = ChatApp(ChatSettings(sampling=GREEDY), engine=engine)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+    assert app.return_code == 0
+
+
+async def test_app_loads_the_model_itself_without_blocking(tmp_path):
+    """No engine passed in: the app loads `default` in a worker and shows progress."""
+    app = ChatApp(ChatSettings(ctx_size=256))
+    async with app.run_test() as pilot:
+        gauges = app.query_one(GaugeBar)
+        assert gauges.state in ("loading model…", "ready")
+        await wait_until(pilot, lambda: gauges.state == "ready")
+        assert "SmolLM2" in str(app.query_one("#title").render()) or app.engine.info.name
+        await pilot.press("ctrl+q")
+
+
+async def test_unloadable_model_is_reported_in_the_ui(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model")
+    app = ChatApp(ChatSettings(model=str(bad)))
+    async with app.run_test() as pilot:
+        gauges = app.query_one(GaugeBar)
+        await wait_until(pilot, lambda: gauges.state == "model failed to load")
+        notices = [str(n.render()) for n in app.query(".notice")]
+        assert any("not a GGUF" in n for n in notices), notices

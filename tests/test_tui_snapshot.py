@@ -1,0 +1,56 @@
+"""Layout snapshots at 80x24. A scripted engine makes the screen deterministic; it is
+a layout fixture only -- behaviour is tested on the real model in test_tui.py."""
+
+from __future__ import annotations
+
+from localchat.engine.base import Delta, Engine, ModelInfo, Result, Stats
+from localchat.settings import ChatSettings
+from localchat.tui.app import ChatApp
+from localchat.tui.widgets import GaugeBar, PromptInput
+
+REPLY = ["The capital ", "of France is **Paris**.\n\n", "```python\nprint('Paris')\n```\n"]
+
+
+class ScriptedEngine(Engine):
+    name = "scripted"
+    info = ModelInfo(name="scripted", path="-", architecture="llama", quant_type="Q4_1",
+                     file_size=0, n_ctx_train=8192, n_ctx=4096, n_layers=30, n_kv_heads=3,
+                     head_dim=64, kv_bytes_per_token=23040)
+
+    def count_prompt_tokens(self, messages):
+        return sum(len(m.content.split()) + 4 for m in messages)
+
+    def generate(self, request, cancel=None):
+        prompt = self.count_prompt_tokens(request.messages)
+        for i, piece in enumerate(REPLY, 1):
+            stats = Stats(prompt_tokens=prompt, completion_tokens=i, ttft_s=0.125,
+                          decode_tok_s=42.0, kv_cache_bytes=(prompt + i) * 23040,
+                          kv_cache_capacity_bytes=4096 * 23040, context_tokens=prompt + i,
+                          context_capacity=4096)
+            yield Delta(text=piece, token_ids=(i,), stats=stats)
+        yield Result(text="".join(REPLY), finish_reason="stop", stats=stats)
+
+
+def make_app():
+    return ChatApp(ChatSettings(), engine=ScriptedEngine())
+
+
+async def _chat_once(pilot):
+    app = pilot.app
+    prompt = app.query_one(PromptInput)
+    prompt.text = "What is the capital of France?"
+    await pilot.press("enter")
+    for _ in range(200):
+        await pilot.pause(0.02)
+        if not app._generating and len(app.history) == 2:
+            break
+    prompt.blur()
+    await pilot.pause(0.1)
+
+
+def test_empty_screen_80x24(snap_compare):
+    assert snap_compare(make_app(), terminal_size=(80, 24))
+
+
+def test_after_one_reply_80x24(snap_compare):
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=_chat_once)
