@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from localchat.models import ModelEntry, list_models, resolve_model
+from localchat.units import human_bytes
 
 COLUMNS = ("SOURCE", "SPEC/NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "KV/TOKEN")
 
@@ -37,16 +38,6 @@ def cmd_models(as_json: bool = False) -> int:
             line += f"  error: {entry.error}"
         print(line)
     return 0
-
-
-def human_bytes(n: int) -> str:
-    """1536 -> '1.5 KiB'; binary units, one decimal."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _row(entry: ModelEntry) -> tuple[str, ...]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 def human_bytes(n: float) -> str:
     """1536 -> '1.5 KiB'. Binary units, as llama.cpp and free(1) print them."""
+    value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
     raise AssertionError("unreachable")
 
 

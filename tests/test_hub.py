@@ -10,10 +10,8 @@ import os
 import socket
 from pathlib import Path
 
-import gguf
 import httpx2
 import huggingface_hub
-import numpy as np
 import pytest
 from huggingface_hub import constants
 from huggingface_hub.errors import RepositoryNotFoundError
@@ -21,26 +19,9 @@ from huggingface_hub.errors import RepositoryNotFoundError
 from localchat import hub
 from localchat.errors import HubError, ModelFormatError, ModelNotFoundError, UsageError
 from localchat.hub import HubRef, cached_gguf_files, cached_spec, fetch, parse_hub_ref
+from tiny_files import write_tiny_gguf
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-def write_tiny_gguf(path: Path, name: str = "tiny") -> Path:
-    """A small but complete GGUF: llama metadata and one F32 tensor."""
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name(name)
-    writer.add_block_count(2)
-    writer.add_context_length(256)
-    writer.add_embedding_length(64)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(2)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def add_to_cache(cache: Path, repo_id: str, filename: str, content: bytes) -> Path:

@@ -8,31 +8,16 @@ import os
 import socket
 from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
 from huggingface_hub import constants
 
 from localchat.errors import ModelFormatError, ModelNotFoundError, UnsafeCheckpointError, UsageError
-from localchat.model_commands import cmd_models, cmd_pull, human_bytes
+from localchat.model_commands import cmd_models, cmd_pull
+from localchat.units import human_bytes
 from localchat.models import bundled_model_path, list_models, remembered_paths, resolve_model
+from tiny_files import write_tiny_gguf
 
 COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
-
-
-def write_tiny_gguf(path: Path) -> Path:
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(2)
-    writer.add_context_length(256)
-    writer.add_embedding_length(64)
-    writer.add_head_count(4)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 @pytest.fixture(autouse=True)

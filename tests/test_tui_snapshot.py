@@ -6,7 +6,7 @@ from __future__ import annotations
 from localchat.engine.base import Delta, Engine, ModelInfo, Result, Stats
 from localchat.settings import ChatSettings
 from localchat.tui.app import ChatApp
-from localchat.tui.widgets import GaugeBar, PromptInput
+from localchat.tui.widgets import PromptInput
 
 REPLY = ["The capital ", "of France is **Paris**.\n\n", "```python\nprint('Paris')\n```\n"]
 
