@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import time
 
+from textual import events
+
 from localchat.engine.base import SamplingParams
 from localchat.settings import ChatSettings
 from localchat.tui.app import ChatApp
@@ -76,6 +78,22 @@ async def test_newline_key_does_not_send(engine):
         await pilot.press("h", "i", "ctrl+j", "y", "o")
         assert app.query_one(PromptInput).text == "hi\nyo"
         assert not replies(app)
+
+
+async def test_fast_typing_then_enter_sends_everything_typed(engine):
+    """Keys arrive in a burst (paste-speed typing, tmux send-keys): Enter must not
+    overtake characters still queued for the input box."""
+    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=4), engine=engine)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
+        app.query_one(PromptInput).focus()
+        text = "Write a haiku about the sea."
+        for ch in text:
+            app.post_message(events.Key(ch, ch))
+        app.post_message(events.Key("enter", "\r"))
+        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        assert app.history[0].content == text
+        assert app.query_one(PromptInput).text == ""
 
 
 async def test_history_longer_than_context_drops_oldest_turns_and_says_so(small_engine):

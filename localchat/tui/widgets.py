@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from textual import events
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message as TextualMessage
@@ -18,15 +19,25 @@ class PromptInput(TextArea):
     """Multi-line input: Enter sends, Ctrl+J (or Shift+Enter / Alt+Enter where the
     terminal can tell them apart from Enter) inserts a newline."""
 
+    # Shown in the footer. The keys are handled in _on_key, in order with the typed
+    # characters: a priority binding would see Enter before text still queued.
     BINDINGS = [
-        Binding("enter", "submit", "Send", priority=True),
-        Binding(",".join(NEWLINE_KEYS), "newline", "Newline", key_display="^j", priority=True),
+        Binding("enter", "submit", "Send"),
+        Binding(",".join(NEWLINE_KEYS), "newline", "Newline", key_display="^j"),
     ]
 
     class Submitted(TextualMessage):
         def __init__(self, text: str) -> None:
             super().__init__()
             self.text = text
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter" or event.key in NEWLINE_KEYS:
+            event.stop()
+            event.prevent_default()
+            self.action_submit() if event.key == "enter" else self.action_newline()
+            return
+        await super()._on_key(event)
 
     def action_submit(self) -> None:
         if self.text.strip():
