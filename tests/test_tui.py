@@ -34,16 +34,16 @@ def replies(app) -> list[MessageView]:
 
 
 async def test_send_message_streams_reply_and_gauges_move(engine):
-    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=48), engine=engine)
+    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=64), engine=engine)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
         gauges = app.query_one(GaugeBar)
         updates = []
         gauges.watch(gauges, "stats", lambda s: updates.append((s, app._generating)), init=False)
-        await send(pilot, "Which city is the capital of France?")
+        await send(pilot, "Write a long story about a dragon.")
         await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
         reply = replies(app)[-1]
-        assert "Paris" in reply.markdown.source
+        assert reply.markdown.source == app.history[-1].content != ""
         streaming = [s.completion_tokens for s, generating in updates if generating]
         assert len(set(streaming)) >= 3, "gauges did not update while tokens streamed"
         assert streaming == sorted(streaming)
@@ -53,6 +53,10 @@ async def test_send_message_streams_reply_and_gauges_move(engine):
         assert "TTFT" in rendered and "tok/s" in rendered and f"/{engine.info.n_ctx}" in rendered
         assert app.query_one(PromptInput).text == ""  # input cleared after sending
         assert [m.role for m in app.history] == ["user", "assistant"]
+        await send(pilot, "Which city is the capital of France?")
+        await wait_until(pilot, lambda: len(app.history) == 4 and not app._generating)
+        assert "Paris" in replies(app)[-1].markdown.source
+        assert gauges.stats.cached_tokens > 0  # the second turn reused the first's KV prefix
 
 
 async def test_escape_stops_generation_and_keeps_partial_reply(engine):
@@ -139,3 +143,16 @@ async def test_unloadable_model_is_reported_in_the_ui(tmp_path):
         await wait_until(pilot, lambda: gauges.state == "model failed to load")
         notices = [str(n.render()) for n in app.query(".notice")]
         assert any("not a GGUF" in n for n in notices), notices
+
+
+async def test_screenshot_without_a_downloads_folder_saves_in_cwd(engine, tmp_path, monkeypatch):
+    import platformdirs
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(platformdirs, "user_downloads_dir", lambda: str(tmp_path / "missing"))
+    app = ChatApp(ChatSettings(), engine=engine)
+    async with app.run_test() as pilot:
+        app.action_screenshot()
+        await wait_until(pilot, lambda: list(tmp_path.glob("*.svg")))
+        await wait_until(pilot, lambda: len(app._notifications) > 0)  # the save thread is done
+    assert "localchat" in next(tmp_path.glob("*.svg")).read_text()

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 import threading
+import time
 from importlib.resources import files
 from pathlib import Path
+from typing import Iterator
 
+import platformdirs
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -26,6 +29,7 @@ from localchat.settings import ChatSettings
 from localchat.tui.widgets import GaugeBar, MessageView, PromptInput
 
 REPLY_RESERVE = 512  # tokens kept free for the reply when fitting history
+UI_INTERVAL_S = 0.1  # redraw at most 10 times a second: a redraw per token halved decode speed
 
 
 def _css_path() -> Path:
@@ -149,10 +153,27 @@ class ChatApp(App):
                 )
             request = Request(messages=fit.messages, sampling=self.settings.sampling,
                               max_tokens=self.settings.max_tokens)
-            for event in engine.generate(request, self._cancel):
-                self.post_message(EngineEvent(event, view))
+            self._stream_events(engine.generate(request, self._cancel), view)
         except LocalchatError as exc:
             self.post_message(GenerationFailed(str(exc), view))
+
+    def _stream_events(self, events: Iterator[Delta | Result], view: MessageView) -> None:
+        """Forward engine events to the UI, merging the deltas of each UI interval."""
+        pending: list[Delta] = []
+        last_post = 0.0
+        for event in events:
+            if isinstance(event, Delta):
+                pending.append(event)
+                if time.monotonic() - last_post < UI_INTERVAL_S:
+                    continue
+            if pending:
+                merged = Delta(text="".join(d.text for d in pending),
+                               token_ids=tuple(t for d in pending for t in d.token_ids),
+                               stats=pending[-1].stats)
+                self.post_message(EngineEvent(merged, view))
+                pending, last_post = [], time.monotonic()
+            if isinstance(event, Result):
+                self.post_message(EngineEvent(event, view))
 
     @on(EngineEvent)
     async def _engine_event(self, message: EngineEvent) -> None:
@@ -198,6 +219,11 @@ class ChatApp(App):
     async def action_quit(self) -> None:
         self._cancel.set()
         self.exit()
+
+    def action_screenshot(self, filename: str | None = None, path: str | None = None) -> None:
+        """Textual saves to ~/Downloads; where there is none, save in the current folder."""
+        downloads = Path(platformdirs.user_downloads_dir())
+        super().action_screenshot(filename, path or str(downloads if downloads.is_dir() else Path.cwd()))
 
     def on_unmount(self) -> None:
         self._cancel.set()
