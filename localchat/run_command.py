@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 from localchat.engine.base import Delta, Message, Request, Result, Stats
 from localchat.errors import UsageError
@@ -48,6 +51,23 @@ def format_stats(stats: Stats) -> str:
     return "\n".join(f"{name + ':':<22}{value}" for name, value in rows)
 
 
+@contextmanager
+def _ctrl_c_cancels(cancel: threading.Event) -> Iterator[None]:
+    """First Ctrl+C stops the reply cleanly (finish_reason 'cancelled', exit 130, the
+    text so far kept); a second one interrupts at once, as in llama.cpp."""
+
+    def on_sigint(signum, frame) -> None:
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     settings = ChatSettings.from_args(args)
     prompt = read_prompt(args.prompt)
@@ -60,18 +80,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         cancel = threading.Event()
         result = None
-        stream = engine.generate(request, cancel)
-        try:
-            for event in stream:
+        with _ctrl_c_cancels(cancel):
+            for event in engine.generate(request, cancel):
                 if isinstance(event, Delta) and not args.json and event.text:
                     sys.stdout.write(event.text)
                     sys.stdout.flush()
                 elif isinstance(event, Result):
-                    result = event
-        except KeyboardInterrupt:
-            cancel.set()
-            for event in stream:  # let the engine finish cleanly with 'cancelled'
-                if isinstance(event, Result):
                     result = event
         assert result is not None
         if args.json:

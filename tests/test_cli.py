@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -119,3 +120,17 @@ def test_no_prompt_is_a_usage_error():
 
 def test_bad_sampling_value_is_a_usage_error():
     assert_one_line_error(localchat("run", "hi", "--temp", "-1"), "temperature")
+
+
+def test_ctrl_c_stops_the_reply_keeps_the_text_and_exits_130():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localchat", "run", "Write a long story about a dragon.",
+         "-n", "2000", "--temp", "0", "--verbose"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.read(20)  # the reply has started streaming
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert len(first + rest) >= 20
+    assert "Traceback" not in err
+    assert "finish reason:        cancelled" in err
