@@ -114,6 +114,19 @@ async def test_history_longer_than_context_drops_oldest_turns_and_says_so(small_
         assert all(m.content for m in app.history if m.role == "assistant")
 
 
+async def test_message_longer_than_the_context_is_an_error_not_a_crash(small_engine):
+    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=8), engine=small_engine)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
+        await send(pilot, "word " * 600)
+        reply = replies(app)[-1]
+        await wait_until(pilot, lambda: "error" in str(reply.status.render()))
+        assert re.search(r"prompt is \d+ tokens but only \d+ fit", str(reply.status.render()))
+        assert app.history == [] and not app._generating
+        await send(pilot, "Hi")  # the chat still works
+        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+
+
 async def test_ctrl_q_quits_cleanly(engine):
     app = ChatApp(ChatSettings(sampling=GREEDY), engine=engine)
     async with app.run_test() as pilot:
