@@ -5,6 +5,16 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
+# llama-cpp-python compiles llama.cpp with -march=native by default. On x86-64 Linux
+# that turns on AMX tile code wherever the CPU reports AMX, which dies with SIGILL on
+# VMs that do not enable it (seen on this project's machines). The portable build
+# (AVX2/FMA/F16C) is the safe default; set CMAKE_ARGS yourself to override it,
+# e.g. CMAKE_ARGS="-DGGML_CUDA=on". macOS builds keep llama.cpp's defaults (Metal on).
+ifeq ($(shell uname -sm),Linux x86_64)
+CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+endif
+export CMAKE_ARGS
+
 .PHONY: chat test setup
 
 chat: $(STAMP)
