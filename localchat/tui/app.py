@@ -140,15 +140,14 @@ class ChatApp(App):
         engine = self.engine
         assert engine is not None
         try:
-            budget = engine.info.n_ctx - min(REPLY_RESERVE, engine.info.n_ctx // 4)
-            if self.settings.max_tokens:
-                budget = engine.info.n_ctx - min(self.settings.max_tokens, engine.info.n_ctx // 2)
-            fit = fit_history(history, engine.count_prompt_tokens, budget)
+            n_ctx = engine.info.n_ctx
+            reserve = min(self.settings.max_tokens or REPLY_RESERVE, n_ctx // 4)
+            fit = fit_history(history, engine.count_prompt_tokens, n_ctx - reserve)
             if fit.dropped_turns:
                 self.call_from_thread(
                     self._notice,
                     f"{fit.dropped_turns} earlier turn(s) dropped to fit the "
-                    f"{engine.info.n_ctx}-token context (system prompt kept).",
+                    f"{n_ctx}-token context (system prompt kept).",
                     before=view,
                 )
             request = Request(messages=fit.messages, sampling=self.settings.sampling,
