@@ -1,0 +1,96 @@
+"""Llama-family forward pass over a paged KV store.
+
+The KV store is one preallocated tensor pair per model, [layers, slots, kv_heads,
+head_dim], where slot = block · block_size + offset. A forward call writes the new
+tokens' keys/values into their slots and attends over the sequence's slots in position
+order, as given by its block table, so sequences never need contiguous memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from localchat.engine.torch.weights import LlamaConfig, ModelWeights
+
+
+class KVStore:
+    """Preallocated keys and values for every slot of every block."""
+
+    def __init__(self, config: LlamaConfig, n_slots: int, dtype: torch.dtype = torch.float32):
+        shape = (config.n_layers, n_slots, config.n_kv_heads, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+
+    @property
+    def bytes_per_token(self) -> int:
+        layers, _, kv_heads, head_dim = self.k.shape
+        return 2 * layers * kv_heads * head_dim * self.k.element_size()
+
+
+class RotaryEmbedding:
+    """cos/sin tables for every position up to the context length, built once."""
+
+    def __init__(self, config: LlamaConfig, max_positions: int) -> None:
+        half = config.head_dim // 2
+        inv_freq = 1.0 / (config.rope_base ** (torch.arange(0, half, dtype=torch.float64) / half))
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
+        self.cos, self.sin = angles.cos().float(), angles.sin().float()
+        self.neox = config.rope_neox
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [T, heads, head_dim]."""
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        if self.neox:  # rotate halves
+            a, b = x.chunk(2, dim=-1)
+            return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+        a, b = x[..., 0::2], x[..., 1::2]  # rotate adjacent pairs (GGUF's permuted Q/K)
+        return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+
+
+class LlamaModel:
+    def __init__(self, weights: ModelWeights, max_positions: int) -> None:
+        self.w = weights
+        self.config = weights.config
+        self.rope = RotaryEmbedding(self.config, max_positions)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), weight, self.config.norm_eps)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [T] new tokens of one sequence
+        positions: torch.Tensor,  # [T] their positions
+        new_slots: torch.Tensor,  # [T] where their K/V go
+        context_slots: torch.Tensor,  # [L] every slot of the sequence, position order, incl. new
+        kv: KVStore,
+        all_logits: bool = False,
+    ) -> torch.Tensor:
+        """Logits for the last token ([vocab]), or for every new token ([T, vocab])."""
+        c = self.config
+        n_new, n_ctx = tokens.shape[0], context_slots.shape[0]
+        x = self.w.embedding[tokens]
+        # query i (at positions[i]) sees context positions 0..positions[i]
+        mask = torch.arange(n_ctx)[None, :] <= positions[:, None]
+        for i, layer in enumerate(self.w.layers):
+            h = self._norm(x, layer.attn_norm)
+            q, k, v = layer.wq(h), layer.wk(h), layer.wv(h)
+            if layer.bq is not None:
+                q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
+            q = self.rope(q.view(n_new, c.n_heads, c.head_dim), positions)
+            k = self.rope(k.view(n_new, c.n_kv_heads, c.head_dim), positions)
+            kv.k[i, new_slots] = k.to(kv.k.dtype)
+            kv.v[i, new_slots] = v.view(n_new, c.n_kv_heads, c.head_dim).to(kv.v.dtype)
+            keys = kv.k[i, context_slots].to(q.dtype)
+            values = kv.v[i, context_slots].to(q.dtype)
+            attn = F.scaled_dot_product_attention(
+                q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
+                attn_mask=mask, enable_gqa=True,
+            )
+            x = x + layer.wo(attn.transpose(0, 1).reshape(n_new, c.n_heads * c.head_dim))
+            h = self._norm(x, layer.ffn_norm)
+            x = x + layer.w_down(F.silu(layer.w_gate(h)) * layer.w_up(h))
+        x = self._norm(x if all_logits else x[-1:], self.w.output_norm)
+        logits = self.w.output(x)
+        return logits if all_logits else logits[0]

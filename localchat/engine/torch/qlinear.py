@@ -1,0 +1,84 @@
+"""Linear layers that keep GGUF weights quantized in memory.
+
+GGUF's 4-bit blocks map exactly onto PyTorch's int4 weight-only kernels: a Q4_1 block
+of 32 weights is w = d·q + m with q in 0..15, and the int4pack kernels compute
+w = (q − 8)·scale + zero per group, so scale = d and zero = m + 8·d (Q4_0: zero = 0,
+since w = d·(q − 8)). Weights are packed at load, per device, never persisted, and
+each packed layer is checked against a dequantize-then-matmul reference when built.
+Other types are dequantized to a dense matrix (the fallback path).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from localchat.errors import EngineError
+
+GROUP = 32  # Q4_0 / Q4_1 block size
+
+
+def _split_q4_blocks(raw: np.ndarray, n_rows: int, n_cols: int, with_min: bool):
+    """Raw Q4_0/Q4_1 bytes -> (q [N, K] int32 in 0..15, d [N, K/32], m [N, K/32] or None)."""
+    block_bytes = 20 if with_min else 18
+    blocks = raw.reshape(n_rows, n_cols // GROUP, block_bytes)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if with_min else None
+    qs = blocks[..., block_bytes - 16:]
+    low, high = qs & 0x0F, qs >> 4  # first 16 weights in the low nibbles, last 16 in the high
+    q = np.concatenate([low, high], axis=-1).reshape(n_rows, n_cols).astype(np.int32)
+    return q, d, m
+
+
+class Int4Linear(torch.nn.Module):
+    """y = x @ Wᵀ with W in PyTorch's packed int4 layout, groups of 32 (exact for Q4_0/Q4_1).
+
+    The CPU kernel runs in bfloat16 (activations, scales and zeros): with float32 inputs it
+    takes a scalar path about 20-50x slower (measured here: 1.4 vs 31-105 GFLOP/s).
+    """
+
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> None:
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 2)
+        # [K/group, N, 2]: (scale, zero) per group and output row
+        self.scales_and_zeros = torch.stack([scales.t(), zeros.t()], dim=-1).to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.reshape(-1, self.in_features).to(torch.bfloat16), self.packed, GROUP,
+            self.scales_and_zeros)
+        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+
+class DenseLinear(torch.nn.Module):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight.contiguous()
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.t()
+
+
+def q4_linear(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int) -> Int4Linear:
+    q, d, m = _split_q4_blocks(raw, n_rows, n_cols, with_min=ggml_type == Q.Q4_1)
+    d_t = torch.from_numpy(d)
+    zeros = torch.from_numpy(m) + 8 * d_t if m is not None else torch.zeros_like(d_t)
+    layer = Int4Linear(torch.from_numpy(q), d_t, zeros)
+    _check_against_reference(layer, q, d, m)
+    return layer
+
+
+def _check_against_reference(layer: Int4Linear, q, d, m) -> None:
+    """The packed kernel must reproduce dequantize-then-matmul; refuse to run otherwise."""
+    n_rows, n_cols = q.shape
+    w = (q.reshape(n_rows, -1, GROUP) * d[..., None] + (m[..., None] if m is not None else -8 * d[..., None]))
+    w = torch.from_numpy(w.reshape(n_rows, n_cols).astype(np.float32))
+    x = torch.randn(2, n_cols, generator=torch.Generator().manual_seed(0))
+    expected, got = x @ w.t(), layer(x)
+    err = (got - expected).abs().max().item()
+    if err > 2e-2 * max(1.0, expected.abs().max().item()):  # bfloat16 activations
+        raise EngineError(f"int4 kernel check failed (max error {err:.3g}); use --engine llama.cpp")

@@ -1,0 +1,143 @@
+"""GGUF tensors -> the torch engine's config and layers.
+
+4-bit blocks stay quantized (qlinear.Int4Linear); norms stay float32; anything else is
+dequantized with gguf-py's reference dequantizers (the correct-but-slower path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+from localchat.engine.torch.qlinear import DenseLinear, q4_linear
+from localchat.errors import EngineError
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    arch: str
+    n_layers: int
+    dim: int
+    ffn_dim: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    context_length: int
+    rope_base: float
+    norm_eps: float
+    rope_neox: bool  # qwen2 rotates halves; llama's GGUF Q/K rows are permuted for pairs
+
+    @classmethod
+    def from_metadata(cls, meta: dict) -> "LlamaConfig":
+        arch = meta["general.architecture"]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise EngineError(
+                f"the torch engine runs {', '.join(SUPPORTED_ARCHITECTURES)} models, not "
+                f"{arch!r}: use --engine llama.cpp")
+        n_heads = int(meta[f"{arch}.attention.head_count"])
+        dim = int(meta[f"{arch}.embedding_length"])
+        return cls(
+            arch=arch,
+            n_layers=int(meta[f"{arch}.block_count"]),
+            dim=dim,
+            ffn_dim=int(meta[f"{arch}.feed_forward_length"]),
+            n_heads=n_heads,
+            n_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", n_heads)),
+            head_dim=int(meta.get(f"{arch}.attention.key_length", dim // n_heads)),
+            vocab_size=len(meta["tokenizer.ggml.tokens"]),
+            context_length=int(meta[f"{arch}.context_length"]),
+            rope_base=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+            norm_eps=float(meta[f"{arch}.attention.layer_norm_rms_epsilon"]),
+            rope_neox=arch == "qwen2",
+        )
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor
+    wq: torch.nn.Module
+    wk: torch.nn.Module
+    wv: torch.nn.Module
+    wo: torch.nn.Module
+    bq: torch.Tensor | None
+    bk: torch.Tensor | None
+    bv: torch.Tensor | None
+    ffn_norm: torch.Tensor
+    w_gate: torch.nn.Module
+    w_up: torch.nn.Module
+    w_down: torch.nn.Module
+
+
+@dataclass
+class ModelWeights:
+    config: LlamaConfig
+    embedding: torch.Tensor  # [vocab, dim] float32 (looked up, never multiplied whole)
+    layers: list[LayerWeights]
+    output_norm: torch.Tensor
+    output: torch.nn.Module  # tied to the embedding when the file has no output.weight
+
+
+def _metadata(reader: GGUFReader) -> dict:
+    meta = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        meta[key] = field.contents()
+    return meta
+
+
+def load_weights(path: Path) -> ModelWeights:
+    reader = GGUFReader(str(path))
+    config = LlamaConfig.from_metadata(_metadata(reader))
+    tensors = {t.name: t for t in reader.tensors}
+
+    def dense(name: str) -> torch.Tensor:
+        t = tensors[name]
+        if t.tensor_type in (Q.F32,):
+            arr = np.array(t.data, dtype=np.float32)
+        else:
+            arr = dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
+        return torch.from_numpy(arr.reshape([int(n) for n in reversed(t.shape)]))
+
+    def linear(name: str) -> torch.nn.Module:
+        t = tensors[name]
+        n_cols, n_rows = (int(n) for n in t.shape)
+        if t.tensor_type in (Q.Q4_0, Q.Q4_1):
+            return q4_linear(np.asarray(t.data), t.tensor_type, n_rows, n_cols)
+        return DenseLinear(dense(name))
+
+    def optional(name: str) -> torch.Tensor | None:
+        return dense(name) if name in tensors else None
+
+    try:
+        embedding = dense("token_embd.weight")
+        layers = [
+            LayerWeights(
+                attn_norm=dense(f"blk.{i}.attn_norm.weight"),
+                wq=linear(f"blk.{i}.attn_q.weight"),
+                wk=linear(f"blk.{i}.attn_k.weight"),
+                wv=linear(f"blk.{i}.attn_v.weight"),
+                wo=linear(f"blk.{i}.attn_output.weight"),
+                bq=optional(f"blk.{i}.attn_q.bias"),
+                bk=optional(f"blk.{i}.attn_k.bias"),
+                bv=optional(f"blk.{i}.attn_v.bias"),
+                ffn_norm=dense(f"blk.{i}.ffn_norm.weight"),
+                w_gate=linear(f"blk.{i}.ffn_gate.weight"),
+                w_up=linear(f"blk.{i}.ffn_up.weight"),
+                w_down=linear(f"blk.{i}.ffn_down.weight"),
+            )
+            for i in range(config.n_layers)
+        ]
+        output = linear("output.weight") if "output.weight" in tensors else DenseLinear(embedding)
+        return ModelWeights(config, embedding, layers, dense("output_norm.weight"), output)
+    except KeyError as exc:
+        raise EngineError(f"{path.name} lacks tensor {exc}; use --engine llama.cpp") from None
