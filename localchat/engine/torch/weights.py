@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from localchat.engine.torch.qlinear import DenseLinear, q4_linear
+from localchat.gguf_checks import check_model_metadata
+from localchat.gguf_reader import read_gguf
 from localchat.errors import EngineError
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
@@ -86,33 +87,26 @@ class ModelWeights:
     output: torch.nn.Module  # tied to the embedding when the file has no output.weight
 
 
-def _metadata(reader: GGUFReader) -> dict:
-    meta = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        meta[key] = field.contents()
-    return meta
-
-
 def load_weights(path: Path) -> ModelWeights:
-    reader = GGUFReader(str(path))
-    config = LlamaConfig.from_metadata(_metadata(reader))
-    tensors = {t.name: t for t in reader.tensors}
+    gguf_file = read_gguf(path)  # the validating reader every model path goes through
+    check_model_metadata(gguf_file)
+    config = LlamaConfig.from_metadata(gguf_file.metadata)
+    tensors = gguf_file.tensors
 
     def dense(name: str) -> torch.Tensor:
-        t = tensors[name]
-        if t.tensor_type in (Q.F32,):
-            arr = np.array(t.data, dtype=np.float32)
+        t, raw = tensors[name], gguf_file.tensor_data(name)
+        shape = tuple(reversed(t.shape))  # ggml lists the fastest dimension first
+        if t.ggml_type == Q.F32:
+            arr = np.frombuffer(raw, dtype=np.float32).copy()
         else:
-            arr = dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
-        return torch.from_numpy(arr.reshape([int(n) for n in reversed(t.shape)]))
+            arr = dequantize(raw.reshape(shape[:-1] + (-1,)), t.ggml_type).astype(np.float32)
+        return torch.from_numpy(arr.reshape(shape))
 
     def linear(name: str) -> torch.nn.Module:
         t = tensors[name]
-        n_cols, n_rows = (int(n) for n in t.shape)
-        if t.tensor_type in (Q.Q4_0, Q.Q4_1):
-            return q4_linear(np.asarray(t.data), t.tensor_type, n_rows, n_cols)
+        n_cols, n_rows = t.shape
+        if t.ggml_type in (Q.Q4_0, Q.Q4_1):
+            return q4_linear(gguf_file.tensor_data(name), t.ggml_type, n_rows, n_cols)
         return DenseLinear(dense(name))
 
     def optional(name: str) -> torch.Tensor | None:
@@ -141,3 +135,5 @@ def load_weights(path: Path) -> ModelWeights:
         return ModelWeights(config, embedding, layers, dense("output_norm.weight"), output)
     except KeyError as exc:
         raise EngineError(f"{path.name} lacks tensor {exc}; use --engine llama.cpp") from None
+    finally:
+        gguf_file.close()  # every tensor above was copied, packed or dequantized
