@@ -34,3 +34,13 @@ def small_engine():
     eng = load_engine("default", ctx_size=256, threads=2)
     yield eng
     eng.close()
+
+
+@pytest.fixture(scope="session")
+def torch_engine():
+    """The bundled model in localchat's own torch engine, 1024-token context."""
+    from localchat.engine import load_engine
+
+    eng = load_engine("default", engine="torch", ctx_size=1024, threads=2)
+    yield eng
+    eng.close()

@@ -169,3 +169,14 @@ async def test_screenshot_without_a_downloads_folder_saves_in_cwd(engine, tmp_pa
         await wait_until(pilot, lambda: list(tmp_path.glob("*.svg")))
         await wait_until(pilot, lambda: len(app._notifications) > 0)  # the save thread is done
     assert "localchat" in next(tmp_path.glob("*.svg")).read_text()
+
+
+async def test_chat_on_the_torch_engine(torch_engine):
+    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=16), engine=torch_engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
+        await send(pilot, "Hello! Who are you?")
+        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        assert replies(app)[-1].markdown.source.strip()
+        assert "torch" in str(app.query_one("#title").render())
+        assert app.query_one(GaugeBar).stats.kv_cache_bytes > 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 from localchat.engine.base import Engine
 from localchat.errors import UsageError
 
-ENGINES = ("llama.cpp",)
+ENGINES = ("llama.cpp", "torch")
 DEFAULT_CTX = 4096
 
 
@@ -38,6 +38,10 @@ def load_engine(
     if ctx_size < 16:
         raise UsageError(f"context size must be at least 16 tokens, got {ctx_size}")
 
+    if engine == "torch":
+        from localchat.engine.torch.engine import TorchEngine
+
+        return TorchEngine(facts, n_ctx=ctx_size, threads=threads)
     from localchat.engine.llamacpp import LlamaCppEngine
 
     return LlamaCppEngine(facts, n_ctx=ctx_size, threads=threads)

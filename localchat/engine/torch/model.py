@@ -62,7 +62,7 @@ class LlamaModel:
         self,
         tokens: torch.Tensor,  # [T] new tokens of one sequence
         positions: torch.Tensor,  # [T] their positions
-        new_slots: torch.Tensor,  # [T] where their K/V go
+        new_slots: torch.Tensor,  # [T] where their K/V go; -1: already there (shared block)
         context_slots: torch.Tensor,  # [L] every slot of the sequence, position order, incl. new
         kv: KVStore,
         all_logits: bool = False,
@@ -73,6 +73,9 @@ class LlamaModel:
         x = self.w.embedding[tokens]
         # query i (at positions[i]) sees context positions 0..positions[i]
         mask = torch.arange(n_ctx)[None, :] <= positions[:, None]
+        write = new_slots >= 0
+        if not bool(write.all()):
+            new_slots = new_slots[write]
         for i, layer in enumerate(self.w.layers):
             h = self._norm(x, layer.attn_norm)
             q, k, v = layer.wq(h), layer.wk(h), layer.wv(h)
@@ -80,8 +83,13 @@ class LlamaModel:
                 q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
             q = self.rope(q.view(n_new, c.n_heads, c.head_dim), positions)
             k = self.rope(k.view(n_new, c.n_kv_heads, c.head_dim), positions)
-            kv.k[i, new_slots] = k.to(kv.k.dtype)
-            kv.v[i, new_slots] = v.view(n_new, c.n_kv_heads, c.head_dim).to(kv.v.dtype)
+            v = v.view(n_new, c.n_kv_heads, c.head_dim)
+            if new_slots.shape[0] != n_new:
+                k_new, v_new = k[write], v[write]
+            else:
+                k_new, v_new = k, v
+            kv.k[i, new_slots] = k_new.to(kv.k.dtype)
+            kv.v[i, new_slots] = v_new.to(kv.v.dtype)
             keys = kv.k[i, context_slots].to(q.dtype)
             values = kv.v[i, context_slots].to(q.dtype)
             attn = F.scaled_dot_product_attention(

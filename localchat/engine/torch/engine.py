@@ -1,0 +1,142 @@
+"""The torch engine behind the engine interface: one sequence at a time for now
+(continuous batching is the next issue), over the paged KV store with prefix caching.
+
+Tokenization is llama.cpp's own (its vocab-only mode), so both engines see exactly the
+same token ids for the same text; prompts are rendered by the shared template renderer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import os
+import threading
+import time
+from typing import Iterator, Sequence
+
+import llama_cpp
+import torch
+
+from localchat.engine.base import Engine, Event, Message, ModelInfo, Request
+from localchat.engine.llamacpp import render_and_tokenize
+from localchat.engine.streaming import EngineHooks, check_prompt_fits, stream_events
+from localchat.engine.torch.blocks import BlockPool
+from localchat.engine.torch.model import KVStore, LlamaModel
+from localchat.engine.torch.sampler import sample
+from localchat.engine.torch.weights import load_weights
+from localchat.model_files import GGUFFacts
+
+BLOCK_SIZE = 16
+KV_DTYPE = torch.float16  # as llama.cpp's default cache: 2 bytes per value
+
+
+class TorchEngine(Engine):
+    name = "torch"
+
+    def __init__(self, facts: GGUFFacts, *, n_ctx: int, threads: int | None = None,
+                 kv_tokens: int | None = None) -> None:
+        torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
+        self.facts = facts
+        weights = load_weights(facts.path)
+        self.config = weights.config
+        self.model = LlamaModel(weights, max_positions=n_ctx)
+        self._vocab = llama_cpp.Llama(str(facts.path), vocab_only=True, verbose=False)
+        # room for one full context plus as much again of cached prefixes
+        n_blocks = math.ceil((kv_tokens or 2 * n_ctx) / BLOCK_SIZE)
+        self.kv = KVStore(self.config, n_blocks * BLOCK_SIZE, dtype=KV_DTYPE)
+        cache_key = hashlib.blake2b(f"{facts.path}:{facts.file_size}:{KV_DTYPE}".encode()).digest()
+        self.pool = BlockPool(n_blocks, BLOCK_SIZE, cache_key=cache_key)
+        self._seq_ids = itertools.count()
+        self._lock = threading.Lock()
+        self.info = ModelInfo(
+            name=facts.name, path=str(facts.path), architecture=facts.architecture,
+            quant_type=facts.quant_type, file_size=facts.file_size,
+            n_ctx_train=facts.context_length, n_ctx=n_ctx, n_layers=facts.n_layers,
+            n_kv_heads=facts.n_kv_heads, head_dim=facts.head_dim,
+            kv_bytes_per_token=self.kv.bytes_per_token,
+        )
+
+    def tokenize_messages(self, messages: Sequence[Message]) -> list[int]:
+        return render_and_tokenize(self._vocab, self.facts.chat_template, messages)
+
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
+        return len(self.tokenize_messages(messages))
+
+    def tokenize_text(self, text: str) -> list[int]:
+        return self._vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+
+    def generate(self, request: Request, cancel: threading.Event | None = None) -> Iterator[Event]:
+        t_start = time.perf_counter()
+        with self._lock:
+            prompt = (list(request.prompt_tokens) if request.prompt_tokens is not None
+                      else self.tokenize_messages(request.messages))
+            check_prompt_fits(len(prompt), self.info.n_ctx, self.info.n_ctx_train)
+            budget = self.info.n_ctx - len(prompt)
+            if request.max_tokens is not None:
+                budget = min(budget, request.max_tokens)
+            seq = next(self._seq_ids)
+            cached = self.pool.allocate(seq, prompt)
+            self._active = seq
+            try:
+                hooks = EngineHooks(
+                    detokenize=lambda token: self._vocab.detokenize([token]),
+                    is_end_of_generation=lambda token: bool(
+                        llama_cpp.llama_vocab_is_eog(self._vocab._model.vocab, token)),
+                    prompt_evaluated=lambda: len(prompt) - cached,
+                    memory=self._memory,
+                )
+                tokens = self._decode(seq, prompt, cached, request)
+                yield from stream_events(request, prompt, tokens, hooks, budget,
+                                         cancel or threading.Event(), t_start)
+            finally:
+                self.pool.free(seq)  # full committed blocks stay cached for the next turn
+                self._active = None
+
+    def _decode(self, seq: int, prompt: list[int], cached: int,
+                request: Request) -> Iterator[int]:
+        """Prefill what is not cached, then one token per step; lazily, so a consumer
+        that stops asking stops the computation."""
+        sp = request.sampling
+        generator = torch.Generator().manual_seed(
+            sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little"))
+        n = len(prompt)
+        logits = self._forward(seq, prompt[cached:], cached)
+        self.pool.commit(seq, n)
+        completion: list[int] = []
+        while True:
+            token = sample(logits, sp, completion, generator)
+            completion.append(token)
+            yield token
+            position = self.pool.num_tokens(seq)
+            self.pool.append_token(seq, token)
+            logits = self._forward(seq, [token], position)
+            self.pool.commit(seq, position + 1)
+
+    def _forward(self, seq: int, tokens: list[int], start: int) -> torch.Tensor:
+        end = start + len(tokens)
+        context = [self.pool.slot(seq, p) for p in range(end)]
+        return self.model.forward(
+            torch.tensor(tokens), torch.arange(start, end),
+            torch.tensor(self.pool.slot_mapping(seq, start, end)), torch.tensor(context), self.kv)
+
+    def _memory(self) -> dict:
+        usage = self.pool.usage()
+        in_use = usage.bytes(self.kv.bytes_per_token)
+        seq = getattr(self, "_active", None)
+        return dict(
+            kv_cache_bytes=in_use["used"],
+            kv_cache_capacity_bytes=in_use["total"],
+            context_tokens=self.pool.num_tokens(seq) if seq is not None else 0,
+            context_capacity=self.info.n_ctx,
+        )
+
+    def close(self) -> None:
+        lock = getattr(self, "_lock", None)
+        if lock is not None and lock.acquire(timeout=30):
+            try:
+                vocab, self._vocab = getattr(self, "_vocab", None), None
+                if vocab is not None:
+                    vocab.close()
+            finally:
+                lock.release()
