@@ -1,9 +1,10 @@
-"""`localchat bench`: prefill and decode speed of a model in an engine, measured the
-way llama-bench does it (fixed prompt length, fixed generation length, repeats,
-mean ± standard deviation), through the same engine interface the app uses.
+"""`localchat bench`: engines side by side on one model, llama-bench style.
 
-Each repeat uses a fresh prompt (its first token differs), so no prefix is reused and
-prefill really processes every prompt token.
+For each engine, in one run: prefill speed at a fixed prompt length, decode speed for a
+fixed number of tokens (batch 1), TTFT, the TTFT of turn 1 vs turn 8 of a chat (what
+prefix reuse buys), weights memory and KV bytes per token. Each measurement is repeated
+and reported as median and spread. Every repeat uses a fresh prompt (its first token
+differs), so prefill really processes every prompt token.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import statistics
 import sys
 
-from localchat.engine.base import Request, SamplingParams
+from localchat.engine.base import Message, Request, SamplingParams
 from localchat.errors import UsageError
 from localchat.settings import ChatSettings
 from localchat.units import human_bytes
@@ -23,68 +24,101 @@ BENCH_TEXT = (
     "kept a handful of digits in gears; later machines kept programs in delay lines, "
     "drums and magnetic cores. Each step made memory larger, faster and cheaper. "
 )
+CHAT_TURNS = 8
+GREEDY = SamplingParams(temperature=0.0)
 
 
 def _prompt_tokens(engine, n: int, variant: int) -> list[int]:
-    tokens = engine.tokenize_text(f"{variant}: " + BENCH_TEXT * (n // 30 + 2))
-    return tokens[:n]
+    return engine.tokenize_text(f"{variant}: " + BENCH_TEXT * (n // 30 + 2))[:n]
 
 
-def _summary(values: list[float]) -> dict:
-    return {"mean": statistics.fmean(values),
-            "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def run_bench(engine, prompt_len: int, gen_len: int, repeats: int) -> dict:
-    runs = []
-    greedy = SamplingParams(temperature=0.0)
-    engine.complete(Request(prompt_tokens=_prompt_tokens(engine, 16, -1), sampling=greedy,
+def _chat_ttfts(engine) -> tuple[float, float]:
+    """TTFT of the first and the eighth turn of one chat (earlier turns stay cached)."""
+    history = [Message("system", "You are a helpful assistant.")]
+    ttfts = []
+    for turn in range(CHAT_TURNS):
+        history.append(Message("user", f"Tell me fact number {turn + 1} about the sea."))
+        result = engine.complete(Request(messages=history, sampling=GREEDY, max_tokens=32))
+        history.append(Message("assistant", result.text))
+        ttfts.append(result.stats.ttft_s)
+    return ttfts[0], ttfts[-1]
+
+
+def bench_engine(engine, prompt_len: int, gen_len: int, repeats: int) -> dict:
+    engine.complete(Request(prompt_tokens=_prompt_tokens(engine, 16, -1), sampling=GREEDY,
                             max_tokens=4))  # warm-up: first-call allocations
-    for i in range(repeats):
-        prompt = _prompt_tokens(engine, prompt_len, i)
-        result = engine.complete(Request(prompt_tokens=prompt, sampling=greedy,
-                                         max_tokens=gen_len))
-        runs.append(result.stats)
+    runs = [engine.complete(Request(prompt_tokens=_prompt_tokens(engine, prompt_len, i),
+                                    sampling=GREEDY, max_tokens=gen_len)).stats
+            for i in range(repeats)]
+    turn1, turn8 = _chat_ttfts(engine)
+    prefill = _spread([s.prefill_tok_s for s in runs])
+    decode = _spread([s.decode_tok_s for s in runs])
+    ttft = _spread([s.ttft_s for s in runs])
     return {
-        "model": engine.info.name,
-        "quant": engine.info.quant_type,
-        "engine": engine.name,
-        "prompt_tokens": prompt_len,
+        "prefill_tok_s": prefill["median"], "decode_tok_s": decode["median"],
+        "ttft_s": ttft["median"], "ttft_turn1_s": turn1, "ttft_turn8_s": turn8,
+        "weights_bytes": engine.info.weights_bytes,
+        "kv_bytes_per_token": engine.info.kv_bytes_per_token,
+        "spread": {"prefill_tok_s": prefill, "decode_tok_s": decode, "ttft_s": ttft},
         "gen_tokens": [s.completion_tokens for s in runs],
-        "repeats": repeats,
-        "ttft_s": _summary([s.ttft_s for s in runs]),
-        "prefill_tok_s": _summary([s.prefill_tok_s for s in runs]),
-        "decode_tok_s": _summary([s.decode_tok_s for s in runs]),
         "cached_tokens": [s.cached_tokens for s in runs],
-        "kv_cache_bytes": runs[-1].kv_cache_bytes,
-        "kv_cache_capacity_bytes": runs[-1].kv_cache_capacity_bytes,
     }
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if min(args.prompt_tokens, args.gen_tokens, args.repeats) < 1:
         raise UsageError("prompt tokens, gen tokens and repeats must each be >= 1")
-    settings = ChatSettings(model=args.model, engine=args.engine, ctx_size=args.ctx_size,
-                            threads=args.threads)
-    engine = settings.load_engine()
-    try:
-        report = run_bench(engine, args.prompt_tokens, args.gen_tokens, args.repeats)
-    finally:
-        engine.close()
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    report: dict = {"model": None, "threads": args.threads, "prompt_tokens": args.prompt_tokens,
+                    "gen_tokens": args.gen_tokens, "repeats": args.repeats, "engines": {}}
+    for name in engines:
+        settings = ChatSettings(model=args.model, engine=name, ctx_size=args.ctx_size,
+                                threads=args.threads)
+        engine = settings.load_engine()
+        try:
+            report["model"] = f"{engine.info.name} ({engine.info.quant_type})"
+            print(f"benchmarking {name}…", file=sys.stderr)
+            report["engines"][name] = bench_engine(engine, args.prompt_tokens,
+                                                   args.gen_tokens, args.repeats)
+        finally:
+            engine.close()
     if args.json:
         print(json.dumps(report))
-        return 0
-    row = "{:<14} {:>8} {:>22}"
-    print(f"{report['model']} ({report['quant']}) on {report['engine']}, "
-          f"{report['repeats']} repeats", file=sys.stderr)
-    print(row.format("test", "tokens", "result"))
-    for name, key, unit, scale, tokens in [
-        (f"pp{args.prompt_tokens}", "prefill_tok_s", "tok/s", 1, args.prompt_tokens),
-        (f"tg{args.gen_tokens}", "decode_tok_s", "tok/s", 1, args.gen_tokens),
-        ("ttft", "ttft_s", "ms", 1000, args.prompt_tokens),
-    ]:
-        m, s = report[key]["mean"] * scale, report[key]["std"] * scale
-        print(row.format(name, tokens, f"{m:.1f} ± {s:.1f} {unit}"))
-    print(f"KV cache after the run: {human_bytes(report['kv_cache_bytes'])} of "
-          f"{human_bytes(report['kv_cache_capacity_bytes'])}")
+    else:
+        print(format_table(report))
     return 0
+
+
+def format_table(report: dict) -> str:
+    names = list(report["engines"])
+    p, g = report["prompt_tokens"], report["gen_tokens"]
+
+    def rate(e, key):
+        s = e["spread"][key]
+        return f"{s['median']:.1f} ({s['min']:.0f}-{s['max']:.0f})"
+
+    rows = [
+        (f"prefill pp{p} tok/s", lambda e: rate(e, "prefill_tok_s")),
+        (f"decode tg{g} tok/s", lambda e: rate(e, "decode_tok_s")),
+        (f"TTFT pp{p}", lambda e: f"{e['ttft_s'] * 1000:.0f} ms"),
+        ("TTFT chat turn 1", lambda e: f"{e['ttft_turn1_s'] * 1000:.0f} ms"),
+        (f"TTFT chat turn {CHAT_TURNS}", lambda e: f"{e['ttft_turn8_s'] * 1000:.0f} ms"),
+        ("weights", lambda e: human_bytes(e["weights_bytes"])),
+        ("KV per token", lambda e: human_bytes(e["kv_bytes_per_token"])),
+    ]
+    width = 24
+    lines = [f"{report['model']}, median (min-max) of {report['repeats']} repeats",
+             f"{'':<22}" + "".join(f"{n:>{width}}" for n in names)]
+    for label, cell in rows:
+        lines.append(f"{label:<22}" + "".join(f"{cell(report['engines'][n]):>{width}}"
+                                              for n in names))
+    if len(names) == 2:
+        a, b = (report["engines"][n] for n in names)
+        lines.append(f"{names[0]} / {names[1]}: prefill "
+                     f"{a['prefill_tok_s'] / b['prefill_tok_s']:.2f}x, decode "
+                     f"{a['decode_tok_s'] / b['decode_tok_s']:.2f}x")
+    return "\n".join(lines)

@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("-p", "--prompt-tokens", type=int, default=512, help="(default: %(default)s)")
     bench.add_argument("-g", "--gen-tokens", type=int, default=128, help="(default: %(default)s)")
     bench.add_argument("-r", "--repeats", type=int, default=5, help="(default: %(default)s)")
+    bench.add_argument("--engines", default="torch,llama.cpp",
+                       help="comma-separated engines to compare (default: %(default)s)")
     bench.add_argument("--json", action="store_true", help="print JSON")
 
     models = sub.add_parser("models", help="list models available locally")

@@ -134,3 +134,16 @@ def test_ctrl_c_stops_the_reply_keeps_the_text_and_exits_130():
     assert len(first + rest) >= 20
     assert "Traceback" not in err
     assert "finish reason:        cancelled" in err
+
+
+def test_bench_json_has_both_engines_side_by_side():
+    proc = localchat("bench", "-p", "32", "-g", "8", "-r", "1", "-c", "512", "--json",
+                     timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert set(report["engines"]) == {"torch", "llama.cpp"}
+    for figures in report["engines"].values():
+        for key in ("prefill_tok_s", "decode_tok_s", "ttft_s", "ttft_turn1_s", "ttft_turn8_s",
+                    "weights_bytes", "kv_bytes_per_token"):
+            assert figures[key] > 0, key
+        assert figures["kv_bytes_per_token"] == 23040

@@ -55,14 +55,14 @@ def agreement(model, varied_tokens):
 
 
 def test_teacher_forced_top1_agreement_with_llama_cpp(agreement):
-    """Measured 0.973 over 1100 positions (max logit diff ~1.5). Exactly dequantized
+    """Measured 0.977 over 1100 positions (max logit diff ~1.7). Exactly dequantized
     float32 weights agree no better (0.974), so the gap is in numerics we do not yet
     share with llama.cpp, not in the int4 kernels; a broken model scores near 0."""
     top1, max_diff = agreement
     assert top1 >= 0.96 and max_diff < 3.0
 
 
-@pytest.mark.xfail(strict=True, reason="issue target 99.5% not reached yet (0.973 measured)")
+@pytest.mark.xfail(strict=True, reason="issue target 99.5% not reached yet (0.977 measured)")
 def test_agreement_reaches_the_issue_target(agreement):
     assert agreement[0] >= 0.995
 

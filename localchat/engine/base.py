@@ -126,6 +126,7 @@ class ModelInfo:
     n_kv_heads: int
     head_dim: int
     kv_bytes_per_token: int
+    weights_bytes: int = 0  # model weights as the engine holds them in memory
 
 
 class Engine(ABC):

@@ -114,6 +114,7 @@ class LlamaCppEngine(Engine):
             n_kv_heads=facts.n_kv_heads,
             head_dim=facts.head_dim,
             kv_bytes_per_token=facts.kv_bytes_per_token(2),  # llama.cpp's default f16 cache
+            weights_bytes=self._llm._model.size(),
         )
 
     # -- prompt -------------------------------------------------------------------

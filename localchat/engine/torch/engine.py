@@ -55,6 +55,7 @@ class TorchEngine(Engine):
             n_ctx_train=facts.context_length, n_ctx=n_ctx, n_layers=facts.n_layers,
             n_kv_heads=facts.n_kv_heads, head_dim=facts.head_dim,
             kv_bytes_per_token=self.kv.bytes_per_token,
+            weights_bytes=weights.nbytes(),
         )
 
     def tokenize_messages(self, messages: Sequence[Message]) -> list[int]:

@@ -54,6 +54,22 @@ class LlamaModel:
         self.config = weights.config
         self.rope = RotaryEmbedding(self.config, max_positions)
 
+    def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                   mask: torch.Tensor | None) -> torch.Tensor:
+        """Grouped-query attention without expanding K/V: the query heads that share a
+        KV head are stacked into one matrix. q: [T, H, D]; keys/values: [L, KV, D]."""
+        c = self.config
+        n_new, group = q.shape[0], c.n_heads // c.n_kv_heads
+        # [KV, group·T, D]: rows ordered (head-in-group, token)
+        qg = q.view(n_new, c.n_kv_heads, group, c.head_dim).permute(1, 2, 0, 3)
+        qg = qg.reshape(c.n_kv_heads, group * n_new, c.head_dim)
+        scores = torch.bmm(qg, keys.permute(1, 2, 0)) * (c.head_dim ** -0.5)  # [KV, g·T, L]
+        if mask is not None:
+            scores = scores.masked_fill(~mask.repeat(group, 1), float("-inf"))
+        out = torch.bmm(scores.softmax(-1), values.transpose(0, 1))  # [KV, g·T, D]
+        out = out.view(c.n_kv_heads, group, n_new, c.head_dim).permute(2, 0, 1, 3)
+        return out.reshape(n_new, c.n_heads * c.head_dim)
+
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.config.norm_eps)
 
@@ -92,11 +108,8 @@ class LlamaModel:
             kv.v[i, new_slots] = v_new.to(kv.v.dtype)
             keys = kv.k[i, context_slots].to(q.dtype)
             values = kv.v[i, context_slots].to(q.dtype)
-            attn = F.scaled_dot_product_attention(
-                q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
-                attn_mask=mask, enable_gqa=True,
-            )
-            x = x + layer.wo(attn.transpose(0, 1).reshape(n_new, c.n_heads * c.head_dim))
+            attn = self._attention(q, keys, values, None if n_new == 1 else mask)
+            x = x + layer.wo(attn)
             h = self._norm(x, layer.ffn_norm)
             x = x + layer.w_down(F.silu(layer.w_gate(h)) * layer.w_up(h))
         x = self._norm(x if all_logits else x[-1:], self.w.output_norm)

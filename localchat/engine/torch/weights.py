@@ -86,6 +86,27 @@ class ModelWeights:
     output_norm: torch.Tensor
     output: torch.nn.Module  # tied to the embedding when the file has no output.weight
 
+    def nbytes(self) -> int:
+        """Bytes of every distinct tensor held (a tied output is counted once)."""
+        seen: dict[int, int] = {}
+
+        def add(obj) -> None:
+            if isinstance(obj, torch.Tensor):
+                seen[obj.data_ptr()] = obj.numel() * obj.element_size()
+            elif isinstance(obj, torch.nn.Module):
+                for t in list(obj.parameters()) + list(obj.buffers()) + [
+                        v for v in vars(obj).values() if isinstance(v, torch.Tensor)]:
+                    add(t)
+
+        add(self.embedding)
+        add(self.output_norm)
+        add(self.output)
+        for layer in self.layers:
+            for value in vars(layer).values():
+                if value is not None:
+                    add(value)
+        return sum(seen.values())
+
 
 def load_weights(path: Path) -> ModelWeights:
     gguf_file = read_gguf(path)  # the validating reader every model path goes through
