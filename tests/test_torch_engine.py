@@ -53,6 +53,7 @@ def test_greedy_is_deterministic_and_seeded_sampling_repeats(torch_engine):
 def test_second_turn_reuses_cached_prefix_blocks(torch_engine):
     system = [Message("system", "You are a concise assistant. " * 4)]
     first = torch_engine.complete(Request(messages=system + HELLO, sampling=GREEDY, max_tokens=8))
+    assert torch_engine.pool.usage().cached * 16 >= first.stats.prompt_tokens // 16 * 16
     turn2 = system + HELLO + [Message("assistant", first.text), Message("user", "And then?")]
     second = torch_engine.complete(Request(messages=turn2, sampling=GREEDY, max_tokens=8))
     full_blocks = first.stats.prompt_tokens // 16 * 16

@@ -180,3 +180,11 @@ async def test_chat_on_the_torch_engine(torch_engine):
         assert replies(app)[-1].markdown.source.strip()
         assert "torch" in str(app.query_one("#title").render())
         assert app.query_one(GaugeBar).stats.kv_cache_bytes > 0
+
+
+def test_kv_bar_shows_used_cached_and_free():
+    from localchat.tui.widgets import kv_bar
+
+    assert kv_bar(used=2, capacity=8, cached=4) == "██▒▒▒▒░░"
+    assert kv_bar(used=0, capacity=8) == "░" * 8
+    assert kv_bar(used=1, capacity=1000) == "█" + "░" * 7  # in use is never drawn as empty

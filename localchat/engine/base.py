@@ -85,6 +85,7 @@ class Stats:
     elapsed_s: float = 0.0
     kv_cache_bytes: int = 0  # KV cache in use now
     kv_cache_capacity_bytes: int = 0
+    kv_cache_cached_bytes: int = 0  # not in use, but kept as reusable prefixes (evictable)
     context_tokens: int = 0  # tokens in the context window now
     context_capacity: int = 0
 

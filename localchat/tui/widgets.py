@@ -48,10 +48,12 @@ class PromptInput(TextArea):
         self.insert("\n")
 
 
-def kv_bar(used: int, capacity: int, width: int = 8) -> str:
+def kv_bar(used: int, capacity: int, cached: int = 0, width: int = 8) -> str:
+    """█ in use, ▒ kept as reusable prefix blocks, ░ free."""
     filled = round(width * used / capacity) if capacity else 0
     filled = min(width, max(1 if used else 0, filled))
-    return "█" * filled + "░" * (width - filled)
+    kept = min(width - filled, round(width * cached / capacity) if capacity else 0)
+    return "█" * filled + "▒" * kept + "░" * (width - filled - kept)
 
 
 def format_gauges(stats: Stats | None, state: str) -> str:
@@ -63,8 +65,8 @@ def format_gauges(stats: Stats | None, state: str) -> str:
     capacity = human_bytes(stats.kv_cache_capacity_bytes)  # e.g. "90.0 MiB"
     unit = capacity.split()[-1]
     used = stats.kv_cache_bytes / 1024 ** ("B", "KiB", "MiB", "GiB").index(unit)
-    kv = (f"KV {kv_bar(stats.kv_cache_bytes, stats.kv_cache_capacity_bytes)} "
-          f"{used:.1f}/{capacity}")
+    bar = kv_bar(stats.kv_cache_bytes, stats.kv_cache_capacity_bytes, stats.kv_cache_cached_bytes)
+    kv = f"KV {bar} {used:.1f}/{capacity}"
     ctx = f"ctx {stats.context_tokens}/{stats.context_capacity}"
     return f"{state} │ TTFT {ttft} │ {rate} │ {kv} │ {ctx}"
 

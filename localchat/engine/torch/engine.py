@@ -128,6 +128,7 @@ class TorchEngine(Engine):
         return dict(
             kv_cache_bytes=in_use["used"],
             kv_cache_capacity_bytes=in_use["total"],
+            kv_cache_cached_bytes=in_use["cached"],
             context_tokens=self.pool.num_tokens(seq) if seq is not None else 0,
             context_capacity=self.info.n_ctx,
         )
