@@ -74,6 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated engines to compare (default: %(default)s)")
     bench.add_argument("--json", action="store_true", help="print JSON")
 
+    plan = sub.add_parser("plan", help="how much context, for how many users, fits in memory",
+                          description="Memory plan from a model's metadata: weights, KV per "
+                                      "token, and the context and users a budget allows.")
+    plan.add_argument("-m", "--model", default="default", metavar="SPEC")
+    plan.add_argument("--memory", default=None, metavar="SIZE[,SIZE...]",
+                      help="memory budgets, e.g. 8GB or 8GB,16GB (default: this machine's RAM)")
+    plan.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
+                      help="context per user (default: 4096)")
+    plan.add_argument("--json", action="store_true", help="print JSON")
+
     models = sub.add_parser("models", help="list models available locally")
     models.add_argument("--json", action="store_true", help="print JSON")
     return parser
@@ -88,6 +98,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from localchat.bench import cmd_bench
 
         return cmd_bench(args)
+    if args.command == "plan":
+        from localchat.plan import cmd_plan
+
+        return cmd_plan(args)
     if args.command == "pull":
         from localchat.model_commands import cmd_pull
 
