@@ -38,9 +38,13 @@ class RotaryEmbedding:
         self.cos, self.sin = angles.cos().float(), angles.sin().float()
         self.neox = config.rope_neox
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for these positions, looked up once per forward (not per layer)."""
+        return (self.cos.index_select(0, positions)[:, None, :],
+                self.sin.index_select(0, positions)[:, None, :])
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: [T, heads, head_dim]."""
-        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         if self.neox:  # rotate halves
             a, b = x.chunk(2, dim=-1)
             return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
@@ -61,7 +65,7 @@ class LlamaModel:
         c = self.config
         n_new, group = q.shape[0], c.n_heads // c.n_kv_heads
         # [KV, group·T, D]: rows ordered (head-in-group, token)
-        qg = q.view(n_new, c.n_kv_heads, group, c.head_dim).permute(1, 2, 0, 3)
+        qg = q.reshape(n_new, c.n_kv_heads, group, c.head_dim).permute(1, 2, 0, 3)
         qg = qg.reshape(c.n_kv_heads, group * n_new, c.head_dim)
         scores = torch.bmm(qg, keys.permute(1, 2, 0)) * (c.head_dim ** -0.5)  # [KV, g·T, L]
         if mask is not None:
@@ -92,26 +96,27 @@ class LlamaModel:
         write = new_slots >= 0
         if not bool(write.all()):
             new_slots = new_slots[write]
+        cos, sin = self.rope.tables(positions)
+        n_qk = c.n_heads + c.n_kv_heads
         for i, layer in enumerate(self.w.layers):
             h = self._norm(x, layer.attn_norm)
-            q, k, v = layer.wq(h), layer.wk(h), layer.wv(h)
-            if layer.bq is not None:
-                q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
-            q = self.rope(q.view(n_new, c.n_heads, c.head_dim), positions)
-            k = self.rope(k.view(n_new, c.n_kv_heads, c.head_dim), positions)
-            v = v.view(n_new, c.n_kv_heads, c.head_dim)
+            qkv = layer.wqkv(h)  # q, k and v projections fused into one matmul
+            if layer.bqkv is not None:
+                qkv = qkv + layer.bqkv
+            qkv = qkv.view(n_new, n_qk + c.n_kv_heads, c.head_dim)
+            qk = self.rope(qkv[:, :n_qk], cos, sin)  # q and k heads rotated together
+            q, k, v = qk[:, :c.n_heads], qk[:, c.n_heads:], qkv[:, n_qk:]
             if new_slots.shape[0] != n_new:
-                k_new, v_new = k[write], v[write]
-            else:
-                k_new, v_new = k, v
-            kv.k[i, new_slots] = k_new.to(kv.k.dtype)
-            kv.v[i, new_slots] = v_new.to(kv.v.dtype)
-            keys = kv.k[i, context_slots].to(q.dtype)
-            values = kv.v[i, context_slots].to(q.dtype)
+                k, v = k[write], v[write]
+            kv.k[i].index_copy_(0, new_slots, k.to(kv.k.dtype))
+            kv.v[i].index_copy_(0, new_slots, v.to(kv.v.dtype))
+            keys = kv.k[i].index_select(0, context_slots).to(q.dtype)
+            values = kv.v[i].index_select(0, context_slots).to(q.dtype)
             attn = self._attention(q, keys, values, None if n_new == 1 else mask)
             x = x + layer.wo(attn)
             h = self._norm(x, layer.ffn_norm)
-            x = x + layer.w_down(F.silu(layer.w_gate(h)) * layer.w_up(h))
+            gate, up = layer.w_gate_up(h).split(c.ffn_dim, dim=-1)
+            x = x + layer.w_down(F.silu(gate) * up)
         x = self._norm(x if all_logits else x[-1:], self.w.output_norm)
         logits = self.w.output(x)
         return logits if all_logits else logits[0]

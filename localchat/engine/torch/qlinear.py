@@ -63,19 +63,26 @@ class DenseLinear(torch.nn.Module):
         return x @ self.weight.t()
 
 
-def q4_linear(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int) -> Int4Linear:
+def q4_parts(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int):
+    """A Q4_0/Q4_1 matrix as (q [N, K] int32, scale [N, K/32], zero [N, K/32]) for the
+    int4 kernel's w = (q − 8)·scale + zero."""
     q, d, m = _split_q4_blocks(raw, n_rows, n_cols, with_min=ggml_type == Q.Q4_1)
-    d_t = torch.from_numpy(d)
-    zeros = torch.from_numpy(m) + 8 * d_t if m is not None else torch.zeros_like(d_t)
-    layer = Int4Linear(torch.from_numpy(q), d_t, zeros)
-    _check_against_reference(layer, q, d, m)
+    zeros = m + 8 * d if m is not None else np.zeros_like(d)
+    return q, d, zeros
+
+
+def int4_linear(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> Int4Linear:
+    """One Int4Linear for several matrices stacked by rows (fused q/k/v, gate/up)."""
+    q, d, zeros = (np.concatenate(xs) for xs in zip(*parts))
+    layer = Int4Linear(torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(zeros))
+    _check_against_reference(layer, q, d, zeros)
     return layer
 
 
-def _check_against_reference(layer: Int4Linear, q, d, m) -> None:
+def _check_against_reference(layer: Int4Linear, q, d, zeros) -> None:
     """The packed kernel must reproduce dequantize-then-matmul; refuse to run otherwise."""
     n_rows, n_cols = q.shape
-    w = (q.reshape(n_rows, -1, GROUP) * d[..., None] + (m[..., None] if m is not None else -8 * d[..., None]))
+    w = (q.reshape(n_rows, -1, GROUP) - 8) * d[..., None] + zeros[..., None]
     w = torch.from_numpy(w.reshape(n_rows, n_cols).astype(np.float32))
     x = torch.randn(2, n_cols, generator=torch.Generator().manual_seed(0))
     expected, got = x @ w.t(), layer(x)

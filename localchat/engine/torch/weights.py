@@ -14,7 +14,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
-from localchat.engine.torch.qlinear import DenseLinear, q4_linear
+from localchat.engine.torch.qlinear import DenseLinear, int4_linear, q4_parts
 from localchat.gguf_checks import check_model_metadata
 from localchat.gguf_reader import read_gguf
 from localchat.errors import EngineError
@@ -65,16 +65,11 @@ class LlamaConfig:
 @dataclass
 class LayerWeights:
     attn_norm: torch.Tensor
-    wq: torch.nn.Module
-    wk: torch.nn.Module
-    wv: torch.nn.Module
+    wqkv: torch.nn.Module  # q, k, v stacked by rows: one matmul instead of three
+    bqkv: torch.Tensor | None  # qwen2's biases, stacked the same way
     wo: torch.nn.Module
-    bq: torch.Tensor | None
-    bk: torch.Tensor | None
-    bv: torch.Tensor | None
     ffn_norm: torch.Tensor
-    w_gate: torch.nn.Module
-    w_up: torch.nn.Module
+    w_gate_up: torch.nn.Module  # gate and up stacked by rows
     w_down: torch.nn.Module
 
 
@@ -123,31 +118,27 @@ def load_weights(path: Path) -> ModelWeights:
             arr = dequantize(raw.reshape(shape[:-1] + (-1,)), t.ggml_type).astype(np.float32)
         return torch.from_numpy(arr.reshape(shape))
 
-    def linear(name: str) -> torch.nn.Module:
-        t = tensors[name]
-        n_cols, n_rows = t.shape
-        if t.ggml_type in (Q.Q4_0, Q.Q4_1):
-            return q4_linear(gguf_file.tensor_data(name), t.ggml_type, n_rows, n_cols)
-        return DenseLinear(dense(name))
+    def linear(*names: str) -> torch.nn.Module:
+        """One layer for matrices stacked by rows; 4-bit when they all are."""
+        infos = [tensors[n] for n in names]
+        if all(t.ggml_type in (Q.Q4_0, Q.Q4_1) for t in infos):
+            return int4_linear([q4_parts(gguf_file.tensor_data(t.name), t.ggml_type,
+                                         t.shape[1], t.shape[0]) for t in infos])
+        return DenseLinear(torch.cat([dense(n) for n in names]))
 
-    def optional(name: str) -> torch.Tensor | None:
-        return dense(name) if name in tensors else None
+    def biases(*names: str) -> torch.Tensor | None:
+        return torch.cat([dense(n) for n in names]) if all(n in tensors for n in names) else None
 
     try:
         embedding = dense("token_embd.weight")
         layers = [
             LayerWeights(
                 attn_norm=dense(f"blk.{i}.attn_norm.weight"),
-                wq=linear(f"blk.{i}.attn_q.weight"),
-                wk=linear(f"blk.{i}.attn_k.weight"),
-                wv=linear(f"blk.{i}.attn_v.weight"),
+                wqkv=linear(*(f"blk.{i}.attn_{x}.weight" for x in "qkv")),
+                bqkv=biases(*(f"blk.{i}.attn_{x}.bias" for x in "qkv")),
                 wo=linear(f"blk.{i}.attn_output.weight"),
-                bq=optional(f"blk.{i}.attn_q.bias"),
-                bk=optional(f"blk.{i}.attn_k.bias"),
-                bv=optional(f"blk.{i}.attn_v.bias"),
                 ffn_norm=dense(f"blk.{i}.ffn_norm.weight"),
-                w_gate=linear(f"blk.{i}.ffn_gate.weight"),
-                w_up=linear(f"blk.{i}.ffn_up.weight"),
+                w_gate_up=linear(f"blk.{i}.ffn_gate.weight", f"blk.{i}.ffn_up.weight"),
                 w_down=linear(f"blk.{i}.ffn_down.weight"),
             )
             for i in range(config.n_layers)
