@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 
 from localchat.errors import EngineError
@@ -60,7 +61,7 @@ class DenseLinear(torch.nn.Module):
         self.out_features, self.in_features = weight.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.weight.t()
+        return F.linear(x, self.weight)
 
 
 def q4_parts(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int):
