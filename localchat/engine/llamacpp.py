@@ -73,8 +73,42 @@ def render_and_tokenize(llm: llama_cpp.Llama, template: str | None,
     return tokens
 
 
-class LlamaCppEngine(Engine):
+class LlamaVocabMixin:
+    """Tokenization through a llama.cpp vocabulary, shared by both engines so they see
+    the same token ids; and the prompt/budget preparation every generate() starts with."""
+
+    _vocab_llm: llama_cpp.Llama
+    facts: GGUFFacts
+    info: ModelInfo
+
+    def tokenize_messages(self, messages: Sequence[Message]) -> list[int]:
+        return render_and_tokenize(self._vocab_llm, self.facts.chat_template, messages)
+
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
+        return len(self.tokenize_messages(messages))
+
+    def tokenize_text(self, text: str) -> list[int]:
+        """Plain text to tokens (no special-token parsing), for tests and benchmarks."""
+        return self._vocab_llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab_llm._model.vocab, token))
+
+    def prompt_and_budget(self, request: Request) -> tuple[list[int], int]:
+        """The prompt's tokens, and how many may be generated after them."""
+        prompt = (list(request.prompt_tokens) if request.prompt_tokens is not None
+                  else self.tokenize_messages(request.messages))
+        check_prompt_fits(len(prompt), self.info.n_ctx, self.info.n_ctx_train)
+        budget = self.info.n_ctx - len(prompt)
+        return prompt, budget if request.max_tokens is None else min(budget, request.max_tokens)
+
+
+class LlamaCppEngine(LlamaVocabMixin, Engine):
     name = "llama.cpp"
+
+    @property
+    def _vocab_llm(self) -> llama_cpp.Llama:  # the full model doubles as the vocabulary
+        return self._llm
 
     def __init__(
         self,
@@ -117,36 +151,14 @@ class LlamaCppEngine(Engine):
             weights_bytes=self._llm._model.size(),
         )
 
-    # -- prompt -------------------------------------------------------------------
-
-    def _is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self._llm._model.vocab, token))
-
-    def tokenize_messages(self, messages: Sequence[Message]) -> list[int]:
-        return render_and_tokenize(self._llm, self.facts.chat_template, messages)
-
-    def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
-        return len(self.tokenize_messages(messages))
-
-    def tokenize_text(self, text: str) -> list[int]:
-        """Plain text to tokens (no special-token parsing), for tests and benchmarks."""
-        return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
-
     # -- generation ---------------------------------------------------------------
 
     def generate(self, request: Request, cancel: threading.Event | None = None) -> Iterator[Event]:
         t_start = time.perf_counter()
         with self._lock:
-            if request.prompt_tokens is not None:
-                prompt = list(request.prompt_tokens)
-            else:
-                prompt = self.tokenize_messages(request.messages)
-            check_prompt_fits(len(prompt), self.info.n_ctx, self.info.n_ctx_train)
+            prompt, budget = self.prompt_and_budget(request)
             llm, sp = self._llm, request.sampling
             llm.set_seed(sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little"))
-            budget = self.info.n_ctx - len(prompt)
-            if request.max_tokens is not None:
-                budget = min(budget, request.max_tokens)
             ctx = llm._ctx.ctx
             llama_cpp.llama_perf_context_reset(ctx)
 
@@ -156,7 +168,7 @@ class LlamaCppEngine(Engine):
 
             hooks = EngineHooks(
                 detokenize=lambda token: llm.detokenize([token]),
-                is_end_of_generation=self._is_eog,
+                is_end_of_generation=self.is_end_of_generation,
                 prompt_evaluated=prompt_evaluated,
                 memory=self._memory,
             )

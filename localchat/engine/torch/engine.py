@@ -13,14 +13,14 @@ import math
 import os
 import threading
 import time
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import llama_cpp
 import torch
 
-from localchat.engine.base import Engine, Event, Message, ModelInfo, Request
-from localchat.engine.llamacpp import render_and_tokenize
-from localchat.engine.streaming import EngineHooks, check_prompt_fits, stream_events
+from localchat.engine.base import Engine, Event, ModelInfo, Request
+from localchat.engine.llamacpp import LlamaVocabMixin
+from localchat.engine.streaming import EngineHooks, stream_events
 from localchat.engine.torch.blocks import BlockPool
 from localchat.engine.torch.model import KVStore, LlamaModel
 from localchat.engine.torch.sampler import sample
@@ -31,7 +31,7 @@ BLOCK_SIZE = 16
 KV_DTYPE = torch.float16  # as llama.cpp's default cache: 2 bytes per value
 
 
-class TorchEngine(Engine):
+class TorchEngine(LlamaVocabMixin, Engine):
     name = "torch"
 
     def __init__(self, facts: GGUFFacts, *, n_ctx: int, threads: int | None = None,
@@ -41,7 +41,7 @@ class TorchEngine(Engine):
         weights = load_weights(facts.path)
         self.config = weights.config
         self.model = LlamaModel(weights, max_positions=n_ctx)
-        self._vocab = llama_cpp.Llama(str(facts.path), vocab_only=True, verbose=False)
+        self._vocab_llm = llama_cpp.Llama(str(facts.path), vocab_only=True, verbose=False)
         # room for one full context plus as much again of cached prefixes
         n_blocks = math.ceil((kv_tokens or 2 * n_ctx) / BLOCK_SIZE)
         self.kv = KVStore(self.config, n_blocks * BLOCK_SIZE, dtype=KV_DTYPE)
@@ -58,32 +58,17 @@ class TorchEngine(Engine):
             weights_bytes=weights.nbytes(),
         )
 
-    def tokenize_messages(self, messages: Sequence[Message]) -> list[int]:
-        return render_and_tokenize(self._vocab, self.facts.chat_template, messages)
-
-    def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
-        return len(self.tokenize_messages(messages))
-
-    def tokenize_text(self, text: str) -> list[int]:
-        return self._vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False)
-
     def generate(self, request: Request, cancel: threading.Event | None = None) -> Iterator[Event]:
         t_start = time.perf_counter()
         with self._lock:
-            prompt = (list(request.prompt_tokens) if request.prompt_tokens is not None
-                      else self.tokenize_messages(request.messages))
-            check_prompt_fits(len(prompt), self.info.n_ctx, self.info.n_ctx_train)
-            budget = self.info.n_ctx - len(prompt)
-            if request.max_tokens is not None:
-                budget = min(budget, request.max_tokens)
+            prompt, budget = self.prompt_and_budget(request)
             seq = next(self._seq_ids)
             cached = self.pool.allocate(seq, prompt)
             self._active = seq
             try:
                 hooks = EngineHooks(
-                    detokenize=lambda token: self._vocab.detokenize([token]),
-                    is_end_of_generation=lambda token: bool(
-                        llama_cpp.llama_vocab_is_eog(self._vocab._model.vocab, token)),
+                    detokenize=lambda token: self._vocab_llm.detokenize([token]),
+                    is_end_of_generation=self.is_end_of_generation,
                     prompt_evaluated=lambda: len(prompt) - cached,
                     memory=self._memory,
                 )
@@ -137,7 +122,7 @@ class TorchEngine(Engine):
         lock = getattr(self, "_lock", None)
         if lock is not None and lock.acquire(timeout=30):
             try:
-                vocab, self._vocab = getattr(self, "_vocab", None), None
+                vocab, self._vocab_llm = getattr(self, "_vocab_llm", None), None
                 if vocab is not None:
                     vocab.close()
             finally:
