@@ -19,13 +19,17 @@ def _model_flags() -> argparse.ArgumentParser:
     g.add_argument("-m", "--model", default="default", metavar="SPEC",
                    help="'default' (bundled SmolLM2-135M), a .gguf path, or OWNER/REPO:FILE.gguf "
                         "or OWNER/REPO:QUANT on Hugging Face (default: %(default)s)")
-    g.add_argument("--engine", default="llama.cpp", choices=["llama.cpp", "torch"],
-                   help="inference engine: llama.cpp, or localchat's own torch runtime "
-                        "(Llama-family models; in progress) (default: %(default)s)")
+    g.add_argument("--engine", default="llama.cpp", choices=["llama.cpp", "torch", "auto"],
+                   help="inference engine: llama.cpp, localchat's own torch runtime "
+                        "(Llama-family models; in progress), or auto (torch where it "
+                        "supports the architecture) (default: %(default)s)")
     g.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
                    help="context window in tokens (default: min(model's, 4096); 0 = model's)")
     g.add_argument("--threads", type=int, default=None, metavar="N",
                    help="CPU threads (default: all cores)")
+    g.add_argument("--kv-memory", default=None, metavar="SIZE",
+                   help="torch engine: memory for the paged KV cache, e.g. 2GB "
+                        "(default: 10%% of available memory, at least one context)")
     return p
 
 

@@ -11,40 +11,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 from dataclasses import dataclass
 
 from localchat.errors import UsageError
 from localchat.gguf_reader import read_gguf
 from localchat.model_files import GGUFFacts
 from localchat.models import resolve_model_facts
-from localchat.units import human_bytes
+from localchat.units import human_bytes, machine_memory, parse_memory
 
 # bits per weight of llama.cpp's types (block bytes × 8 / block size; K-quant mixes averaged)
 BITS_PER_WEIGHT = {"F16": 16.0, "Q8_0": 8.5, "Q6_K": 6.5625, "Q5_K_M": 5.69, "Q5_1": 6.0,
                    "Q5_0": 5.5, "Q4_K_M": 4.85, "Q4_1": 5.0, "Q4_0": 4.5, "NF4": 4.127}
 # bytes per cached value, by KV-cache type (llama.cpp's -ctk/-ctv names)
 KV_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_memory(text: str) -> int:
-    """'8GB' -> 8e9, '16GiB' -> 16·2^30, '512MiB', '1e9'."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in _UNITS:
-        raise UsageError(f"cannot read memory size {text!r} (try 8GB or 16GiB)")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-    if value <= 0:
-        raise UsageError(f"memory size must be positive, got {text!r}")
-    return value
-
-
-def machine_memory() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 @dataclass(frozen=True)
 class ModelSize:
     weights_bytes: int  # as stored in the file

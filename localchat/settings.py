@@ -7,6 +7,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from localchat.engine.base import Message, SamplingParams
+from localchat.units import parse_memory
 
 
 @dataclass(frozen=True)
@@ -15,6 +16,7 @@ class ChatSettings:
     engine: str = "llama.cpp"
     ctx_size: int | None = None
     threads: int | None = None
+    kv_memory: int | None = None  # bytes for the torch engine's paged KV cache
     system: str | None = None
     max_tokens: int | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -26,6 +28,7 @@ class ChatSettings:
             engine=args.engine,
             ctx_size=args.ctx_size,
             threads=args.threads,
+            kv_memory=parse_memory(args.kv_memory) if args.kv_memory else None,
             system=args.system,
             max_tokens=args.max_tokens,
             sampling=SamplingParams(
@@ -45,4 +48,4 @@ class ChatSettings:
         from localchat.engine import load_engine
 
         return load_engine(self.model, engine=self.engine, ctx_size=self.ctx_size,
-                           threads=self.threads)
+                           threads=self.threads, kv_memory=self.kv_memory)

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
 
 def human_bytes(n: float) -> str:
     """1536 -> '1.5 KiB'. Binary units, as llama.cpp and free(1) print them."""
@@ -15,3 +21,32 @@ def human_bytes(n: float) -> str:
 
 def human_rate(tok_s: float) -> str:
     return f"{tok_s:.1f} tok/s" if tok_s > 0 else "–"
+
+
+def parse_memory(text: str) -> int:
+    """'8GB' -> 8e9, '16GiB' -> 16·2^30, '512MiB', '1e9'."""
+    from localchat.errors import UsageError
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise UsageError(f"cannot read memory size {text!r} (try 8GB or 16GiB)")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if value <= 0:
+        raise UsageError(f"memory size must be positive, got {text!r}")
+    return value
+
+
+def machine_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def available_memory() -> int:
+    """Memory the OS can give now (Linux MemAvailable; else physical free pages)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")

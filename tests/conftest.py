@@ -38,9 +38,11 @@ def small_engine():
 
 @pytest.fixture(scope="session")
 def torch_engine():
-    """The bundled model in localchat's own torch engine, 1024-token context."""
+    """The bundled model in localchat's own torch engine, 1024-token context, and a KV
+    pool of two contexts (2048 tokens of 23040 bytes)."""
     from localchat.engine import load_engine
 
-    eng = load_engine("default", engine="torch", ctx_size=1024, threads=2)
+    eng = load_engine("default", engine="torch", ctx_size=1024, threads=2,
+                      kv_memory=2048 * 23040)
     yield eng
     eng.close()

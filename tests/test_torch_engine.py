@@ -97,3 +97,25 @@ def test_run_command_with_the_torch_engine():
     out = json.loads(proc.stdout)
     assert out["engine"] == "torch" and out["text"] and out["decode_tok_s"] > 0
     assert proc.stderr == ""  # llama.cpp's vocab loader logs nothing on the terminal
+
+
+def test_kv_memory_budget_and_auto_engine():
+    from localchat.engine import load_engine
+    from localchat.errors import UsageError
+
+    with pytest.raises(UsageError, match="less than the 1024-token context"):
+        load_engine("default", engine="torch", ctx_size=1024, kv_memory=1000 * 23040)
+    auto = load_engine("default", engine="auto", ctx_size=256, kv_memory=512 * 23040)
+    try:
+        assert auto.name == "torch"  # SmolLM2 is a llama-architecture model
+        assert auto.pool.usage().total == 512 // 16
+    finally:
+        auto.close()
+
+
+def test_kv_memory_flag_errors_are_one_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "localchat", "run", "hi", "--engine", "torch", "--kv-memory",
+         "1MB"], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "--kv-memory" in proc.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 from localchat.engine.base import Engine
 from localchat.errors import UsageError
 
-ENGINES = ("llama.cpp", "torch")
+ENGINES = ("llama.cpp", "torch", "auto")
 DEFAULT_CTX = 4096
 
 
@@ -16,11 +16,13 @@ def load_engine(
     engine: str = "llama.cpp",
     ctx_size: int | None = None,
     threads: int | None = None,
+    kv_memory: int | None = None,
 ) -> Engine:
     """Resolve a model SPEC, validate the file, and load it into the chosen engine.
 
     ctx_size None picks min(the model's training context, 4096), like Ollama's default;
-    0 means the model's full training context.
+    0 means the model's full training context. engine "auto" picks torch for the
+    architectures it runs and llama.cpp for everything else.
     """
     from localchat.models import resolve_model_facts
 
@@ -38,10 +40,14 @@ def load_engine(
     if ctx_size < 16:
         raise UsageError(f"context size must be at least 16 tokens, got {ctx_size}")
 
+    if engine == "auto":
+        from localchat.engine.torch.weights import SUPPORTED_ARCHITECTURES
+
+        engine = "torch" if facts.architecture in SUPPORTED_ARCHITECTURES else "llama.cpp"
     if engine == "torch":
         from localchat.engine.torch.engine import TorchEngine
 
-        return TorchEngine(facts, n_ctx=ctx_size, threads=threads)
+        return TorchEngine(facts, n_ctx=ctx_size, threads=threads, kv_memory=kv_memory)
     from localchat.engine.llamacpp import LlamaCppEngine
 
     return LlamaCppEngine(facts, n_ctx=ctx_size, threads=threads)

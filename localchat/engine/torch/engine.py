@@ -25,25 +25,41 @@ from localchat.engine.torch.blocks import BlockPool
 from localchat.engine.torch.model import KVStore, LlamaModel
 from localchat.engine.torch.sampler import sample
 from localchat.engine.torch.weights import load_weights
+from localchat.errors import UsageError
 from localchat.model_files import GGUFFacts
+from localchat.units import available_memory, human_bytes
 
 BLOCK_SIZE = 16
 KV_DTYPE = torch.float16  # as llama.cpp's default cache: 2 bytes per value
+
+
+def kv_blocks(config, n_ctx: int, kv_memory: int | None) -> int:
+    """Blocks the KV pool gets: the --kv-memory budget, by default 10% of available
+    memory; never less than one full context window (that would fail mid-reply)."""
+    per_block = BLOCK_SIZE * 2 * config.n_layers * config.n_kv_heads * config.head_dim * \
+        torch.tensor([], dtype=KV_DTYPE).element_size()
+    needed = math.ceil(n_ctx / BLOCK_SIZE)
+    if kv_memory is not None:
+        if kv_memory // per_block < needed:
+            raise UsageError(
+                f"--kv-memory {human_bytes(kv_memory)} holds {kv_memory // per_block * BLOCK_SIZE}"
+                f" tokens, less than the {n_ctx}-token context; raise it or lower -c")
+        return kv_memory // per_block
+    return max(needed, available_memory() // 10 // per_block)
 
 
 class TorchEngine(LlamaVocabMixin, Engine):
     name = "torch"
 
     def __init__(self, facts: GGUFFacts, *, n_ctx: int, threads: int | None = None,
-                 kv_tokens: int | None = None) -> None:
+                 kv_memory: int | None = None) -> None:
         torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
         self.facts = facts
         weights = load_weights(facts.path)
         self.config = weights.config
         self.model = LlamaModel(weights, max_positions=n_ctx)
         self._vocab_llm = llama_cpp.Llama(str(facts.path), vocab_only=True, verbose=False)
-        # room for one full context plus as much again of cached prefixes
-        n_blocks = math.ceil((kv_tokens or 2 * n_ctx) / BLOCK_SIZE)
+        n_blocks = kv_blocks(self.config, n_ctx, kv_memory)
         self.kv = KVStore(self.config, n_blocks * BLOCK_SIZE, dtype=KV_DTYPE)
         cache_key = hashlib.blake2b(f"{facts.path}:{facts.file_size}:{KV_DTYPE}".encode()).digest()
         self.pool = BlockPool(n_blocks, BLOCK_SIZE, cache_key=cache_key)

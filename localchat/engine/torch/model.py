@@ -19,8 +19,10 @@ class KVStore:
 
     def __init__(self, config: LlamaConfig, n_slots: int, dtype: torch.dtype = torch.float32):
         shape = (config.n_layers, n_slots, config.n_kv_heads, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
+        # empty, not zeros: pages are committed only as slots are written (always before
+        # they are read), so a large budget costs nothing until it is used
+        self.k = torch.empty(shape, dtype=dtype)
+        self.v = torch.empty(shape, dtype=dtype)
 
     @property
     def bytes_per_token(self) -> int:
