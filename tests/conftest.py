@@ -16,33 +16,30 @@ def _isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
-@pytest.fixture(scope="session")
-def engine():
-    """The bundled SmolLM2-135M Q4_1 in the llama.cpp engine, 1024-token context."""
+def _loaded(**options):
+    """A session-long engine on the bundled SmolLM2-135M Q4_1, closed at the end."""
     from localchat.engine import load_engine
 
-    eng = load_engine("default", ctx_size=1024, threads=2)
+    eng = load_engine("default", threads=2, **options)
     yield eng
     eng.close()
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """The llama.cpp engine, 1024-token context."""
+    yield from _loaded(ctx_size=1024)
 
 
 @pytest.fixture(scope="session")
 def small_engine():
-    """The same model with a 256-token context (llama.cpp rounds contexts up to multiples of 256), for overflow and length tests."""
-    from localchat.engine import load_engine
-
-    eng = load_engine("default", ctx_size=256, threads=2)
-    yield eng
-    eng.close()
+    """llama.cpp with a 256-token context (it rounds contexts up to multiples of 256),
+    for overflow and length tests."""
+    yield from _loaded(ctx_size=256)
 
 
 @pytest.fixture(scope="session")
 def torch_engine():
-    """The bundled model in localchat's own torch engine, 1024-token context, and a KV
-    pool of two contexts (2048 tokens of 23040 bytes)."""
-    from localchat.engine import load_engine
-
-    eng = load_engine("default", engine="torch", ctx_size=1024, threads=2,
-                      kv_memory=2048 * 23040)
-    yield eng
-    eng.close()
+    """localchat's own torch engine, 1024-token context, and a KV pool of two contexts
+    (2048 tokens of 23040 bytes)."""
+    yield from _loaded(engine="torch", ctx_size=1024, kv_memory=2048 * 23040)

@@ -13,9 +13,12 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from typing import Iterator, Literal, Sequence, Union
+from typing import TYPE_CHECKING, Iterator, Literal, Sequence, Union
 
 from localchat.errors import UsageError
+
+if TYPE_CHECKING:  # no import at run time: base.py stays free of file-format code
+    from localchat.model_files import GGUFFacts
 
 Role = Literal["system", "user", "assistant"]
 FinishReason = Literal["stop", "length", "cancelled"]
@@ -128,6 +131,18 @@ class ModelInfo:
     head_dim: int
     kv_bytes_per_token: int
     weights_bytes: int = 0  # model weights as the engine holds them in memory
+
+    @classmethod
+    def from_facts(cls, facts: "GGUFFacts", *, n_ctx: int, kv_bytes_per_token: int,
+                   weights_bytes: int) -> "ModelInfo":
+        """The file's facts plus what only the loaded engine knows."""
+        return cls(
+            name=facts.name, path=str(facts.path), architecture=facts.architecture,
+            quant_type=facts.quant_type, file_size=facts.file_size,
+            n_ctx_train=facts.context_length, n_ctx=n_ctx, n_layers=facts.n_layers,
+            n_kv_heads=facts.n_kv_heads, head_dim=facts.head_dim,
+            kv_bytes_per_token=kv_bytes_per_token, weights_bytes=weights_bytes,
+        )
 
 
 class Engine(ABC):

@@ -136,17 +136,8 @@ class LlamaCppEngine(LlamaVocabMixin, Engine):
         self.facts = facts
         self._lock = threading.Lock()
         n_ctx = self._llm.n_ctx()
-        self.info = ModelInfo(
-            name=facts.name,
-            path=str(facts.path),
-            architecture=facts.architecture,
-            quant_type=facts.quant_type,
-            file_size=facts.file_size,
-            n_ctx_train=facts.context_length,
-            n_ctx=n_ctx,
-            n_layers=facts.n_layers,
-            n_kv_heads=facts.n_kv_heads,
-            head_dim=facts.head_dim,
+        self.info = ModelInfo.from_facts(
+            facts, n_ctx=n_ctx,
             kv_bytes_per_token=facts.kv_bytes_per_token(2),  # llama.cpp's default f16 cache
             weights_bytes=self._llm._model.size(),
         )

@@ -65,14 +65,9 @@ class TorchEngine(LlamaVocabMixin, Engine):
         self.pool = BlockPool(n_blocks, BLOCK_SIZE, cache_key=cache_key)
         self._seq_ids = itertools.count()
         self._lock = threading.Lock()
-        self.info = ModelInfo(
-            name=facts.name, path=str(facts.path), architecture=facts.architecture,
-            quant_type=facts.quant_type, file_size=facts.file_size,
-            n_ctx_train=facts.context_length, n_ctx=n_ctx, n_layers=facts.n_layers,
-            n_kv_heads=facts.n_kv_heads, head_dim=facts.head_dim,
-            kv_bytes_per_token=self.kv.bytes_per_token,
-            weights_bytes=weights.nbytes(),
-        )
+        self.info = ModelInfo.from_facts(facts, n_ctx=n_ctx,
+                                         kv_bytes_per_token=self.kv.bytes_per_token,
+                                         weights_bytes=weights.nbytes())
 
     def generate(self, request: Request, cancel: threading.Event | None = None) -> Iterator[Event]:
         t_start = time.perf_counter()
