@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from localchat.engine.torch.rope import RotaryEmbedding
 from localchat.engine.torch.weights import LlamaConfig, ModelWeights
 
 
@@ -30,35 +31,14 @@ class KVStore:
         return 2 * layers * kv_heads * head_dim * self.k.element_size()
 
 
-class RotaryEmbedding:
-    """cos/sin tables for every position up to the context length, built once."""
-
-    def __init__(self, config: LlamaConfig, max_positions: int) -> None:
-        half = config.head_dim // 2
-        inv_freq = 1.0 / (config.rope_base ** (torch.arange(0, half, dtype=torch.float64) / half))
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
-        self.cos, self.sin = angles.cos().float(), angles.sin().float()
-        self.neox = config.rope_neox
-
-    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin for these positions, looked up once per forward (not per layer)."""
-        return (self.cos.index_select(0, positions)[:, None, :],
-                self.sin.index_select(0, positions)[:, None, :])
-
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, head_dim]."""
-        if self.neox:  # rotate halves
-            a, b = x.chunk(2, dim=-1)
-            return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
-        a, b = x[..., 0::2], x[..., 1::2]  # rotate adjacent pairs (GGUF's permuted Q/K)
-        return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
-
-
 class LlamaModel:
     def __init__(self, weights: ModelWeights, max_positions: int) -> None:
         self.w = weights
         self.config = weights.config
-        self.rope = RotaryEmbedding(self.config, max_positions)
+        c = self.config
+        self.rope = RotaryEmbedding(c.head_dim, c.rope_base, max_positions, neox=c.rope_neox,
+                                    position_scale=c.rope_position_scale,
+                                    freq_factors=weights.rope_freqs)
 
     def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    mask: torch.Tensor | None) -> torch.Tensor:

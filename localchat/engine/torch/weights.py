@@ -36,6 +36,7 @@ class LlamaConfig:
     rope_base: float
     norm_eps: float
     rope_neox: bool  # qwen2 rotates halves; llama's GGUF Q/K rows are permuted for pairs
+    rope_position_scale: float = 1.0  # linear RoPE scaling: positions × 1/factor
 
     @classmethod
     def from_metadata(cls, meta: dict) -> "LlamaConfig":
@@ -44,6 +45,11 @@ class LlamaConfig:
             raise EngineError(
                 f"the torch engine runs {', '.join(SUPPORTED_ARCHITECTURES)} models, not "
                 f"{arch!r}: use --engine llama.cpp")
+        scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+        if scaling not in ("none", "linear"):  # llama3's factors come as a tensor instead
+            raise EngineError(f"the torch engine does not run {scaling!r} RoPE scaling yet: "
+                              "use --engine llama.cpp")
+        factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
         n_heads = int(meta[f"{arch}.attention.head_count"])
         dim = int(meta[f"{arch}.embedding_length"])
         return cls(
@@ -59,6 +65,7 @@ class LlamaConfig:
             rope_base=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
             norm_eps=float(meta[f"{arch}.attention.layer_norm_rms_epsilon"]),
             rope_neox=arch == "qwen2",
+            rope_position_scale=1.0 / factor if factor > 0 else 1.0,
         )
 
 
@@ -80,6 +87,7 @@ class ModelWeights:
     layers: list[LayerWeights]
     output_norm: torch.Tensor
     output: torch.nn.Module  # tied to the embedding when the file has no output.weight
+    rope_freqs: torch.Tensor | None = None  # Llama 3.1's per-frequency RoPE divisors
 
     def nbytes(self) -> int:
         """Bytes of every distinct tensor held (a tied output is counted once)."""
@@ -144,7 +152,9 @@ def load_weights(path: Path) -> ModelWeights:
             for i in range(config.n_layers)
         ]
         output = linear("output.weight") if "output.weight" in tensors else DenseLinear(embedding)
-        return ModelWeights(config, embedding, layers, dense("output_norm.weight"), output)
+        rope_freqs = dense("rope_freqs.weight") if "rope_freqs.weight" in tensors else None
+        return ModelWeights(config, embedding, layers, dense("output_norm.weight"), output,
+                            rope_freqs)
     except KeyError as exc:
         raise EngineError(f"{path.name} lacks tensor {exc}; use --engine llama.cpp") from None
     finally:

@@ -1,0 +1,93 @@
+"""Small random Llama-family GGUF models, written on the fly with the bundled model's
+real vocabulary, so both engines can load them and be compared number for number.
+
+With float32 weights there is no quantization on either side, so the torch engine's
+forward pass (RoPE variants, GQA, biases, norms) must match llama.cpp's closely; a
+wrong rotation or a transposed matrix shows up as a large logit difference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from localchat.gguf_reader import read_gguf
+from localchat.models import resolve_model
+
+DIM, HEADS, KV_HEADS, FFN, LAYERS = 128, 4, 2, 256, 2
+HEAD_DIM = DIM // HEADS
+
+
+def _vocabulary() -> dict:
+    bundled = read_gguf(resolve_model("default"))
+    try:
+        return {k: v for k, v in bundled.metadata.items() if k.startswith("tokenizer.")}
+    finally:
+        bundled.close()
+
+
+def write_random_model(path: Path, *, arch: str = "llama", seed: int = 0,
+                       rope_freqs: np.ndarray | None = None, linear_rope_factor: float | None = None,
+                       ggml_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+                       context_length: int = 4096) -> Path:
+    """A 2-layer model with random weights; `ggml_type` for the 2-D projections."""
+    rng = np.random.default_rng(seed)
+    vocab = _vocabulary()
+    n_vocab = len(vocab["tokenizer.ggml.tokens"])
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"random-{arch}")
+    writer.add_block_count(LAYERS)
+    writer.add_context_length(context_length)
+    writer.add_embedding_length(DIM)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    if linear_rope_factor is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(linear_rope_factor)
+    writer.add_tokenizer_model(vocab["tokenizer.ggml.model"])
+    writer.add_tokenizer_pre(vocab["tokenizer.ggml.pre"])
+    writer.add_token_list(vocab["tokenizer.ggml.tokens"])
+    writer.add_token_types([int(t) for t in vocab["tokenizer.ggml.token_type"]])
+    writer.add_token_merges(vocab["tokenizer.ggml.merges"])
+    writer.add_bos_token_id(vocab["tokenizer.ggml.bos_token_id"])
+    writer.add_eos_token_id(vocab["tokenizer.ggml.eos_token_id"])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(vocab["tokenizer.chat_template"])
+
+    def matrix(rows: int, cols: int, scale: float) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+
+    def add_matrix(name: str, w: np.ndarray) -> None:
+        if ggml_type == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, w)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(w, ggml_type), raw_dtype=ggml_type)
+
+    writer.add_tensor("token_embd.weight", matrix(n_vocab, DIM, 1.0))
+    for i in range(LAYERS):
+        p = f"blk.{i}."
+        writer.add_tensor(p + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(DIM)).astype(np.float32))
+        add_matrix(p + "attn_q.weight", matrix(DIM, DIM, DIM ** -0.5))
+        add_matrix(p + "attn_k.weight", matrix(KV_HEADS * HEAD_DIM, DIM, DIM ** -0.5))
+        add_matrix(p + "attn_v.weight", matrix(KV_HEADS * HEAD_DIM, DIM, DIM ** -0.5))
+        if arch == "qwen2":
+            for x, n in (("q", DIM), ("k", KV_HEADS * HEAD_DIM), ("v", KV_HEADS * HEAD_DIM)):
+                writer.add_tensor(p + f"attn_{x}.bias", (0.5 * rng.standard_normal(n)).astype(np.float32))
+        add_matrix(p + "attn_output.weight", matrix(DIM, DIM, DIM ** -0.5))
+        writer.add_tensor(p + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(DIM)).astype(np.float32))
+        add_matrix(p + "ffn_gate.weight", matrix(FFN, DIM, DIM ** -0.5))
+        add_matrix(p + "ffn_up.weight", matrix(FFN, DIM, DIM ** -0.5))
+        add_matrix(p + "ffn_down.weight", matrix(DIM, FFN, FFN ** -0.5))
+    writer.add_tensor("output_norm.weight", np.ones(DIM, dtype=np.float32))
+    if rope_freqs is not None:
+        writer.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
