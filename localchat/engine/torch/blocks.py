@@ -208,6 +208,9 @@ class BlockPool:
     def block_table(self, seq_id: int) -> list[int]:
         return list(self._seq(seq_id).table)
 
+    def tokens(self, seq_id: int) -> list[int]:
+        return list(self._seq(seq_id).tokens)
+
     def num_tokens(self, seq_id: int) -> int:
         return len(self._seq(seq_id).tokens)
 

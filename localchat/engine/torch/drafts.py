@@ -1,0 +1,146 @@
+"""Where draft tokens come from: a second model with its own paged cache, or the
+context itself (prompt lookup, no model).
+
+Both follow the target's sequence: propose(context, γ) drafts γ tokens after `context`
+(the target's final tokens, the last one not yet in the target's cache), and settle(n)
+says how many tokens of the sequence are now final, so a model draft keeps the KV of
+those and rolls back the rest without copies (rolled-back tokens never reach its prefix
+cache, which only hashes committed blocks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Sequence
+
+import torch
+
+from localchat.engine.base import SamplingParams
+from localchat.engine.torch.blocks import BlockPool
+from localchat.engine.torch.model import KVStore, LlamaModel
+from localchat.engine.torch.sampler import draw, penalized, probabilities
+from localchat.engine.torch.weights import ModelWeights
+from localchat.errors import UsageError
+
+BLOCK_SIZE = 16
+
+
+class ModelDraft:
+    """A small or more quantized model of the same vocabulary, one sequence at a time."""
+
+    def __init__(self, weights: ModelWeights, name: str, n_ctx: int, kv_dtype: torch.dtype) -> None:
+        self.name = name
+        self.model = LlamaModel(weights, max_positions=n_ctx + 64)
+        n_blocks = 2 * math.ceil((n_ctx + 64) / BLOCK_SIZE)  # room to keep one chat's prefix
+        self.kv = KVStore(weights.config, n_blocks * BLOCK_SIZE, dtype=kv_dtype)
+        key = hashlib.blake2b(f"draft:{name}:{kv_dtype}".encode()).digest()
+        self.pool = BlockPool(n_blocks, BLOCK_SIZE, cache_key=key)
+        self.weights_bytes = weights.nbytes()
+        self._seq: int | None = None
+        self._computed = 0  # tokens of the sequence whose KV this draft has written
+
+    @property
+    def source(self) -> str:
+        return f"model:{self.name}"
+
+    def begin(self, seq: int, prompt: Sequence[int]) -> None:
+        self._seq = seq
+        self._computed = self.pool.allocate(seq, prompt)
+
+    def end(self) -> None:
+        if self._seq is not None:
+            self.pool.free(self._seq)
+            self._seq = None
+
+    def _forward(self, tokens: list[int], start: int) -> torch.Tensor:
+        seq, end = self._seq, start + len(tokens)
+        for token in tokens[self.pool.num_tokens(seq) - start:]:
+            self.pool.append_token(seq, token)
+        logits = self.model.forward(
+            torch.tensor(tokens), torch.arange(start, end),
+            torch.tensor(self.pool.slot_mapping(seq, start, end)),
+            torch.tensor([self.pool.slot(seq, p) for p in range(end)]), self.kv)
+        self._computed = end
+        return logits
+
+    def propose(self, context: list[int], gamma: int, params: SamplingParams,
+                recent: list[int], generator: torch.Generator
+                ) -> tuple[list[int], torch.Tensor | None]:
+        """γ draft tokens after `context`, and their distributions ([γ, vocab]; None at
+        temperature 0, where only the tokens matter)."""
+        logits = self._forward(context[self._computed:], self._computed)
+        drafts: list[int] = []
+        dists: list[torch.Tensor] = []
+        for i in range(gamma):
+            if i:
+                logits = self._forward([drafts[-1]], len(context) + i - 1)
+            if params.temperature == 0:
+                drafts.append(int(penalized(logits, params, recent + drafts).argmax()))
+            else:
+                q = probabilities(logits, params, recent + drafts)
+                dists.append(q)
+                drafts.append(draw(q, generator))
+        return drafts, (torch.stack(dists) if dists else None)
+
+    def settle(self, final: list[int]) -> None:
+        """`final`: the sequence's tokens that are now certain."""
+        seq = self._seq
+        n_tokens = self.pool.num_tokens(seq)
+        keep = min(len(final), self._computed)
+        ours = self.pool.tokens(seq)
+        while keep > self.pool.num_committed(seq) and ours[keep - 1] != final[keep - 1]:
+            keep -= 1  # the first rejected draft (the target chose another token there)
+        self.pool.rollback(seq, n_tokens - keep)
+        self.pool.commit(seq, keep)
+        self._computed = keep
+
+
+class NgramDraft:
+    """Prompt lookup: find the latest earlier occurrence of the context's last few
+    tokens and propose what followed it there. Free to run; pays off on replies that
+    quote the prompt (code edits, summaries, retrieval)."""
+
+    source = "ngram"
+
+    def __init__(self, max_ngram: int = 3) -> None:
+        self.max_ngram = max_ngram
+
+    def begin(self, seq: int, prompt: Sequence[int]) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+    def propose(self, context: list[int], gamma: int, params: SamplingParams,
+                recent: list[int], generator: torch.Generator) -> tuple[list[int], None]:
+        n = len(context)
+        for size in range(min(self.max_ngram, n - 1), 0, -1):
+            tail = context[n - size:]
+            for start in range(n - size - 1, -1, -1):
+                if context[start:start + size] == tail:
+                    follow = context[start + size:start + size + gamma]
+                    if follow:
+                        return follow, None
+        return [], None
+
+    def settle(self, final: list[int]) -> None:
+        pass
+
+
+def check_same_vocabulary(target: dict, draft: dict, draft_name: str) -> None:
+    """As llama.cpp does before speculating: same tokenizer type, BOS/EOS ids, size, and
+    token texts. A draft with another vocabulary proposes meaningless ids."""
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.bos_token_id",
+                "tokenizer.ggml.eos_token_id"):
+        if target.get(key) != draft.get(key):
+            raise UsageError(f"draft model {draft_name} does not share the target's vocabulary "
+                             f"({key}: {draft.get(key)!r} vs {target.get(key)!r})")
+    ours, theirs = target["tokenizer.ggml.tokens"], draft["tokenizer.ggml.tokens"]
+    if len(ours) != len(theirs):
+        raise UsageError(f"draft model {draft_name} has {len(theirs)} tokens, the target "
+                         f"{len(ours)}: they must share one vocabulary")
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            raise UsageError(f"draft model {draft_name} differs from the target at token {i} "
+                             f"({b!r} vs {a!r}): they must share one vocabulary")

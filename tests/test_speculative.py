@@ -1,0 +1,145 @@
+"""Speculative decoding's acceptance rule and γ adaptation, on toy distributions where
+the exact answer is known (the real-model checks are in test_speculative_engine.py)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from localchat.engine.torch.speculative import (AdaptiveGamma, accept_drafts, accept_greedy,
+                                                 expected_speedup)
+
+V = 5  # a small vocabulary, so every outcome is seen many times
+
+
+def chi_square_p_value(observed: Counter, expected: dict, n: int) -> float:
+    """Pearson χ² goodness of fit; p-value from the regularized upper gamma function."""
+    stat = sum((observed.get(k, 0) - n * e) ** 2 / (n * e) for k, e in expected.items() if e > 0)
+    dof = sum(1 for e in expected.values() if e > 0) - 1
+    assert sum(observed[k] for k in observed if expected.get(k, 0) == 0) == 0, "impossible outcome seen"
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+def markov(seed: int, sharp: float) -> torch.Tensor:
+    """A toy language model: next-token distribution given the previous token [V, V]."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(V, V, generator=g, dtype=torch.float64) * sharp).softmax(-1)
+
+
+def speculate(target: torch.Tensor, draft: torch.Tensor, first: int, gamma: int, length: int,
+              g: torch.Generator) -> list[int]:
+    """Generate `length` tokens after `first` with drafts of γ, like the engine does."""
+    out = [first]
+    while len(out) <= length:
+        drafts, qs = [], []
+        for _ in range(gamma):
+            q = draft[(drafts or out)[-1]]
+            qs.append(q)
+            drafts.append(int(torch.multinomial(q, 1, generator=g)))
+        context = out + drafts
+        p = torch.stack([target[context[len(out) - 1 + i]] for i in range(gamma + 1)])
+        n, nxt = accept_drafts(p, torch.stack(qs), drafts, g)
+        out += drafts[:n] + [nxt]
+    return out[1:length + 1]
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_speculative_sampling_has_the_targets_distribution(gamma):
+    """χ² over the joint distribution of the first two generated tokens (25 outcomes):
+    a draft that disagrees a lot with the target must not bias the output."""
+    target, draft = markov(1, 1.5), markov(2, 1.5)
+    g = torch.Generator().manual_seed(3)
+    n = 6000
+    observed = Counter(tuple(speculate(target, draft, 0, gamma, 2, g)) for _ in range(n))
+    expected = {(a, b): float(target[0, a] * target[a, b]) for a in range(V) for b in range(V)}
+    p_value = chi_square_p_value(observed, expected, n)
+    assert p_value > 1e-3, f"speculative output is not distributed as the target (p={p_value:.2g})"
+
+
+def test_the_chi_square_check_catches_a_biased_sampler():
+    """The same check fails when tokens come from the draft unverified."""
+    target, draft = markov(1, 1.5), markov(2, 1.5)
+    g = torch.Generator().manual_seed(3)
+    n = 6000
+    observed = Counter()
+    for _ in range(n):
+        a = int(torch.multinomial(draft[0], 1, generator=g))
+        observed[(a, int(torch.multinomial(draft[a], 1, generator=g)))] += 1
+    expected = {(a, b): float(target[0, a] * target[a, b]) for a in range(V) for b in range(V)}
+    assert chi_square_p_value(observed, expected, n) < 1e-6
+
+
+def test_self_draft_accepts_everything():
+    target = markov(1, 1.5)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        drafts = [int(torch.multinomial(target[0], 1, generator=g)) for _ in range(4)]
+        p = target[[0, *drafts]]
+        q = target[[0, *drafts[:-1]]]
+        assert accept_drafts(p, q, drafts, g)[0] == 4
+
+
+def test_zero_draft_probability_is_a_rejection_and_residual_excludes_the_draft():
+    p = torch.tensor([[0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
+    q = torch.tensor([[0.0, 0.5, 0.5]])
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        n, nxt = accept_drafts(p, q, [0], g)  # q(0) = 0: never kept, even though p(0) = 0.5
+        assert n == 0 and nxt == 0  # residual max(0, p - q) = [0.5, 0, 0]
+    for _ in range(50):  # deterministic draft (prompt lookup): residual is p without the draft
+        n, nxt = accept_drafts(torch.tensor([[0.0, 0.5, 0.5], [1, 0, 0.0]]), None, [0], g)
+        assert n == 0 and nxt in (1, 2)
+
+
+def test_greedy_keeps_drafts_while_they_match_the_argmax():
+    assert accept_greedy([4, 7, 9, 1], [4, 7, 2]) == (2, 9)
+    assert accept_greedy([4, 7, 9, 1], [4, 7, 9]) == (3, 1)
+    assert accept_greedy([4, 7], [5]) == (0, 4)
+
+
+def test_expected_speedup_is_leviathans_formula():
+    alpha, gamma, c = 0.8, 4, 0.1
+    assert expected_speedup(alpha, gamma, c) == pytest.approx(
+        (1 - alpha ** 5) / ((1 - alpha) * (gamma * c + 1)))
+    assert expected_speedup(0.9, 3, 0.0) == pytest.approx(1 + 0.9 + 0.81 + 0.729)
+    assert expected_speedup(0.3, 4, 0.5) < 1  # a poor draft slows things down
+
+
+def test_adaptation_picks_a_long_gamma_for_a_good_cheap_draft():
+    a = AdaptiveGamma()
+    assert a.choose() == 0  # first a plain step, to time the target
+    a.observe_plain(0.05)
+    for _ in range(30):
+        g = a.choose()
+        a.observe_round(g, g, draft_s=0.005 * g, verify_s=0.055)  # accepts all, c = 0.1
+    assert a.choose() >= 5 and a.alpha > 0.95 and a.c == pytest.approx(0.1, rel=0.05)
+    assert a.predicted() > 3
+
+
+def test_adaptation_switches_off_a_useless_draft_and_probes_again():
+    a = AdaptiveGamma(probe_every=8)
+    a.observe_plain(0.05)
+    choices = []
+    for _ in range(60):
+        g = a.choose()
+        choices.append(g)
+        if g:
+            a.observe_round(g, 0, draft_s=0.03 * g, verify_s=0.06)  # never accepted, c = 0.6
+        else:
+            a.observe_plain(0.05)
+    tail = choices[20:]
+    assert tail.count(0) >= 0.8 * len(tail)  # mostly off ...
+    assert any(tail)  # ... but it keeps probing
+    assert a.predicted(1) < 1
+
+
+def test_fixed_gamma_does_not_adapt():
+    a = AdaptiveGamma(fixed=3)
+    for _ in range(10):
+        assert a.choose() == 3
+        a.observe_round(3, 0, 0.1, 0.1)
+    assert math.isfinite(a.alpha)
