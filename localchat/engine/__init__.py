@@ -40,10 +40,15 @@ def load_engine(
     if ctx_size < 16:
         raise UsageError(f"context size must be at least 16 tokens, got {ctx_size}")
 
+    hf_directory = facts.path.is_dir()  # a Hugging Face safetensors directory
     if engine == "auto":
         from localchat.engine.torch.weights import SUPPORTED_ARCHITECTURES
 
-        engine = "torch" if facts.architecture in SUPPORTED_ARCHITECTURES else "llama.cpp"
+        engine = "torch" if hf_directory or facts.architecture in SUPPORTED_ARCHITECTURES \
+            else "llama.cpp"
+    if hf_directory and engine == "llama.cpp":
+        raise UsageError(f"the llama.cpp engine needs a GGUF file, and {facts.path.name} is a "
+                         "Hugging Face directory; use --engine torch")
     if engine == "torch":
         from localchat.engine.torch.engine import TorchEngine
 

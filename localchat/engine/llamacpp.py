@@ -23,7 +23,8 @@ import llama_cpp
 
 from localchat.chat.template import render_chat
 from localchat.engine.base import Engine, Event, Message, ModelInfo, Request
-from localchat.engine.streaming import EngineHooks, check_prompt_fits, stream_events
+from localchat.engine.streaming import EngineHooks, stream_events
+from localchat.engine.vocab import VocabMixin
 from localchat.errors import EngineError
 from localchat.model_files import GGUFFacts
 
@@ -73,42 +74,30 @@ def render_and_tokenize(llm: llama_cpp.Llama, template: str | None,
     return tokens
 
 
-class LlamaVocabMixin:
-    """Tokenization through a llama.cpp vocabulary, shared by both engines so they see
-    the same token ids; and the prompt/budget preparation every generate() starts with."""
+class LlamaCppVocabulary:
+    """A llama.cpp vocabulary (a vocab-only Llama, or the full model) as a Vocabulary."""
 
-    _vocab_llm: llama_cpp.Llama
-    facts: GGUFFacts
-    info: ModelInfo
+    def __init__(self, llm: llama_cpp.Llama) -> None:
+        self.llm = llm
 
-    def tokenize_messages(self, messages: Sequence[Message]) -> list[int]:
-        return render_and_tokenize(self._vocab_llm, self.facts.chat_template, messages)
-
-    def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
-        return len(self.tokenize_messages(messages))
+    def tokenize_messages(self, template: str | None, messages: Sequence[Message]) -> list[int]:
+        return render_and_tokenize(self.llm, template, messages)
 
     def tokenize_text(self, text: str) -> list[int]:
-        """Plain text to tokens (no special-token parsing), for tests and benchmarks."""
-        return self._vocab_llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+
+    def detokenize(self, token: int) -> bytes:
+        return self.llm.detokenize([token])
 
     def is_end_of_generation(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab_llm._model.vocab, token))
+        return bool(llama_cpp.llama_vocab_is_eog(self.llm._model.vocab, token))
 
-    def prompt_and_budget(self, request: Request) -> tuple[list[int], int]:
-        """The prompt's tokens, and how many may be generated after them."""
-        prompt = (list(request.prompt_tokens) if request.prompt_tokens is not None
-                  else self.tokenize_messages(request.messages))
-        check_prompt_fits(len(prompt), self.info.n_ctx, self.info.n_ctx_train)
-        budget = self.info.n_ctx - len(prompt)
-        return prompt, budget if request.max_tokens is None else min(budget, request.max_tokens)
+    def close(self) -> None:
+        self.llm.close()
 
 
-class LlamaCppEngine(LlamaVocabMixin, Engine):
+class LlamaCppEngine(VocabMixin, Engine):
     name = "llama.cpp"
-
-    @property
-    def _vocab_llm(self) -> llama_cpp.Llama:  # the full model doubles as the vocabulary
-        return self._llm
 
     def __init__(
         self,
@@ -134,6 +123,7 @@ class LlamaCppEngine(LlamaVocabMixin, Engine):
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineError(f"llama.cpp could not load {facts.path.name}: {exc}") from None
         self.facts = facts
+        self.vocab = LlamaCppVocabulary(self._llm)  # the full model doubles as the vocabulary
         self._lock = threading.Lock()
         n_ctx = self._llm.n_ctx()
         self.info = ModelInfo.from_facts(

@@ -1,8 +1,10 @@
 """The torch engine behind the engine interface: one sequence at a time for now
 (continuous batching is the next issue), over the paged KV store with prefix caching.
 
-Tokenization is llama.cpp's own (its vocab-only mode), so both engines see exactly the
-same token ids for the same text; prompts are rendered by the shared template renderer.
+A GGUF file is tokenized by llama.cpp's own vocabulary (its vocab-only mode), so both
+engines see exactly the same token ids; a Hugging Face directory by its tokenizer.json
+(engine/hf_vocab.py, which follows the same rules). Prompts are rendered by the shared
+template renderer.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ import llama_cpp
 import torch
 
 from localchat.engine.base import Engine, Event, ModelInfo, Request
-from localchat.engine.llamacpp import LlamaVocabMixin
+from localchat.engine.llamacpp import LlamaCppVocabulary
 from localchat.engine.streaming import EngineHooks, stream_events
 from localchat.engine.torch.blocks import BlockPool
 from localchat.engine.torch.model import KVStore, LlamaModel
 from localchat.engine.torch.sampler import sample
 from localchat.engine.torch.weights import load_weights
+from localchat.engine.vocab import Vocabulary, VocabMixin
 from localchat.errors import UsageError
 from localchat.model_files import GGUFFacts
 from localchat.units import available_memory, human_bytes
@@ -48,17 +51,27 @@ def kv_blocks(config, n_ctx: int, kv_memory: int | None) -> int:
     return max(needed, available_memory() // 10 // per_block)
 
 
-class TorchEngine(LlamaVocabMixin, Engine):
+def open_model(facts: GGUFFacts):
+    """(weights, vocabulary) for a GGUF file or a Hugging Face directory."""
+    if facts.path.is_dir():
+        from localchat.engine.hf_vocab import HFVocabulary
+        from localchat.engine.torch.hf_weights import load_hf_weights
+
+        return load_hf_weights(facts.path), HFVocabulary(facts.path)
+    return load_weights(facts.path), LlamaCppVocabulary(
+        llama_cpp.Llama(str(facts.path), vocab_only=True, verbose=False))
+
+
+class TorchEngine(VocabMixin, Engine):
     name = "torch"
 
     def __init__(self, facts: GGUFFacts, *, n_ctx: int, threads: int | None = None,
                  kv_memory: int | None = None) -> None:
         torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
         self.facts = facts
-        weights = load_weights(facts.path)
+        weights, self.vocab = open_model(facts)
         self.config = weights.config
         self.model = LlamaModel(weights, max_positions=n_ctx)
-        self._vocab_llm = llama_cpp.Llama(str(facts.path), vocab_only=True, verbose=False)
         n_blocks = kv_blocks(self.config, n_ctx, kv_memory)
         self.kv = KVStore(self.config, n_blocks * BLOCK_SIZE, dtype=KV_DTYPE)
         cache_key = hashlib.blake2b(f"{facts.path}:{facts.file_size}:{KV_DTYPE}".encode()).digest()
@@ -78,7 +91,7 @@ class TorchEngine(LlamaVocabMixin, Engine):
             self._active = seq
             try:
                 hooks = EngineHooks(
-                    detokenize=lambda token: self._vocab_llm.detokenize([token]),
+                    detokenize=self.vocab.detokenize,
                     is_end_of_generation=self.is_end_of_generation,
                     prompt_evaluated=lambda: len(prompt) - cached,
                     memory=self._memory,
@@ -133,7 +146,8 @@ class TorchEngine(LlamaVocabMixin, Engine):
         lock = getattr(self, "_lock", None)
         if lock is not None and lock.acquire(timeout=30):
             try:
-                vocab, self._vocab_llm = getattr(self, "_vocab_llm", None), None
+                vocab: Vocabulary | None = getattr(self, "vocab", None)
+                self.vocab = None
                 if vocab is not None:
                     vocab.close()
             finally:

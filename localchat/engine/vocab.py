@@ -1,0 +1,62 @@
+"""What an engine needs from a vocabulary, and the tokenization and prompt budgeting
+that both engines build on it.
+
+Two vocabularies implement it: llama.cpp's (GGUF files; engine/llamacpp.py) and the
+Hugging Face `tokenizers` one (HF model directories; engine/hf_vocab.py). Both keep the
+same rule: text the chat template wrote may hold special tokens, text users typed never.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+from localchat.engine.base import Message, ModelInfo, Request
+from localchat.engine.streaming import check_prompt_fits
+from localchat.model_files import GGUFFacts
+
+
+class Vocabulary(Protocol):
+    def tokenize_messages(self, template: str | None, messages: Sequence[Message]) -> list[int]:
+        """Render with the template and tokenize, special tokens only where trusted."""
+
+    def tokenize_text(self, text: str) -> list[int]:
+        """Plain text to tokens, special-token look-alikes left as text."""
+
+    def detokenize(self, token: int) -> bytes:
+        """One token's bytes (possibly part of a UTF-8 character); b"" for control tokens."""
+
+    def is_end_of_generation(self, token: int) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class VocabMixin:
+    """An engine's tokenization through its `vocab`, and the prompt/budget preparation
+    every generate() starts with."""
+
+    vocab: Vocabulary
+    facts: GGUFFacts
+    info: ModelInfo
+
+    def tokenize_messages(self, messages: Sequence[Message]) -> list[int]:
+        return self.vocab.tokenize_messages(self.facts.chat_template, messages)
+
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
+        return len(self.tokenize_messages(messages))
+
+    def tokenize_text(self, text: str) -> list[int]:
+        """Plain text to tokens (no special-token parsing), for tests and benchmarks."""
+        return self.vocab.tokenize_text(text)
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return self.vocab.is_end_of_generation(token)
+
+    def prompt_and_budget(self, request: Request) -> tuple[list[int], int]:
+        """The prompt's tokens, and how many may be generated after them."""
+        prompt = (list(request.prompt_tokens) if request.prompt_tokens is not None
+                  else self.tokenize_messages(request.messages))
+        if request.assistant_prefix:  # continuing a reply: the prompt ends with its text
+            prompt += self.tokenize_text(request.assistant_prefix)
+        check_prompt_fits(len(prompt), self.info.n_ctx, self.info.n_ctx_train)
+        budget = self.info.n_ctx - len(prompt)
+        return prompt, budget if request.max_tokens is None else min(budget, request.max_tokens)
