@@ -1,0 +1,290 @@
+"""Conversations and their messages in SQLite: the one place that reads and writes them.
+
+A reply is written while it streams (status 'streaming', see reply_writer.py) and gets
+its final status at the end: 'complete', or 'interrupted' when it was stopped or its
+process died. Opening the store marks replies left 'streaming' by a process that no
+longer runs as interrupted, keeping their text.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from localchat.errors import LocalchatError
+from localchat.storage.db import (
+    BUSY_TIMEOUT_MS,
+    Connections,
+    default_db_path,
+    open_checked,
+    transaction,
+)
+
+STATUSES = ("complete", "interrupted", "streaming")
+TITLE_CHARS = 48
+
+
+class StoreError(LocalchatError):
+    """Reading or writing history failed (disk full, I/O error, lock held too long)."""
+
+
+def _wrapped(method):
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise StoreError(f"history database: {exc}") from None
+    return call
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: int
+    title: str
+    created: float
+    updated: float
+    model: str = ""
+    system_prompt: str | None = None
+    params: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    id: int
+    conversation_id: int
+    role: str
+    content: str
+    status: str = "complete"
+    model: str | None = None
+    params: dict | None = None
+    stats: dict | None = None
+    created: float = 0.0
+
+
+def title_from(text: str) -> str:
+    """A conversation title from its first message: the first line, shortened."""
+    line = next((l.strip() for l in text.splitlines() if l.strip()), "") or "New chat"
+    return line if len(line) <= TITLE_CHARS else line[:TITLE_CHARS - 1].rstrip() + "…"
+
+
+def _json(value) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def _load(text: str | None):
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    except OSError:
+        return False
+    return True
+
+
+class ConversationStore:
+    """History on one SQLite file. Safe to use from several threads (one connection
+    each) and several processes (WAL, busy timeout)."""
+
+    def __init__(self, conns: Connections) -> None:
+        self._conns = conns
+        self.path = conns.path
+
+    @classmethod
+    def open(cls, path: Path | None = None, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+             recover: bool = True) -> "ConversationStore":
+        """Open (and create or migrate) the store; raises StoreUnavailable when the file
+        is damaged or locked, leaving it untouched."""
+        store = cls(open_checked(path or default_db_path(), busy_timeout_ms))
+        if recover:
+            try:
+                store.recover_interrupted()
+            except StoreError:
+                pass  # a read-only moment is no reason to refuse history
+        return store
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        return self._conns.get()
+
+    def close(self) -> None:
+        self._conns.close()
+
+    # -- conversations ---------------------------------------------------------------
+
+    @_wrapped
+    def create_conversation(self, title: str = "New chat", *, model: str = "",
+                            system_prompt: str | None = None,
+                            params: dict | None = None) -> Conversation:
+        now = time.time()
+        with transaction(self._db) as db:
+            cur = db.execute(
+                "INSERT INTO conversations (title, created, updated, model, system_prompt, "
+                "params) VALUES (?, ?, ?, ?, ?, ?)",
+                (title, now, now, model, system_prompt, _json(params or {})))
+        return Conversation(cur.lastrowid, title, now, now, model, system_prompt,
+                            dict(params or {}))
+
+    @staticmethod
+    def _conversation(row: sqlite3.Row) -> Conversation:
+        params = _load(row["params"])
+        return Conversation(row["id"], row["title"], row["created"], row["updated"],
+                            row["model"], row["system_prompt"],
+                            params if isinstance(params, dict) else {})
+
+    @_wrapped
+    def get_conversation(self, conversation_id: int) -> Conversation | None:
+        row = self._db.execute("SELECT * FROM conversations WHERE id = ?",
+                               (conversation_id,)).fetchone()
+        return self._conversation(row) if row else None
+
+    @_wrapped
+    def list_conversations(self, search: str = "") -> list[Conversation]:
+        """Newest first; `search` matches the title or any message's text (no case)."""
+        if not search.strip():
+            rows = self._db.execute(
+                "SELECT * FROM conversations ORDER BY updated DESC, id DESC").fetchall()
+        else:
+            pattern = "%" + search.strip().replace("\\", "\\\\").replace("%", "\\%") \
+                .replace("_", "\\_") + "%"
+            rows = self._db.execute(
+                "SELECT * FROM conversations c WHERE c.title LIKE ?1 ESCAPE '\\' OR EXISTS "
+                "(SELECT 1 FROM messages m WHERE m.conversation_id = c.id "
+                "AND m.content LIKE ?1 ESCAPE '\\') ORDER BY updated DESC, id DESC",
+                (pattern,)).fetchall()
+        return [self._conversation(r) for r in rows]
+
+    def last_conversation(self) -> Conversation | None:
+        found = self.list_conversations()
+        return found[0] if found else None
+
+    @_wrapped
+    def rename(self, conversation_id: int, title: str) -> None:
+        with transaction(self._db) as db:
+            db.execute("UPDATE conversations SET title = ? WHERE id = ?",
+                       (title, conversation_id))
+
+    @_wrapped
+    def delete(self, conversation_id: int) -> None:
+        with transaction(self._db) as db:
+            db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    @_wrapped
+    def update_settings(self, conversation_id: int, *, model: str | None = None,
+                        system_prompt: str | None | type(...) = ...,
+                        params: dict | None = None) -> None:
+        """Change what the conversation runs with; arguments left out stay as they are
+        (system_prompt=None clears it)."""
+        sets, values = [], []
+        if model is not None:
+            sets.append("model = ?"), values.append(model)
+        if system_prompt is not ...:
+            sets.append("system_prompt = ?"), values.append(system_prompt)
+        if params is not None:
+            sets.append("params = ?"), values.append(_json(params))
+        if not sets:
+            return
+        with transaction(self._db) as db:
+            db.execute(f"UPDATE conversations SET {', '.join(sets)} WHERE id = ?",
+                       (*values, conversation_id))
+
+    # -- messages --------------------------------------------------------------------
+
+    @_wrapped
+    def add_message(self, conversation_id: int, role: str, content: str, *,
+                    model: str | None = None, params: dict | None = None,
+                    stats: dict | None = None, status: str = "complete") -> int:
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}")
+        now = time.time()
+        with transaction(self._db) as db:
+            cur = db.execute(
+                "INSERT INTO messages (conversation_id, role, content, model, params, stats, "
+                "status, created, writer_pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, role, content, model, _json(params), _json(stats), status,
+                 now, os.getpid() if status == "streaming" else None))
+            db.execute("UPDATE conversations SET updated = ? WHERE id = ?",
+                       (now, conversation_id))
+        return cur.lastrowid
+
+    def begin_reply(self, conversation_id: int, *, model: str | None = None,
+                    params: dict | None = None, content: str = "") -> int:
+        """An assistant message that is being written (status 'streaming')."""
+        return self.add_message(conversation_id, "assistant", content, model=model,
+                                params=params, status="streaming")
+
+    @_wrapped
+    def update_reply(self, message_id: int, content: str) -> None:
+        with transaction(self._db) as db:
+            db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
+
+    @_wrapped
+    def reopen_reply(self, message_id: int) -> None:
+        """A stopped reply that is being continued: streaming again, by this process."""
+        with transaction(self._db) as db:
+            db.execute("UPDATE messages SET status = 'streaming', writer_pid = ? WHERE id = ?",
+                       (os.getpid(), message_id))
+
+    @_wrapped
+    def finish_reply(self, message_id: int, content: str, *, status: str,
+                     stats: dict | None = None) -> None:
+        if status not in ("complete", "interrupted"):
+            raise ValueError(f"a finished reply is complete or interrupted, not {status!r}")
+        now = time.time()
+        with transaction(self._db) as db:
+            db.execute("UPDATE messages SET content = ?, status = ?, stats = ?, "
+                       "writer_pid = NULL WHERE id = ?",
+                       (content, status, _json(stats), message_id))
+            db.execute("UPDATE conversations SET updated = ? WHERE id = "
+                       "(SELECT conversation_id FROM messages WHERE id = ?)", (now, message_id))
+
+    @_wrapped
+    def delete_messages_from(self, conversation_id: int, message_id: int) -> int:
+        """Delete a message and every later one in its conversation (regenerate, edit)."""
+        with transaction(self._db) as db:
+            return db.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?",
+                              (conversation_id, message_id)).rowcount
+
+    @_wrapped
+    def messages(self, conversation_id: int) -> list[StoredMessage]:
+        rows = self._db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id",
+                                (conversation_id,)).fetchall()
+        return [StoredMessage(r["id"], r["conversation_id"], r["role"], r["content"],
+                              r["status"], r["model"], _load(r["params"]), _load(r["stats"]),
+                              r["created"]) for r in rows]
+
+    @_wrapped
+    def recover_interrupted(self) -> int:
+        """Mark replies whose writing process is gone as interrupted; returns how many."""
+        rows = self._db.execute(
+            "SELECT id, writer_pid FROM messages WHERE status = 'streaming'").fetchall()
+        dead = [r["id"] for r in rows if not _pid_alive(r["writer_pid"])]
+        if dead:
+            with transaction(self._db) as db:
+                db.executemany("UPDATE messages SET status = 'interrupted', writer_pid = NULL "
+                               "WHERE id = ? AND status = 'streaming'", [(i,) for i in dead])
+        return len(dead)
+
+    @_wrapped
+    def integrity_check(self) -> str:
+        return self._db.execute("PRAGMA integrity_check").fetchone()[0]

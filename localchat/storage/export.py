@@ -1,0 +1,58 @@
+"""A conversation as Markdown or JSON, written atomically (never a half-written file)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+from localchat.atomic import atomic_write_text
+from localchat.storage.conversations import Conversation, StoredMessage
+
+FORMATS = ("md", "json")
+_ROLE_HEADINGS = {"system": "System", "user": "You", "assistant": "Assistant"}
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def to_markdown(conv: Conversation, messages: list[StoredMessage]) -> str:
+    lines = [f"# {conv.title}", "",
+             f"- model: `{conv.model or '?'}`",
+             f"- created: {_when(conv.created)}",
+             f"- parameters: `{json.dumps(conv.params, sort_keys=True)}`"]
+    if conv.system_prompt:
+        lines += ["", "## System", "", conv.system_prompt]
+    for m in messages:
+        heading = _ROLE_HEADINGS.get(m.role, m.role)
+        if m.status != "complete":
+            heading += f" ({m.status})"
+        lines += ["", f"## {heading}", "", m.content]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def to_json(conv: Conversation, messages: list[StoredMessage]) -> str:
+    data = {
+        "id": conv.id, "title": conv.title, "created": conv.created, "updated": conv.updated,
+        "model": conv.model, "system_prompt": conv.system_prompt, "params": conv.params,
+        "messages": [{"role": m.role, "content": m.content, "status": m.status,
+                      "model": m.model, "params": m.params, "stats": m.stats,
+                      "created": m.created} for m in messages],
+    }
+    return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
+
+
+def default_export_path(folder: Path, conv: Conversation, fmt: str) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", conv.title).strip("-").lower()[:40] or "chat"
+    return folder / f"{conv.id:04d}-{slug}.{fmt}"
+
+
+def export_conversation(path: Path, conv: Conversation, messages: list[StoredMessage],
+                        fmt: str) -> Path:
+    if fmt not in FORMATS:
+        raise ValueError(f"export format is md or json, not {fmt!r}")
+    text = to_markdown(conv, messages) if fmt == "md" else to_json(conv, messages)
+    atomic_write_text(path, text)
+    return path
