@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Chat with a local, quantized LLM. With no command, opens the chat UI.",
     )
     parser.add_argument("--version", action="version", version=f"localchat {__version__}")
+    parser.add_argument("--continue", dest="continue_last", action="store_true",
+                        help="reopen the last conversation (long flag only: -c is --ctx-size)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     run = sub.add_parser("run", parents=[model, sampling], help="one-shot prompt, reply on stdout",
@@ -65,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the prompt; '-' or piped stdin supplies it (stdin first, then this)")
     run.add_argument("--verbose", action="store_true", help="stats block on stderr")
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
+    run.add_argument("--continue", dest="continue_last", action="store_true",
+                     help="add PROMPT to the last conversation and reply with its history, "
+                          "system prompt and sampling (flags that differ from their defaults "
+                          "override them); saved to the history as it streams")
 
     pull = sub.add_parser("pull", help="download a model from Hugging Face")
     pull.add_argument("spec", metavar="SPEC", help="OWNER/REPO:FILE.gguf or OWNER/REPO:QUANT")

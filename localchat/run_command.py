@@ -13,6 +13,9 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
+from dataclasses import replace
+
+from localchat.chat.context import fit_history
 from localchat.engine.base import Delta, Message, Request, Result, Stats
 from localchat.errors import UsageError
 from localchat.settings import ChatSettings
@@ -68,13 +71,61 @@ def _ctrl_c_cancels(cancel: threading.Event) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+# flag dest -> the conversation parameter it sets
+_PARAM_FLAGS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                "repeat_penalty": "repeat_penalty", "seed": "seed", "max_tokens": "max_tokens"}
+REPLY_RESERVE = 512  # tokens kept free for the reply when fitting history (as the TUI)
+
+
+def explicit_params(args: argparse.Namespace) -> dict:
+    """Sampling flags whose value differs from the flag's default: with --continue these
+    override what the conversation stored."""
+    from localchat.cli import _sampling_flags
+
+    defaults = _sampling_flags().parse_args([])
+    return {field: getattr(args, flag) for flag, field in _PARAM_FLAGS.items()
+            if getattr(args, flag) != getattr(defaults, flag)}
+
+
+def _continue_settings(settings: ChatSettings, conv, args: argparse.Namespace) -> ChatSettings:
+    merged = settings.with_params(conv.params).with_params(explicit_params(args))
+    system = args.system if args.system is not None else conv.system_prompt
+    return replace(merged, system=system or None)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     settings = ChatSettings.from_args(args)
     prompt = read_prompt(args.prompt)
-    engine = settings.load_engine()
+    store = conv = writer = None
+    earlier: list[Message] = []
+    if getattr(args, "continue_last", False):
+        from localchat.storage import ConversationStore
+
+        store = ConversationStore.open()  # damaged or locked: a one-line error, exit 1
+        conv = store.last_conversation()
+        if conv is not None:
+            settings = _continue_settings(settings, conv, args)
+            earlier = [Message(m.role, m.content) for m in store.messages(conv.id)
+                       if m.role in ("user", "assistant") and m.content]
     try:
+        engine = settings.load_engine()
+    except BaseException:
+        if store is not None:
+            store.close()
+        raise
+    try:
+        messages = settings.system_messages() + earlier + [Message("user", prompt)]
+        if store is not None:
+            n_ctx = engine.info.n_ctx
+            reserve = min(settings.max_tokens or REPLY_RESERVE, n_ctx // 4)
+            fit = fit_history(messages, engine.count_prompt_tokens, n_ctx - reserve)
+            if fit.dropped_turns:
+                print(f"localchat: {fit.dropped_turns} earlier turn(s) dropped to fit the "
+                      f"{n_ctx}-token context", file=sys.stderr)
+            messages = list(fit.messages)
+            writer = _begin_saving(store, conv, settings, prompt)
         request = Request(
-            messages=settings.system_messages() + [Message("user", prompt)],
+            messages=messages,
             sampling=settings.sampling,
             max_tokens=settings.max_tokens,
         )
@@ -82,12 +133,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = None
         with _ctrl_c_cancels(cancel):
             for event in engine.generate(request, cancel):
-                if isinstance(event, Delta) and not args.json and event.text:
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
+                if isinstance(event, Delta):
+                    if writer is not None:
+                        writer.feed(event.text)
+                    if not args.json and event.text:
+                        sys.stdout.write(event.text)
+                        sys.stdout.flush()
                 elif isinstance(event, Result):
                     result = event
         assert result is not None
+        if writer is not None:
+            status = "interrupted" if result.finish_reason == "cancelled" else "complete"
+            writer.finish(status, result.stats.to_dict(), result.text)
+            writer = None
         if args.json:
             out = {"text": result.text, "finish_reason": result.finish_reason,
                    **result.stats.to_dict(), "model": engine.info.name,
@@ -100,4 +158,23 @@ def cmd_run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         return 130 if result.finish_reason == "cancelled" else 0
     finally:
+        if writer is not None:  # interrupted at once (second Ctrl+C) or failed: keep the text
+            try:
+                writer.finish("interrupted")
+            except Exception:  # noqa: BLE001 -- the original error matters more
+                pass
         engine.close()
+        if store is not None:
+            store.close()
+
+
+def _begin_saving(store, conv, settings: ChatSettings, prompt: str):
+    """Record the prompt and an empty reply that the stream fills in."""
+    from localchat.storage import ReplyWriter, title_from
+
+    if conv is None:
+        conv = store.create_conversation(title_from(prompt), model=settings.model,
+                                         system_prompt=settings.system, params=settings.params())
+    store.add_message(conv.id, "user", prompt)
+    reply = store.begin_reply(conv.id, model=settings.model, params=settings.params())
+    return ReplyWriter(store, reply)

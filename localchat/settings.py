@@ -4,9 +4,10 @@ by `localchat run` and the TUI so both read the flags the same way."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 from localchat.engine.base import Message, SamplingParams
+from localchat.errors import LocalchatError
 from localchat.units import parse_memory
 
 
@@ -40,6 +41,25 @@ class ChatSettings:
                 seed=args.seed,
             ),
         )
+
+    def params(self) -> dict:
+        """Sampling and max_tokens as a plain dict (what a conversation stores)."""
+        return {**{f.name: getattr(self.sampling, f.name) for f in fields(SamplingParams)},
+                "max_tokens": self.max_tokens}
+
+    def with_params(self, params: dict) -> "ChatSettings":
+        """These settings with a stored conversation's parameters; unknown keys are
+        ignored and a stored set that no longer validates leaves sampling as it was."""
+        known = {f.name for f in fields(SamplingParams)}
+        changes = {k: v for k, v in params.items() if k in known}
+        try:
+            sampling = replace(self.sampling, **changes)
+        except (LocalchatError, TypeError):
+            sampling = self.sampling
+        max_tokens = params.get("max_tokens", self.max_tokens)
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            max_tokens = self.max_tokens
+        return replace(self, sampling=sampling, max_tokens=max_tokens)
 
     def system_messages(self) -> list[Message]:
         return [Message("system", self.system)] if self.system else []
