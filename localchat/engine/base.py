@@ -64,10 +64,16 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int | None = None  # None: until stop or the end of the context
     stop: Sequence[str] = ()
+    # Text the assistant's reply already starts with (a stopped reply being continued):
+    # the prompt ends with it after the template's generation prompt, and only what
+    # follows is generated and returned.
+    assistant_prefix: str = ""
 
     def __post_init__(self) -> None:
         if not self.messages and not self.prompt_tokens:
             raise UsageError("a request needs messages or prompt tokens")
+        if self.assistant_prefix and self.prompt_tokens is not None:
+            raise UsageError("an assistant prefix needs chat messages, not prompt tokens")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise UsageError(f"max tokens must be >= 1, got {self.max_tokens}")
 
