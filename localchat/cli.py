@@ -94,6 +94,20 @@ def build_parser() -> argparse.ArgumentParser:
                       help="context per user (default: 4096)")
     plan.add_argument("--json", action="store_true", help="print JSON")
 
+    evaluate = sub.add_parser("eval", help="measure a model's numerics against a reference",
+                              description="--agreement: the torch engine against llama.cpp on "
+                                          "the same GGUF (and on its float32 dequantization).")
+    evaluate.add_argument("-m", "--model", default="default", metavar="SPEC")
+    evaluate.add_argument("--agreement", action="store_true",
+                          help="teacher-forced top-1 agreement, max logit difference and greedy "
+                               "continuations, torch vs llama.cpp")
+    evaluate.add_argument("--positions", type=int, default=1100, metavar="N",
+                          help="teacher-forced positions (default: %(default)s)")
+    evaluate.add_argument("--no-float32", action="store_true",
+                          help="skip the float32 reference copy of a quantized file")
+    evaluate.add_argument("--threads", type=int, default=None, metavar="N")
+    evaluate.add_argument("--json", action="store_true", help="print JSON")
+
     models = sub.add_parser("models", help="list models available locally")
     models.add_argument("--json", action="store_true", help="print JSON")
     return parser
@@ -112,6 +126,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from localchat.plan import cmd_plan
 
         return cmd_plan(args)
+    if args.command == "eval":
+        from localchat.agreement import cmd_eval
+
+        return cmd_eval(args)
     if args.command == "pull":
         from localchat.model_commands import cmd_pull
 
