@@ -129,3 +129,11 @@ def test_bad_requests_are_usage_errors():
         SamplingParams(temperature=-1)
     with pytest.raises(UsageError):
         SamplingParams(top_p=0)
+
+
+def test_long_token_pieces_are_not_lost(engine):
+    """Pieces longer than llama-cpp-python's 32-byte detokenize buffer (deep indentation,
+    separator lines) came back empty and vanished from replies."""
+    text = "def f():\n" + " " * 40 + "return 1\n" + "-" * 64 + "\n" + "=" * 80
+    tokens = engine.tokenize_text(text)
+    assert b"".join(engine.vocab.detokenize(t) for t in tokens) == text.encode()

@@ -59,7 +59,7 @@ def render_and_tokenize(llm: llama_cpp.Llama, template: str | None,
     def token_text(token_id: int) -> str:
         if token_id < 0:
             return ""
-        return llm.detokenize([token_id], special=True).decode("utf-8", errors="replace")
+        return token_piece(llm, token_id, special=True).decode("utf-8", errors="replace")
 
     bos = llm.token_bos()
     rendered = render_chat(template, messages, bos_token=token_text(bos),
@@ -72,6 +72,19 @@ def render_and_tokenize(llm: llama_cpp.Llama, template: str | None,
     if adds_bos and (not tokens or tokens[0] != bos):
         tokens.insert(0, bos)
     return tokens
+
+
+def token_piece(llm: llama_cpp.Llama, token: int, special: bool = False) -> bytes:
+    """One token's bytes. llama-cpp-python's detokenize() uses a 32-byte buffer, so
+    longer pieces (64 dashes, a newline and 32+ spaces: 47 tokens of SmolLM2's vocabulary)
+    came back empty; llama.cpp reports the size it needs, so ask again with that."""
+    size = 64
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_token_to_piece(llm._model.vocab, token, buf, size, 0, special)
+        if n >= 0:
+            return buf.raw[:n]
+        size = -n
 
 
 class LlamaCppVocabulary:
@@ -87,7 +100,7 @@ class LlamaCppVocabulary:
         return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
 
     def detokenize(self, token: int) -> bytes:
-        return self.llm.detokenize([token])
+        return token_piece(self.llm, token)
 
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self.llm._model.vocab, token))
@@ -148,7 +161,7 @@ class LlamaCppEngine(VocabMixin, Engine):
                 return perf.n_p_eval + perf.n_eval
 
             hooks = EngineHooks(
-                detokenize=lambda token: llm.detokenize([token]),
+                detokenize=lambda token: token_piece(llm, token),
                 is_end_of_generation=self.is_end_of_generation,
                 prompt_evaluated=prompt_evaluated,
                 memory=self._memory,
