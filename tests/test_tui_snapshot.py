@@ -54,3 +54,25 @@ def test_empty_screen_80x24(snap_compare):
 
 def test_after_one_reply_80x24(snap_compare):
     assert snap_compare(make_app(), terminal_size=(80, 24), run_before=_chat_once)
+
+
+def make_app_with_history():
+    from localchat.storage import ConversationStore
+
+    store = ConversationStore.open()
+    for title in ("Dragons and knights", "A haiku about the sea"):
+        c = store.create_conversation(title, model="default")
+        store.add_message(c.id, "user", title)
+    store.close()
+    return make_app()
+
+
+async def _chat_then_open_sidebar(pilot):
+    await _chat_once(pilot)
+    await pilot.press("ctrl+b")  # the new conversation is listed first, marked current
+    await pilot.pause(0.1)
+
+
+def test_sidebar_open_80x24(snap_compare):
+    assert snap_compare(make_app_with_history(), terminal_size=(80, 24),
+                        run_before=_chat_then_open_sidebar)

@@ -31,7 +31,15 @@ class PromptInput(TextArea):
             super().__init__()
             self.text = text
 
+    class EditLast(TextualMessage):
+        """Up in an empty input: edit the last message sent."""
+
     async def _on_key(self, event: events.Key) -> None:
+        if event.key == "up" and not self.text:
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.EditLast())
+            return
         if event.key == "enter" or event.key in NEWLINE_KEYS:
             event.stop()
             event.prevent_default()
@@ -82,7 +90,17 @@ class GaugeBar(Static):
 
 
 class MessageView(Vertical):
-    """One chat message: a role label and its Markdown body (streamed by appending)."""
+    """One chat message: a role label and its Markdown body (streamed by appending).
+    A click on it asks the app to copy it."""
+
+    class Clicked(TextualMessage):
+        def __init__(self, view: "MessageView") -> None:
+            super().__init__()
+            self.view = view
+
+    def on_click(self, event: events.Click) -> None:
+        event.stop()
+        self.post_message(self.Clicked(self))
 
     def __init__(self, role: str, text: str = "", **kwargs) -> None:
         super().__init__(classes=f"message {role}", **kwargs)

@@ -1,0 +1,111 @@
+"""Slash commands typed in the chat input: parsing and validation, no UI.
+
+`/set temp 0.7` and friends are checked here with the same rules as the command-line
+flags (SamplingParams), so a bad value is a one-line UsageError and nothing changes.
+A message that starts with `//` is sent as text starting with `/`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from localchat.engine.base import SamplingParams
+from localchat.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    arg: str = ""
+
+
+# name -> (argument help, what it does); the order is /help's order
+COMMANDS: dict[str, tuple[str, str]] = {
+    "help": ("", "this list of commands and keys"),
+    "system": ("TEXT", "set this conversation's system prompt (no TEXT: clear it)"),
+    "set": ("NAME VALUE", "temp, top_k, top_p, min_p, repeat_penalty, max_tokens, seed "
+                          "(`none` clears max_tokens and seed)"),
+    "regen": ("", "generate the last reply again"),
+    "edit": ("", "edit the last message you sent, then Enter resends it"),
+    "continue": ("", "keep generating a stopped reply"),
+    "copy": ("[code]", "copy the last reply (or its last code block)"),
+    "stats": ("", "the full stats record of the last reply"),
+    "export": ("[md|json] [PATH]", "write this conversation to a file"),
+    "new": ("", "start a new conversation"),
+    "clear": ("", "start a new, empty conversation (this one stays in the list)"),
+    "rename": ("TITLE", "rename this conversation"),
+}
+
+# /set names (with aliases) -> the field they change
+PARAM_NAMES = {
+    "temp": "temperature", "temperature": "temperature",
+    "top_k": "top_k", "top-k": "top_k",
+    "top_p": "top_p", "top-p": "top_p",
+    "min_p": "min_p", "min-p": "min_p",
+    "repeat_penalty": "repeat_penalty", "repeat-penalty": "repeat_penalty",
+    "max_tokens": "max_tokens", "max-tokens": "max_tokens", "n": "max_tokens",
+    "seed": "seed",
+}
+_INTS = {"top_k", "seed", "max_tokens"}
+_NULLABLE = {"seed", "max_tokens"}
+
+
+def parse_command(text: str) -> Command | None:
+    """A Command for `/name args`, None for a normal message. Unknown names raise."""
+    stripped = text.strip()
+    if not stripped.startswith("/") or stripped.startswith("//"):
+        return None
+    name, _, arg = stripped[1:].partition(" ")
+    name = name.lower()
+    if name in ("?", "h"):
+        name = "help"
+    if name not in COMMANDS:
+        raise UsageError(f"unknown command /{name} (type /help for the list)")
+    return Command(name, arg.strip())
+
+
+def unescape(text: str) -> str:
+    """`//text` is sent as `/text`."""
+    return text.lstrip()[1:] if text.lstrip().startswith("//") else text
+
+
+def parse_set(arg: str) -> tuple[str, int | float | None]:
+    """`temp 0.7` -> ("temperature", 0.7), type-checked; range checks: apply_set."""
+    parts = arg.split()
+    if len(parts) != 2:
+        raise UsageError("usage: /set NAME VALUE, e.g. /set temp 0.7 "
+                         f"(names: {', '.join(sorted(set(PARAM_NAMES) - {'n'}))})")
+    raw_name, raw_value = parts
+    name = PARAM_NAMES.get(raw_name.lower())
+    if name is None:
+        raise UsageError(f"unknown parameter {raw_name!r} (use temp, top_k, top_p, min_p, "
+                         "repeat_penalty, max_tokens or seed)")
+    if name in _NULLABLE and raw_value.lower() in ("none", "off", "default"):
+        return name, None
+    try:
+        value: int | float = int(raw_value) if name in _INTS else float(raw_value)
+    except ValueError:
+        kind = "a whole number" if name in _INTS else "a number"
+        raise UsageError(f"{raw_name} must be {kind}, got {raw_value!r}") from None
+    if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+        raise UsageError(f"{raw_name} must be a finite number, got {raw_value!r}")
+    return name, value
+
+
+def apply_set(sampling: SamplingParams, max_tokens: int | None,
+              name: str, value) -> tuple[SamplingParams, int | None]:
+    """The new (sampling, max_tokens) after `/set name value`; invalid -> UsageError."""
+    if name == "max_tokens":
+        if value is not None and value < 1:
+            raise UsageError(f"max_tokens must be >= 1, got {value}")
+        return sampling, value
+    return replace(sampling, **{name: value}), max_tokens  # SamplingParams validates
+
+
+def export_args(arg: str) -> tuple[str, str | None]:
+    """`/export [md|json] [PATH]` -> (format, path or None)."""
+    parts = arg.split(maxsplit=1)
+    fmt = parts[0].lower() if parts else "md"
+    if fmt not in ("md", "json"):
+        raise UsageError(f"export format is md or json, not {parts[0]!r}")
+    return fmt, (parts[1].strip() if len(parts) > 1 else None)

@@ -1,0 +1,63 @@
+"""Rebinding keys by action name, from the [keys] table of config.toml:
+
+    [keys]
+    regenerate = "ctrl+r"
+    continue_reply = "ctrl+g,f5"   # several keys: comma-separated
+
+The file lives in $LOCALCHAT_HOME when that is set, else in the platform's config dir.
+A bad file or name is reported in the UI and the default keys stay.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CONFIG_FILE = "config.toml"
+ACTIONS = ("stop", "toggle_sidebar", "new_conversation", "regenerate", "continue_reply",
+           "copy_reply", "copy_code", "toggle_theme", "help", "quit")
+
+
+def config_path() -> Path:
+    home = os.environ.get("LOCALCHAT_HOME")
+    if home:
+        return Path(home).expanduser() / CONFIG_FILE
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir("localchat")) / CONFIG_FILE
+
+
+def parse_keymap(data: dict) -> dict[str, str]:
+    """{action: "key[,key]"} from the parsed TOML; ValueError on unknown names or values."""
+    keys = data.get("keys", {})
+    if not isinstance(keys, dict):
+        raise ValueError("[keys] must be a table of action = \"key\"")
+    keymap = {}
+    for action, value in keys.items():
+        if action not in ACTIONS:
+            raise ValueError(f"unknown action {action!r} in [keys] (actions: {', '.join(ACTIONS)})")
+        if isinstance(value, list):
+            value = ",".join(value)
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"[keys] {action} must be a key name like \"ctrl+r\"")
+        keymap[action] = ",".join(k.strip() for k in value.split(",") if k.strip())
+    return keymap
+
+
+def load_keymap(path: Path | None = None) -> tuple[Path, dict[str, str], str | None]:
+    """(the config path, the keymap, a one-line problem or None)."""
+    path = path or config_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return path, {}, None
+    except OSError as exc:
+        return path, {}, f"could not read {path}: {exc}"
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        return path, {}, f"key bindings in {path} need Python 3.11 (tomllib)"
+    try:
+        return path, parse_keymap(tomllib.loads(text)), None
+    except (tomllib.TOMLDecodeError, ValueError) as exc:
+        return path, {}, f"{path}: {exc}; default keys kept"

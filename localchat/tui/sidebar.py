@@ -1,0 +1,103 @@
+"""The conversation list: search box, conversations newest first, and keys to open,
+rename, delete and start one. It shows what the app gives it and asks the app to act."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message as TextualMessage
+from textual.widgets import Input, Label, ListItem, ListView, Static
+
+from localchat.storage import Conversation
+
+
+class ConversationItem(ListItem):
+    def __init__(self, conversation: Conversation, current: bool) -> None:
+        super().__init__(Label(("● " if current else "  ") + conversation.title),
+                         classes="current" if current else "")
+        self.conversation = conversation
+
+
+class ConversationList(ListView):
+    """The list itself; its letter keys act on the highlighted conversation (they are
+    here, not on the sidebar, so typing in the search box never triggers them)."""
+
+    BINDINGS = [
+        Binding("r,f2", "sidebar('rename')", "Rename", show=False),
+        Binding("delete,d", "sidebar('delete')", "Delete", show=False),
+        Binding("n", "sidebar('new')", "New", show=False),
+        Binding("slash", "sidebar('search')", "Search", show=False),
+    ]
+
+    def action_sidebar(self, action: str) -> None:
+        sidebar = next(a for a in self.ancestors if isinstance(a, Sidebar))
+        getattr(sidebar, f"action_{action}")()
+
+
+class Sidebar(Vertical):
+
+    class Action(TextualMessage):
+        """The user asked for `action` ("open", "rename", "delete", "new") on a
+        conversation id (None for "new")."""
+
+        def __init__(self, action: str, conversation_id: int | None) -> None:
+            super().__init__()
+            self.action, self.conversation_id = action, conversation_id
+
+    class SearchChanged(TextualMessage):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder="search chats", id="search")
+        yield ConversationList(id="conversations")
+        yield Static("enter open · r rename · d delete · n new", classes="hint")
+
+    async def show(self, conversations: list[Conversation], current_id: int | None) -> None:
+        lv = self.query_one(ListView)
+        highlighted = self.highlighted_id()
+        await lv.clear()
+        items = [ConversationItem(c, c.id == current_id) for c in conversations]
+        await lv.extend(items)
+        ids = [c.id for c in conversations]
+        keep = highlighted if highlighted in ids else current_id
+        if keep in ids:
+            lv.index = ids.index(keep)
+        elif ids:
+            lv.index = 0
+
+    def highlighted_id(self) -> int | None:
+        item = self.query_one(ListView).highlighted_child
+        return item.conversation.id if isinstance(item, ConversationItem) else None
+
+    def on_list_view_selected(self, event: ListView.Selected) -> None:
+        event.stop()
+        if isinstance(event.item, ConversationItem):
+            self.post_message(self.Action("open", event.item.conversation.id))
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self.post_message(self.SearchChanged(event.value))
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.query_one(ListView).focus()
+
+    def _act(self, action: str) -> None:
+        conversation_id = self.highlighted_id()
+        if conversation_id is not None:
+            self.post_message(self.Action(action, conversation_id))
+
+    def action_rename(self) -> None:
+        self._act("rename")
+
+    def action_delete(self) -> None:
+        self._act("delete")
+
+    def action_new(self) -> None:
+        self.post_message(self.Action("new", None))
+
+    def action_search(self) -> None:
+        self.query_one("#search", Input).focus()
