@@ -75,6 +75,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     report: dict = {"model": None, "threads": args.threads, "prompt_tokens": args.prompt_tokens,
                     "gen_tokens": args.gen_tokens, "repeats": args.repeats, "engines": {}}
+    draft = None if args.no_draft else (args.draft_model or args.draft)
     for name in engines:
         settings = ChatSettings(model=args.model, engine=name, ctx_size=args.ctx_size,
                                 threads=args.threads)
@@ -86,10 +87,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                                    args.gen_tokens, args.repeats)
         finally:
             engine.close()
+    if draft is not None:  # beside `engines`: the first engine with and without the draft
+        from localchat.bench_speculative import bench_speculative
+
+        settings = ChatSettings(model=args.model, engine=engines[0], ctx_size=args.ctx_size,
+                                threads=args.threads, draft=draft,
+                                num_draft_tokens=args.num_draft_tokens)
+        report["speculative"] = bench_speculative(settings, args.gen_tokens)
     if args.json:
         print(json.dumps(report))
     else:
         print(format_table(report))
+        if "speculative" in report:
+            from localchat.bench_speculative import format_speculative
+
+            print("\n" + format_speculative(report["speculative"]))
     return 0
 
 

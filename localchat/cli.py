@@ -30,6 +30,16 @@ def _model_flags() -> argparse.ArgumentParser:
     g.add_argument("--kv-memory", default=None, metavar="SIZE",
                    help="torch engine: memory for the paged KV cache, e.g. 2GB "
                         "(default: 10%% of available memory, at least one context)")
+    d = p.add_argument_group("speculative decoding")
+    d.add_argument("--draft-model", default=None, metavar="SPEC",
+                   help="a small model (or a more quantized copy of this one) with the same "
+                        "vocabulary drafts tokens that the model verifies")
+    d.add_argument("--draft", default=None, choices=["ngram"],
+                   help="ngram: draft by prompt lookup (no model)")
+    d.add_argument("--num-draft-tokens", "--draft-max", dest="num_draft_tokens", type=int,
+                   default=None, metavar="K",
+                   help="draft K tokens per step (default: adaptive, off when it does not pay)")
+    d.add_argument("--no-draft", action="store_true", help="no speculative decoding")
     return p
 
 

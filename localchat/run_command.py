@@ -51,6 +51,17 @@ def format_stats(stats: Stats) -> str:
                      f"{human_bytes(stats.kv_cache_capacity_bytes)}"),
         ("context", f"{stats.context_tokens} of {stats.context_capacity} tokens"),
     ]
+    if stats.draft:
+        d = stats.draft
+        rows += [
+            ("draft", d["source"]),
+            ("draft accepted", f"{d['accepted']} of {d['proposed']} "
+                               f"({d['acceptance_rate']:.0%}), γ {d['gamma']}"),
+            ("acceptance rule", d["rule"]),
+        ]
+        if d.get("predicted_speedup") is not None and d.get("measured_speedup") is not None:
+            rows.append(("draft speedup", f"{d['measured_speedup']:.2f}x measured, "
+                                          f"{d['predicted_speedup']:.2f}x predicted"))
     return "\n".join(f"{name + ':':<22}{value}" for name, value in rows)
 
 

@@ -18,6 +18,8 @@ class ChatSettings:
     ctx_size: int | None = None
     threads: int | None = None
     kv_memory: int | None = None  # bytes for the torch engine's paged KV cache
+    draft: str | None = None  # a draft model SPEC, or "ngram" (prompt lookup)
+    num_draft_tokens: int | None = None  # fixed γ; None: adaptive
     system: str | None = None
     max_tokens: int | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -30,6 +32,8 @@ class ChatSettings:
             ctx_size=args.ctx_size,
             threads=args.threads,
             kv_memory=parse_memory(args.kv_memory) if args.kv_memory else None,
+            draft=None if args.no_draft else (args.draft_model or args.draft),
+            num_draft_tokens=args.num_draft_tokens,
             system=args.system,
             max_tokens=args.max_tokens,
             sampling=SamplingParams(
@@ -64,8 +68,12 @@ class ChatSettings:
     def system_messages(self) -> list[Message]:
         return [Message("system", self.system)] if self.system else []
 
+    def with_draft(self, draft: str | None, num_draft_tokens: int | None) -> "ChatSettings":
+        return replace(self, draft=draft, num_draft_tokens=num_draft_tokens)
+
     def load_engine(self):
         from localchat.engine import load_engine
 
         return load_engine(self.model, engine=self.engine, ctx_size=self.ctx_size,
-                           threads=self.threads, kv_memory=self.kv_memory)
+                           threads=self.threads, kv_memory=self.kv_memory, draft=self.draft,
+                           num_draft_tokens=self.num_draft_tokens)

@@ -139,6 +139,8 @@ def test_adaptation_switches_off_a_useless_draft_and_probes_again():
 
 def test_fixed_gamma_does_not_adapt():
     a = AdaptiveGamma(fixed=3)
+    assert a.choose() == 0
+    a.observe_plain(0.05)
     for _ in range(10):
         assert a.choose() == 3
         a.observe_round(3, 0, 0.1, 0.1)

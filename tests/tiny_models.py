@@ -31,10 +31,15 @@ def _vocabulary() -> dict:
 def write_random_model(path: Path, *, arch: str = "llama", seed: int = 0,
                        rope_freqs: np.ndarray | None = None, linear_rope_factor: float | None = None,
                        ggml_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
-                       context_length: int = 4096) -> Path:
-    """A 2-layer model with random weights; `ggml_type` for the 2-D projections."""
+                       context_length: int = 4096, renamed_token: int | None = None) -> Path:
+    """A 2-layer model with random weights; `ggml_type` for the 2-D projections;
+    `renamed_token`: give that token another text (a vocabulary that differs)."""
     rng = np.random.default_rng(seed)
     vocab = _vocabulary()
+    if renamed_token is not None:
+        tokens = list(vocab["tokenizer.ggml.tokens"])
+        tokens[renamed_token] = tokens[renamed_token] + "-renamed"
+        vocab["tokenizer.ggml.tokens"] = tokens
     n_vocab = len(vocab["tokenizer.ggml.tokens"])
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"random-{arch}")

@@ -17,12 +17,15 @@ def load_engine(
     ctx_size: int | None = None,
     threads: int | None = None,
     kv_memory: int | None = None,
+    draft: str | None = None,
+    num_draft_tokens: int | None = None,
 ) -> Engine:
     """Resolve a model SPEC, validate the file, and load it into the chosen engine.
 
     ctx_size None picks min(the model's training context, 4096), like Ollama's default;
     0 means the model's full training context. engine "auto" picks torch for the
-    architectures it runs and llama.cpp for everything else.
+    architectures it runs and llama.cpp for everything else. draft: a draft model SPEC
+    or "ngram"; num_draft_tokens fixes how many tokens it drafts per step.
     """
     from localchat.models import resolve_model_facts
 
@@ -39,6 +42,19 @@ def load_engine(
         ctx_size = facts.context_length
     if ctx_size < 16:
         raise UsageError(f"context size must be at least 16 tokens, got {ctx_size}")
+    if num_draft_tokens is not None and not 1 <= num_draft_tokens <= 32:
+        raise UsageError(f"--num-draft-tokens must be 1..32, got {num_draft_tokens}")
+    if num_draft_tokens is not None and draft is None:
+        raise UsageError("--num-draft-tokens needs a draft: --draft-model SPEC or --draft ngram")
+    draft_facts = draft if draft in (None, "ngram") else resolve_model_facts(draft)
+    if draft_facts is not None and draft_facts != "ngram":
+        from localchat.engine.draft_vocab import check_same_vocabulary, tokenizer_metadata
+
+        if facts.path.is_dir() or draft_facts.path.is_dir():
+            raise UsageError("speculative decoding with Hugging Face directories is not "
+                             "supported yet: use GGUF files for the model and the draft")
+        check_same_vocabulary(tokenizer_metadata(facts.path), tokenizer_metadata(draft_facts.path),
+                              draft_facts.name)
 
     hf_directory = facts.path.is_dir()  # a Hugging Face safetensors directory
     if engine == "auto":
@@ -52,7 +68,9 @@ def load_engine(
     if engine == "torch":
         from localchat.engine.torch.engine import TorchEngine
 
-        return TorchEngine(facts, n_ctx=ctx_size, threads=threads, kv_memory=kv_memory)
+        return TorchEngine(facts, n_ctx=ctx_size, threads=threads, kv_memory=kv_memory,
+                           draft=draft_facts, num_draft_tokens=num_draft_tokens)
     from localchat.engine.llamacpp import LlamaCppEngine
 
-    return LlamaCppEngine(facts, n_ctx=ctx_size, threads=threads)
+    return LlamaCppEngine(facts, n_ctx=ctx_size, threads=threads, draft=draft_facts,
+                          num_draft_tokens=num_draft_tokens)

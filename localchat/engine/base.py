@@ -97,6 +97,10 @@ class Stats:
     kv_cache_cached_bytes: int = 0  # not in use, but kept as reusable prefixes (evictable)
     context_tokens: int = 0  # tokens in the context window now
     context_capacity: int = 0
+    # speculative decoding, when a draft is in use: proposed, accepted, acceptance_rate,
+    # tokens_per_target_pass, accepted_run_histogram, gamma, alpha, c, predicted and
+    # measured speedup, the draft's source and the acceptance rule
+    draft: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -109,6 +113,7 @@ class Delta:
     text: str
     token_ids: tuple[int, ...]
     stats: Stats
+    from_draft: bool = False  # the token was proposed by a draft and accepted
 
 
 @dataclass(frozen=True)

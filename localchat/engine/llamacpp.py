@@ -119,10 +119,18 @@ class LlamaCppEngine(VocabMixin, Engine):
         n_ctx: int,
         threads: int | None = None,
         gpu_layers: int | None = None,
+        draft: GGUFFacts | str | None = None,
+        num_draft_tokens: int | None = None,
     ) -> None:
+        """draft: a draft model's facts (vocabulary already checked) or "ngram"."""
         if gpu_layers is None:
             gpu_layers = -1 if llama_cpp.llama_supports_gpu_offload() else 0
         threads = threads or max(1, (os.cpu_count() or 2))
+        self._draft = None
+        if draft is not None:
+            from localchat.engine.llamacpp_draft import llama_cpp_draft
+
+            self._draft = llama_cpp_draft(draft, num_draft_tokens, n_ctx, threads)
         try:
             self._llm = llama_cpp.Llama(
                 model_path=str(facts.path),
@@ -131,6 +139,7 @@ class LlamaCppEngine(VocabMixin, Engine):
                 n_threads=threads,
                 n_threads_batch=threads,
                 n_gpu_layers=gpu_layers,
+                draft_model=self._draft,  # llama-cpp-python then keeps logits for all positions
                 verbose=False,
             )
         except (ValueError, RuntimeError, OSError) as exc:
@@ -155,6 +164,8 @@ class LlamaCppEngine(VocabMixin, Engine):
             llm.set_seed(sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little"))
             ctx = llm._ctx.ctx
             llama_cpp.llama_perf_context_reset(ctx)
+            if self._draft is not None:
+                self._draft.reset()
 
             def prompt_evaluated() -> int:  # llama.cpp's own count, so cache hits are measured
                 perf = llama_cpp.llama_perf_context(ctx)
@@ -178,6 +189,7 @@ class LlamaCppEngine(VocabMixin, Engine):
             kv_cache_capacity_bytes=self.info.n_ctx * self.info.kv_bytes_per_token,
             context_tokens=in_cache,
             context_capacity=self.info.n_ctx,
+            draft=self._draft.stats() if self._draft is not None else None,
         )
 
     def close(self) -> None:
@@ -189,6 +201,9 @@ class LlamaCppEngine(VocabMixin, Engine):
             llm, self._llm = getattr(self, "_llm", None), None
             if llm is not None:
                 llm.close()
+            draft, self._draft = getattr(self, "_draft", None), None
+            if draft is not None:
+                draft.close()
         finally:
             if lock is not None:
                 lock.release()

@@ -1,9 +1,10 @@
 """From sampled token ids to the engine interface's events, the same for every engine.
 
 An engine supplies a lazy iterator of sampled token ids (the next token is computed
-when it is asked for) and a few callbacks; this module does the rest: UTF-8 decoding
-across token boundaries, stop strings, end-of-generation tokens, cancellation, the
-token budget, and the stats, timed where the tokens appear.
+when it is asked for; a token a draft proposed comes as (id, True)) and a few
+callbacks; this module does the rest: UTF-8 decoding across token boundaries, stop
+strings, end-of-generation tokens, cancellation, the token budget, and the stats,
+timed where the tokens appear.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def stream_events(
         )
 
     try:
-        for token in tokens:
+        for item in tokens:
+            token, drafted = item if isinstance(item, tuple) else (item, False)
             now = time.perf_counter()
             if not t_first:
                 t_first, evaluated = now, hooks.prompt_evaluated()
@@ -82,7 +84,7 @@ def stream_events(
             completion.append(token)
             visible = stops.feed(decoder.decode(hooks.detokenize(token)))
             text.append(visible)
-            yield Delta(text=visible, token_ids=(token,), stats=stats())
+            yield Delta(text=visible, token_ids=(token,), stats=stats(), from_draft=drafted)
             if stops.stopped:
                 finish = "stop"
                 break

@@ -20,8 +20,8 @@ from localchat.engine.base import SamplingParams
 from localchat.engine.torch.blocks import BlockPool
 from localchat.engine.torch.model import KVStore, LlamaModel
 from localchat.engine.torch.sampler import draw, penalized, probabilities
+from localchat.engine.torch.sequence import PagedSequence
 from localchat.engine.torch.weights import ModelWeights
-from localchat.errors import UsageError
 
 BLOCK_SIZE = 16
 
@@ -37,44 +37,32 @@ class ModelDraft:
         key = hashlib.blake2b(f"draft:{name}:{kv_dtype}".encode()).digest()
         self.pool = BlockPool(n_blocks, BLOCK_SIZE, cache_key=key)
         self.weights_bytes = weights.nbytes()
-        self._seq: int | None = None
-        self._computed = 0  # tokens of the sequence whose KV this draft has written
+        self._sequence: PagedSequence | None = None
 
     @property
     def source(self) -> str:
         return f"model:{self.name}"
 
     def begin(self, seq: int, prompt: Sequence[int]) -> None:
-        self._seq = seq
-        self._computed = self.pool.allocate(seq, prompt)
+        self._sequence = PagedSequence(self.model, self.kv, self.pool, seq, prompt)
 
     def end(self) -> None:
-        if self._seq is not None:
-            self.pool.free(self._seq)
-            self._seq = None
-
-    def _forward(self, tokens: list[int], start: int) -> torch.Tensor:
-        seq, end = self._seq, start + len(tokens)
-        for token in tokens[self.pool.num_tokens(seq) - start:]:
-            self.pool.append_token(seq, token)
-        logits = self.model.forward(
-            torch.tensor(tokens), torch.arange(start, end),
-            torch.tensor(self.pool.slot_mapping(seq, start, end)),
-            torch.tensor([self.pool.slot(seq, p) for p in range(end)]), self.kv)
-        self._computed = end
-        return logits
+        if self._sequence is not None:
+            self._sequence.free()
+            self._sequence = None
 
     def propose(self, context: list[int], gamma: int, params: SamplingParams,
                 recent: list[int], generator: torch.Generator
                 ) -> tuple[list[int], torch.Tensor | None]:
         """γ draft tokens after `context`, and their distributions ([γ, vocab]; None at
         temperature 0, where only the tokens matter)."""
-        logits = self._forward(context[self._computed:], self._computed)
+        seq = self._sequence
+        logits = seq.forward(context[seq.computed:], seq.computed)
         drafts: list[int] = []
         dists: list[torch.Tensor] = []
         for i in range(gamma):
             if i:
-                logits = self._forward([drafts[-1]], len(context) + i - 1)
+                logits = seq.forward([drafts[-1]], len(context) + i - 1)
             if params.temperature == 0:
                 drafts.append(int(penalized(logits, params, recent + drafts).argmax()))
             else:
@@ -84,16 +72,14 @@ class ModelDraft:
         return drafts, (torch.stack(dists) if dists else None)
 
     def settle(self, final: list[int]) -> None:
-        """`final`: the sequence's tokens that are now certain."""
-        seq = self._seq
-        n_tokens = self.pool.num_tokens(seq)
-        keep = min(len(final), self._computed)
-        ours = self.pool.tokens(seq)
-        while keep > self.pool.num_committed(seq) and ours[keep - 1] != final[keep - 1]:
+        """`final`: the sequence's tokens that are now certain; keep the KV of the
+        longest prefix this draft computed that matches them."""
+        seq = self._sequence
+        ours = seq.tokens
+        keep = min(len(final), seq.computed)
+        while keep > 0 and ours[keep - 1] != final[keep - 1]:
             keep -= 1  # the first rejected draft (the target chose another token there)
-        self.pool.rollback(seq, n_tokens - keep)
-        self.pool.commit(seq, keep)
-        self._computed = keep
+        seq.keep(keep)
 
 
 class NgramDraft:
@@ -126,21 +112,3 @@ class NgramDraft:
 
     def settle(self, final: list[int]) -> None:
         pass
-
-
-def check_same_vocabulary(target: dict, draft: dict, draft_name: str) -> None:
-    """As llama.cpp does before speculating: same tokenizer type, BOS/EOS ids, size, and
-    token texts. A draft with another vocabulary proposes meaningless ids."""
-    for key in ("tokenizer.ggml.model", "tokenizer.ggml.bos_token_id",
-                "tokenizer.ggml.eos_token_id"):
-        if target.get(key) != draft.get(key):
-            raise UsageError(f"draft model {draft_name} does not share the target's vocabulary "
-                             f"({key}: {draft.get(key)!r} vs {target.get(key)!r})")
-    ours, theirs = target["tokenizer.ggml.tokens"], draft["tokenizer.ggml.tokens"]
-    if len(ours) != len(theirs):
-        raise UsageError(f"draft model {draft_name} has {len(theirs)} tokens, the target "
-                         f"{len(ours)}: they must share one vocabulary")
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        if a != b:
-            raise UsageError(f"draft model {draft_name} differs from the target at token {i} "
-                             f"({b!r} vs {a!r}): they must share one vocabulary")

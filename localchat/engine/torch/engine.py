@@ -25,7 +25,10 @@ from localchat.engine.llamacpp import LlamaCppVocabulary
 from localchat.engine.streaming import EngineHooks, stream_events
 from localchat.engine.torch.blocks import BlockPool
 from localchat.engine.torch.model import KVStore, LlamaModel
-from localchat.engine.torch.sampler import sample
+from localchat.engine.torch.decode import Speculation, decode
+from localchat.engine.torch.drafts import ModelDraft, NgramDraft
+from localchat.engine.torch.sequence import PagedSequence
+from localchat.engine.torch.speculative import AdaptiveGamma
 from localchat.engine.torch.weights import load_weights
 from localchat.engine.vocab import Vocabulary, VocabMixin
 from localchat.errors import UsageError
@@ -66,7 +69,10 @@ class TorchEngine(VocabMixin, Engine):
     name = "torch"
 
     def __init__(self, facts: GGUFFacts, *, n_ctx: int, threads: int | None = None,
-                 kv_memory: int | None = None) -> None:
+                 kv_memory: int | None = None, draft: GGUFFacts | str | None = None,
+                 num_draft_tokens: int | None = None) -> None:
+        """draft: a draft model's facts, or "ngram" (prompt lookup); num_draft_tokens
+        fixes γ (default: adaptive)."""
         torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
         self.facts = facts
         weights, self.vocab = open_model(facts)
@@ -78,6 +84,9 @@ class TorchEngine(VocabMixin, Engine):
         self.pool = BlockPool(n_blocks, BLOCK_SIZE, cache_key=cache_key)
         self._seq_ids = itertools.count()
         self._lock = threading.Lock()
+        self.num_draft_tokens = num_draft_tokens
+        self.draft = None if draft is None else (
+            NgramDraft() if draft == "ngram" else self._load_draft(draft, n_ctx))
         self.info = ModelInfo.from_facts(facts, n_ctx=n_ctx,
                                          kv_bytes_per_token=self.kv.bytes_per_token,
                                          weights_bytes=weights.nbytes())
@@ -86,59 +95,49 @@ class TorchEngine(VocabMixin, Engine):
         t_start = time.perf_counter()
         with self._lock:
             prompt, budget = self.prompt_and_budget(request)
-            seq = next(self._seq_ids)
-            cached = self.pool.allocate(seq, prompt)
-            self._active = seq
+            sequence = PagedSequence(self.model, self.kv, self.pool, next(self._seq_ids), prompt)
+            self._active = sequence
+            speculation = self._speculation()
             try:
                 hooks = EngineHooks(
                     detokenize=self.vocab.detokenize,
                     is_end_of_generation=self.is_end_of_generation,
-                    prompt_evaluated=lambda: len(prompt) - cached,
-                    memory=self._memory,
+                    prompt_evaluated=lambda: len(prompt) - sequence.cached,
+                    memory=lambda: self._memory(speculation),
                 )
-                tokens = self._decode(seq, prompt, cached, request)
+                sp = request.sampling
+                generator = torch.Generator().manual_seed(
+                    sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little"))
+                tokens = decode(sequence, prompt, sp, generator, self.info.n_ctx, speculation)
                 yield from stream_events(request, prompt, tokens, hooks, budget,
                                          cancel or threading.Event(), t_start)
             finally:
-                self.pool.free(seq)  # full committed blocks stay cached for the next turn
+                sequence.free()
                 self._active = None
 
-    def _decode(self, seq: int, prompt: list[int], cached: int,
-                request: Request) -> Iterator[int]:
-        """Prefill what is not cached, then one token per step; lazily, so a consumer
-        that stops asking stops the computation."""
-        sp = request.sampling
-        generator = torch.Generator().manual_seed(
-            sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little"))
-        n = len(prompt)
-        logits = self._forward(seq, prompt[cached:], cached)
-        self.pool.commit(seq, n)
-        completion: list[int] = []
-        while True:
-            token = sample(logits, sp, completion, generator)
-            completion.append(token)
-            yield token
-            position = self.pool.num_tokens(seq)
-            self.pool.append_token(seq, token)
-            logits = self._forward(seq, [token], position)
-            self.pool.commit(seq, position + 1)
+    def _speculation(self) -> Speculation | None:
+        if self.draft is None:
+            return None
+        rule = ("greedy: keep drafts equal to the target's argmax; sampling: Leviathan "
+                "min(1, p/q), residual norm(max(0, p - q))")
+        return Speculation(self.draft, AdaptiveGamma(fixed=self.num_draft_tokens), rule)
 
-    def _forward(self, seq: int, tokens: list[int], start: int) -> torch.Tensor:
-        end = start + len(tokens)
-        context = [self.pool.slot(seq, p) for p in range(end)]
-        return self.model.forward(
-            torch.tensor(tokens), torch.arange(start, end),
-            torch.tensor(self.pool.slot_mapping(seq, start, end)), torch.tensor(context), self.kv)
+    def _load_draft(self, facts: GGUFFacts, n_ctx: int) -> ModelDraft:
+        """The vocabulary check is load_engine's (shared with the llama.cpp engine)."""
+        weights, vocab = open_model(facts)
+        vocab.close()
+        return ModelDraft(weights, facts.name, n_ctx, KV_DTYPE)
 
-    def _memory(self) -> dict:
+    def _memory(self, speculation: Speculation | None = None) -> dict:
         usage = self.pool.usage()
         in_use = usage.bytes(self.kv.bytes_per_token)
-        seq = getattr(self, "_active", None)
+        sequence = getattr(self, "_active", None)
         return dict(
+            draft=speculation.snapshot() if speculation is not None else None,
             kv_cache_bytes=in_use["used"],
             kv_cache_capacity_bytes=in_use["total"],
             kv_cache_cached_bytes=in_use["cached"],
-            context_tokens=self.pool.num_tokens(seq) if seq is not None else 0,
+            context_tokens=len(sequence) if sequence is not None else 0,
             context_capacity=self.info.n_ctx,
         )
 

@@ -79,10 +79,10 @@ class AdaptiveGamma:
     _plain_since_probe: int = 0
 
     def choose(self) -> int:
-        if self.fixed is not None:
+        if self.target_step_s is None:
+            self.gamma = 0  # time one plain target step first: c and the speedup need it
+        elif self.fixed is not None:
             self.gamma = self.fixed
-        elif self.target_step_s is None:
-            self.gamma = 0  # measure one plain target step first
         else:
             best = max(range(1, self.gamma_max + 1), key=self.predicted)
             if self.predicted(best) > 1.0:

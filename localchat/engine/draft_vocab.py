@@ -1,0 +1,34 @@
+"""Whether a draft model may draft for a target: both must share one vocabulary, or the
+draft's token ids mean something else to the target. Shared by both engines."""
+
+from __future__ import annotations
+
+from localchat.errors import UsageError
+from localchat.gguf_reader import read_gguf
+
+
+def tokenizer_metadata(path) -> dict:
+    gguf_file = read_gguf(path)
+    try:
+        return {k: v for k, v in gguf_file.metadata.items() if k.startswith("tokenizer.ggml.")}
+    finally:
+        gguf_file.close()
+
+
+def check_same_vocabulary(target: dict, draft: dict, draft_name: str) -> None:
+    """As llama.cpp does before speculating: same tokenizer type, BOS/EOS ids, size, and
+    token texts (tokenizer_metadata() of each). A draft with another vocabulary proposes
+    meaningless ids."""
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.bos_token_id",
+                "tokenizer.ggml.eos_token_id"):
+        if target.get(key) != draft.get(key):
+            raise UsageError(f"draft model {draft_name} does not share the target's vocabulary "
+                             f"({key}: {draft.get(key)!r} vs {target.get(key)!r})")
+    ours, theirs = target["tokenizer.ggml.tokens"], draft["tokenizer.ggml.tokens"]
+    if len(ours) != len(theirs):
+        raise UsageError(f"draft model {draft_name} has {len(theirs)} tokens, the target "
+                         f"{len(ours)}: they must share one vocabulary")
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            raise UsageError(f"draft model {draft_name} differs from the target at token {i} "
+                             f"({b!r} vs {a!r}): they must share one vocabulary")

@@ -1,0 +1,156 @@
+"""Speculative decoding through both engines on the real bundled model: greedy output
+identical to plain decoding, a self-draft accepting everything, real distributions
+kept exact, a useless draft switched off, and clear errors for drafts that cannot work."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+from localchat.engine import load_engine
+from localchat.engine.base import Message, Request, SamplingParams
+from localchat.engine.torch.sampler import probabilities
+from localchat.engine.torch.speculative import accept_drafts
+from tiny_models import write_random_model
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPTS = ("Write a Python function that reverses a string.",
+           "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox")
+N_TOKENS = 40
+
+
+def reply(engine, prompt: str, sampling=GREEDY, n=N_TOKENS) -> tuple[list[int], dict | None]:
+    tokens, last = [], None
+    for event in engine.generate(Request(messages=[Message("user", prompt)], sampling=sampling,
+                                         max_tokens=n)):
+        tokens += getattr(event, "token_ids", ())
+        last = event
+    return tokens, last.stats.draft
+
+
+@pytest.fixture(scope="module")
+def plain_replies(torch_engine):
+    return [reply(torch_engine, p)[0] for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def useless_draft(tmp_path_factory):
+    """Random weights, the bundled model's vocabulary: it almost never guesses right."""
+    return write_random_model(tmp_path_factory.mktemp("draft") / "random.gguf")
+
+
+@pytest.mark.parametrize("draft,k", [("default", 1), ("default", 4), ("ngram", None)])
+def test_torch_greedy_speculation_is_identical_to_plain_decoding(plain_replies, draft, k):
+    eng = load_engine("default", engine="torch", ctx_size=1024, threads=2,
+                      kv_memory=1024 * 23040, draft=draft, num_draft_tokens=k)
+    try:
+        for prompt, plain in zip(PROMPTS, plain_replies):
+            tokens, stats = reply(eng, prompt)
+            assert tokens == plain, prompt
+            assert stats["source"].startswith("model:" if draft == "default" else "ngram")
+            if draft == "default":  # the target drafting for itself: everything accepted
+                assert stats["proposed"] > 0 and stats["acceptance_rate"] == 1.0
+                assert stats["tokens_per_target_pass"] > 1.5
+    finally:
+        eng.close()
+
+
+def test_useless_draft_is_switched_off_and_changes_nothing(plain_replies, useless_draft):
+    eng = load_engine("default", engine="torch", ctx_size=1024, threads=2,
+                      kv_memory=1024 * 23040, draft=str(useless_draft))
+    try:
+        tokens, stats = reply(eng, PROMPTS[0])
+        assert tokens == plain_replies[0]
+        print(stats)
+        assert stats["acceptance_rate"] < 0.3
+        # adaptation: after the first rounds fail, most target passes are plain steps
+        rounds = sum(stats["accepted_run_histogram"].values())
+        assert rounds < N_TOKENS / 2 and stats["predicted_speedup"] < 1.0
+    finally:
+        eng.close()
+
+
+def test_real_distributions_stay_exact(torch_engine, useless_draft):
+    """First-token frequencies under the acceptance rule with the bundled model's real
+    next-token distribution p and a real (poor) draft distribution q: χ² against p."""
+    from test_speculative import chi_square_p_value
+
+    from localchat.engine.torch.model import KVStore
+    from localchat.engine.torch.weights import load_weights
+
+    prompt = torch_engine.tokenize_messages([Message("user", "Name a colour.")])
+    params = SamplingParams(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)
+
+    def last_logits(model_weights):
+        from localchat.engine.torch.model import LlamaModel
+
+        m = LlamaModel(model_weights, 256)
+        n = len(prompt)
+        return m.forward(torch.tensor(prompt), torch.arange(n), torch.arange(n), torch.arange(n),
+                         KVStore(m.config, 256))
+
+    p = probabilities(last_logits(torch_engine.model.w), params, [])
+    q = probabilities(last_logits(load_weights(useless_draft)), params, [])
+    assert (p > 0).sum() == 8 and (q > 0).sum() == 8
+    g = torch.Generator().manual_seed(0)
+    n = 4000
+    counts = Counter()
+    for _ in range(n):
+        d = int(torch.multinomial(q, 1, generator=g))
+        kept, nxt = accept_drafts(torch.stack([p, p]), q[None], [d], g)
+        counts[d if kept else nxt] += 1
+    expected = {i: float(p[i]) for i in range(p.numel()) if p[i] > 0}
+    assert chi_square_p_value(counts, expected, n) > 1e-3
+
+
+def test_llama_cpp_speculation_is_identical_and_self_draft_accepts_all(engine):
+    plain = [reply(engine, p)[0] for p in PROMPTS]
+    for draft in ("default", "ngram"):
+        eng = load_engine("default", ctx_size=1024, threads=2, draft=draft, num_draft_tokens=3)
+        try:
+            for prompt, expected in zip(PROMPTS, plain):
+                tokens, stats = reply(eng, prompt)
+                assert tokens == expected
+                assert "sample each position from the target" in stats["rule"]
+                if draft == "default":
+                    assert stats["proposed"] > 0 and stats["acceptance_rate"] == 1.0
+        finally:
+            eng.close()
+
+
+def _localchat(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "localchat", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_draft_with_another_vocabulary_is_refused(tmp_path):
+    other = write_random_model(tmp_path / "other-vocab.gguf", renamed_token=1000)
+    for engine_name in ("torch", "llama.cpp"):
+        done = _localchat("run", "--engine", engine_name, "--draft-model", str(other), "hi")
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith("localchat: error: draft model") and "token 1000" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_draft_flag_errors_are_one_line():
+    cases = [("--num-draft-tokens", "3"), ("--draft-model", "nope/missing.gguf"),
+             ("--draft", "ngram", "--num-draft-tokens", "0")]
+    for args in cases:
+        done = _localchat("run", *args, "hi")
+        assert done.returncode != 0 and done.stderr.startswith("localchat: error:"), args
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_json_result_carries_draft_stats():
+    done = _localchat("run", "--engine", "torch", "--draft", "ngram", "--temp", "0", "-n", "24",
+                      "--json", PROMPTS[1])
+    assert done.returncode == 0, done.stderr
+    draft = json.loads(done.stdout)["draft"]
+    for key in ("proposed", "accepted", "acceptance_rate", "tokens_per_target_pass",
+                "accepted_run_histogram", "gamma", "predicted_speedup", "measured_speedup", "rule"):
+        assert key in draft
