@@ -96,7 +96,7 @@ def _compare(a: str, b: str, la: torch.Tensor, lb: torch.Tensor) -> Comparison:
 def _llama_cpp_logits(facts: GGUFFacts, tokens: list[int], threads: int) -> torch.Tensor:
     import llama_cpp
 
-    import localchat.engine.llamacpp  # noqa: F401  (keeps llama.cpp's log off the terminal)
+    from localchat.engine import llamacpp  # noqa: F401  (keeps llama.cpp's log off the terminal)
 
     llm = llama_cpp.Llama(str(facts.path), n_ctx=len(tokens), n_batch=512, logits_all=True,
                           n_threads=threads, n_threads_batch=threads, verbose=False)
@@ -114,7 +114,7 @@ def _torch_logits(engine, tokens: list[int]) -> torch.Tensor:
 
     n = len(tokens)
     model = LlamaModel(engine.model.w, max_positions=n)
-    kv = KVStore(model.config, n, dtype=KV_DTYPE)
+    kv = KVStore(model.config, n, dtype=KV_DTYPE, device=model.device)
     return model.forward(torch.tensor(tokens), torch.arange(n), torch.arange(n), torch.arange(n),
                          kv, all_logits=True)
 

@@ -27,6 +27,9 @@ def _model_flags() -> argparse.ArgumentParser:
                    help="context window in tokens (default: min(model's, 4096); 0 = model's)")
     g.add_argument("--threads", type=int, default=None, metavar="N",
                    help="CPU threads (default: all cores)")
+    g.add_argument("--device", default=None, metavar="DEVICE",
+                   help="auto, cpu, cuda[:N] or mps (default: auto: CUDA, else MPS, else CPU; "
+                        "the llama.cpp engine offloads to its GPU unless this is cpu)")
     g.add_argument("--kv-memory", default=None, metavar="SIZE",
                    help="torch engine: memory for the paged KV cache, e.g. 2GB "
                         "(default: 10%% of available memory, at least one context)")

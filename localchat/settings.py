@@ -17,6 +17,7 @@ class ChatSettings:
     engine: str = "llama.cpp"
     ctx_size: int | None = None
     threads: int | None = None
+    device: str | None = None  # auto, cpu, cuda[:N], mps
     kv_memory: int | None = None  # bytes for the torch engine's paged KV cache
     draft: str | None = None  # a draft model SPEC, or "ngram" (prompt lookup)
     num_draft_tokens: int | None = None  # fixed γ; None: adaptive
@@ -31,6 +32,7 @@ class ChatSettings:
             engine=args.engine,
             ctx_size=args.ctx_size,
             threads=args.threads,
+            device=args.device,
             kv_memory=parse_memory(args.kv_memory) if args.kv_memory else None,
             draft=None if args.no_draft else (args.draft_model or args.draft),
             num_draft_tokens=args.num_draft_tokens,
@@ -76,4 +78,5 @@ class ChatSettings:
 
         return load_engine(self.model, engine=self.engine, ctx_size=self.ctx_size,
                            threads=self.threads, kv_memory=self.kv_memory, draft=self.draft,
+                           device=self.device,
                            num_draft_tokens=self.num_draft_tokens)

@@ -19,6 +19,7 @@ def load_engine(
     kv_memory: int | None = None,
     draft: str | None = None,
     num_draft_tokens: int | None = None,
+    device: str | None = None,
 ) -> Engine:
     """Resolve a model SPEC, validate the file, and load it into the chosen engine.
 
@@ -69,8 +70,12 @@ def load_engine(
         from localchat.engine.torch.engine import TorchEngine
 
         return TorchEngine(facts, n_ctx=ctx_size, threads=threads, kv_memory=kv_memory,
-                           draft=draft_facts, num_draft_tokens=num_draft_tokens)
+                           draft=draft_facts, num_draft_tokens=num_draft_tokens, device=device)
     from localchat.engine.llamacpp import LlamaCppEngine
 
+    if device not in (None, "auto", "cpu"):
+        raise UsageError(f"--device {device} is for the torch engine; the llama.cpp engine "
+                         "offloads to the GPU its build supports (or --device cpu for none)")
     return LlamaCppEngine(facts, n_ctx=ctx_size, threads=threads, draft=draft_facts,
-                          num_draft_tokens=num_draft_tokens)
+                          num_draft_tokens=num_draft_tokens,
+                          gpu_layers=0 if device == "cpu" else None)

@@ -33,7 +33,8 @@ class ModelDraft:
         self.name = name
         self.model = LlamaModel(weights, max_positions=n_ctx + 64)
         n_blocks = 2 * math.ceil((n_ctx + 64) / BLOCK_SIZE)  # room to keep one chat's prefix
-        self.kv = KVStore(weights.config, n_blocks * BLOCK_SIZE, dtype=kv_dtype)
+        self.kv = KVStore(weights.config, n_blocks * BLOCK_SIZE, dtype=kv_dtype,
+                          device=self.model.device)
         key = hashlib.blake2b(f"draft:{name}:{kv_dtype}".encode()).digest()
         self.pool = BlockPool(n_blocks, BLOCK_SIZE, cache_key=key)
         self.weights_bytes = weights.nbytes()

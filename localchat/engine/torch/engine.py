@@ -26,6 +26,7 @@ from localchat.engine.streaming import EngineHooks, stream_events
 from localchat.engine.torch.blocks import BlockPool
 from localchat.engine.torch.model import KVStore, LlamaModel
 from localchat.engine.torch.decode import Speculation, decode
+from localchat.engine.torch.device import pick_device
 from localchat.engine.torch.drafts import ModelDraft, NgramDraft
 from localchat.engine.torch.sequence import PagedSequence
 from localchat.engine.torch.speculative import AdaptiveGamma
@@ -54,14 +55,14 @@ def kv_blocks(config, n_ctx: int, kv_memory: int | None) -> int:
     return max(needed, available_memory() // 10 // per_block)
 
 
-def open_model(facts: GGUFFacts):
-    """(weights, vocabulary) for a GGUF file or a Hugging Face directory."""
+def open_model(facts: GGUFFacts, device: torch.device = torch.device("cpu")):
+    """(weights on `device`, vocabulary) for a GGUF file or a Hugging Face directory."""
     if facts.path.is_dir():
         from localchat.engine.hf_vocab import HFVocabulary
         from localchat.engine.torch.hf_weights import load_hf_weights
 
-        return load_hf_weights(facts.path), HFVocabulary(facts.path)
-    return load_weights(facts.path), LlamaCppVocabulary(
+        return load_hf_weights(facts.path).to(device), HFVocabulary(facts.path)
+    return load_weights(facts.path, device), LlamaCppVocabulary(
         llama_cpp.Llama(str(facts.path), vocab_only=True, verbose=False))
 
 
@@ -70,16 +71,17 @@ class TorchEngine(VocabMixin, Engine):
 
     def __init__(self, facts: GGUFFacts, *, n_ctx: int, threads: int | None = None,
                  kv_memory: int | None = None, draft: GGUFFacts | str | None = None,
-                 num_draft_tokens: int | None = None) -> None:
+                 num_draft_tokens: int | None = None, device: str | None = None) -> None:
         """draft: a draft model's facts, or "ngram" (prompt lookup); num_draft_tokens
-        fixes γ (default: adaptive)."""
+        fixes γ (default: adaptive); device: auto (CUDA, else MPS, else CPU), or one."""
         torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
         self.facts = facts
-        weights, self.vocab = open_model(facts)
+        self.device = pick_device(device)
+        weights, self.vocab = open_model(facts, self.device)
         self.config = weights.config
         self.model = LlamaModel(weights, max_positions=n_ctx)
         n_blocks = kv_blocks(self.config, n_ctx, kv_memory)
-        self.kv = KVStore(self.config, n_blocks * BLOCK_SIZE, dtype=KV_DTYPE)
+        self.kv = KVStore(self.config, n_blocks * BLOCK_SIZE, dtype=KV_DTYPE, device=self.device)
         cache_key = hashlib.blake2b(f"{facts.path}:{facts.file_size}:{KV_DTYPE}".encode()).digest()
         self.pool = BlockPool(n_blocks, BLOCK_SIZE, cache_key=cache_key)
         self._seq_ids = itertools.count()
@@ -124,7 +126,7 @@ class TorchEngine(VocabMixin, Engine):
 
     def _load_draft(self, facts: GGUFFacts, n_ctx: int) -> ModelDraft:
         """The vocabulary check is load_engine's (shared with the llama.cpp engine)."""
-        weights, vocab = open_model(facts)
+        weights, vocab = open_model(facts, self.device)
         vocab.close()
         return ModelDraft(weights, facts.name, n_ctx, KV_DTYPE)
 

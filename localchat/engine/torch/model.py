@@ -18,12 +18,13 @@ from localchat.engine.torch.weights import LlamaConfig, ModelWeights
 class KVStore:
     """Preallocated keys and values for every slot of every block."""
 
-    def __init__(self, config: LlamaConfig, n_slots: int, dtype: torch.dtype = torch.float32):
+    def __init__(self, config: LlamaConfig, n_slots: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu"):
         shape = (config.n_layers, n_slots, config.n_kv_heads, config.head_dim)
         # empty, not zeros: pages are committed only as slots are written (always before
         # they are read), so a large budget costs nothing until it is used
-        self.k = torch.empty(shape, dtype=dtype)
-        self.v = torch.empty(shape, dtype=dtype)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
 
     @property
     def bytes_per_token(self) -> int:
@@ -39,6 +40,8 @@ class LlamaModel:
         self.rope = RotaryEmbedding(c.head_dim, c.rope_base, max_positions, neox=c.rope_neox,
                                     position_scale=c.rope_position_scale,
                                     freq_factors=weights.rope_freqs)
+        self.device = weights.embedding.device
+        self.rope.to(self.device)
 
     def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    mask: torch.Tensor | None) -> torch.Tensor:
@@ -69,12 +72,16 @@ class LlamaModel:
         kv: KVStore,
         all_logits: bool = False,
     ) -> torch.Tensor:
-        """Logits for the last token ([vocab]), or for every new token ([T, vocab])."""
+        """Logits for the last token ([vocab]), or for every new token ([T, vocab]), on
+        the CPU (where sampling happens); the index tensors may be on the CPU too."""
         c = self.config
+        dev = self.device
+        tokens, positions = tokens.to(dev), positions.to(dev)
+        new_slots, context_slots = new_slots.to(dev), context_slots.to(dev)
         n_new, n_ctx = tokens.shape[0], context_slots.shape[0]
         x = self.w.embedding[tokens]
         # query i (at positions[i]) sees context positions 0..positions[i]
-        mask = torch.arange(n_ctx)[None, :] <= positions[:, None]
+        mask = torch.arange(n_ctx, device=dev)[None, :] <= positions[:, None]
         write = new_slots >= 0
         if not bool(write.all()):
             new_slots = new_slots[write]
@@ -101,4 +108,4 @@ class LlamaModel:
             x = x + layer.w_down(F.silu(gate) * up)
         x = self._norm(x if all_logits else x[-1:], self.w.output_norm)
         logits = self.w.output(x)
-        return logits if all_logits else logits[0]
+        return (logits if all_logits else logits[0]).float().cpu()

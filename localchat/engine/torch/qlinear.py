@@ -36,21 +36,33 @@ class Int4Linear(torch.nn.Module):
     """y = x @ Wᵀ with W in PyTorch's packed int4 layout, groups of 32 (exact for Q4_0/Q4_1).
 
     The CPU kernel runs in bfloat16 (activations, scales and zeros): with float32 inputs it
-    takes a scalar path about 20-50x slower (measured here: 1.4 vs 31-105 GFLOP/s).
+    takes a scalar path about 20-50x slower (measured here: 1.4 vs 31-105 GFLOP/s). On
+    CUDA (and MPS where PyTorch has the kernel) the weights are packed from bytes of two
+    4-bit values, first one in the high nibble, as gpt-fast does.
     """
 
-    def __init__(self, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> None:
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                 device: torch.device = torch.device("cpu")) -> None:
         super().__init__()
         self.out_features, self.in_features = q.shape
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 2)
+        if device.type == "cpu":
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 2)
+            self._mm = torch.ops.aten._weight_int4pack_mm_for_cpu
+        else:
+            tiles = next((t for t in (8, 4, 2) if self.in_features % (16 * t) == 0), None)
+            if tiles is None or self.out_features % 8:
+                raise EngineError(f"no int4 tiling for a {self.out_features}x{self.in_features} matrix")
+            q_bytes = ((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8).to(device)
+            self.packed = torch.ops.aten._convert_weight_to_int4pack(q_bytes, tiles)
+            self._mm = torch.ops.aten._weight_int4pack_mm
         # [K/group, N, 2]: (scale, zero) per group and output row
-        self.scales_and_zeros = torch.stack([scales.t(), zeros.t()], dim=-1).to(torch.bfloat16)
+        self.scales_and_zeros = torch.stack([scales.t(), zeros.t()], dim=-1).to(
+            device=device, dtype=torch.bfloat16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.reshape(-1, self.in_features).to(torch.bfloat16), self.packed, GROUP,
-            self.scales_and_zeros)
+        y = self._mm(x.reshape(-1, self.in_features).to(torch.bfloat16), self.packed, GROUP,
+                     self.scales_and_zeros)
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
 
@@ -72,21 +84,34 @@ def q4_parts(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int):
     return q, d, zeros
 
 
-def int4_linear(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> Int4Linear:
-    """One Int4Linear for several matrices stacked by rows (fused q/k/v, gate/up)."""
+def int4_linear(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                device: torch.device = torch.device("cpu")) -> torch.nn.Module:
+    """One Int4Linear for several matrices stacked by rows (fused q/k/v, gate/up). Off
+    the CPU, where the int4 kernels vary by GPU and PyTorch build, a layer whose kernel
+    is missing or fails the reference check is dequantized to float32 instead."""
     q, d, zeros = (np.concatenate(xs) for xs in zip(*parts))
-    layer = Int4Linear(torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(zeros))
-    _check_against_reference(layer, q, d, zeros)
+    try:
+        layer = Int4Linear(torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(zeros),
+                           device)
+        _check_against_reference(layer, q, d, zeros, device)
+    except (RuntimeError, NotImplementedError, EngineError):
+        if device.type == "cpu":
+            raise
+        return DenseLinear(_dequantized(q, d, zeros).to(device))
     return layer
 
 
-def _check_against_reference(layer: Int4Linear, q, d, zeros) -> None:
-    """The packed kernel must reproduce dequantize-then-matmul; refuse to run otherwise."""
+def _dequantized(q, d, zeros) -> torch.Tensor:
     n_rows, n_cols = q.shape
     w = (q.reshape(n_rows, -1, GROUP) - 8) * d[..., None] + zeros[..., None]
-    w = torch.from_numpy(w.reshape(n_rows, n_cols).astype(np.float32))
-    x = torch.randn(2, n_cols, generator=torch.Generator().manual_seed(0))
-    expected, got = x @ w.t(), layer(x)
+    return torch.from_numpy(w.reshape(n_rows, n_cols).astype(np.float32))
+
+
+def _check_against_reference(layer: Int4Linear, q, d, zeros, device: torch.device) -> None:
+    """The packed kernel must reproduce dequantize-then-matmul; refuse to run otherwise."""
+    w = _dequantized(q, d, zeros)
+    x = torch.randn(2, q.shape[1], generator=torch.Generator().manual_seed(0))
+    expected, got = x @ w.t(), layer(x.to(device)).cpu()
     err = (got - expected).abs().max().item()
     if err > 2e-2 * max(1.0, expected.abs().max().item()):  # bfloat16 activations
         raise EngineError(f"int4 kernel check failed (max error {err:.3g}); use --engine llama.cpp")

@@ -45,7 +45,7 @@ class RotaryEmbedding:
                  position_scale: float = 1.0, freq_factors: torch.Tensor | None = None) -> None:
         inv_freq = inverse_frequencies(head_dim, base)
         if freq_factors is not None:
-            inv_freq = inv_freq / freq_factors.to(torch.float64)
+            inv_freq = inv_freq / freq_factors.to("cpu", torch.float64)
         positions = torch.arange(max_positions, dtype=torch.float64) * position_scale
         angles = torch.outer(positions, inv_freq)
         self.cos, self.sin = angles.cos().float(), angles.sin().float()

@@ -89,6 +89,34 @@ class ModelWeights:
     output: torch.nn.Module  # tied to the embedding when the file has no output.weight
     rope_freqs: torch.Tensor | None = None  # Llama 3.1's per-frequency RoPE divisors
 
+    def to(self, device: torch.device) -> "ModelWeights":
+        """Move float and NF4 layers (an HF directory loads on the CPU first); int4 layers
+        are packed for their device at load and cannot move."""
+        from localchat.engine.torch.device import move_module
+        from localchat.engine.torch.qlinear import Int4Linear
+
+        if device == self.embedding.device:
+            return self
+
+        def move(value):
+            if isinstance(value, Int4Linear):
+                raise EngineError("int4 layers are packed for one device; load on the target device")
+            if isinstance(value, torch.nn.Module):
+                return move_module(value, device)
+            return value.to(device) if isinstance(value, torch.Tensor) else value
+
+        for layer in self.layers:
+            for name, value in vars(layer).items():
+                setattr(layer, name, move(value))
+        tied = self.output is not None and getattr(self.output, "weight", None) is self.embedding
+        self.embedding = self.embedding.to(device)
+        self.output = move(self.output)
+        if tied:
+            self.output.weight = self.embedding
+        self.output_norm = self.output_norm.to(device)
+        self.rope_freqs = None if self.rope_freqs is None else self.rope_freqs.to(device)
+        return self
+
     def nbytes(self) -> int:
         """Bytes of every distinct tensor held (a tied output is counted once)."""
         seen: dict[int, int] = {}
@@ -111,7 +139,7 @@ class ModelWeights:
         return sum(seen.values())
 
 
-def load_weights(path: Path) -> ModelWeights:
+def load_weights(path: Path, device: torch.device = torch.device("cpu")) -> ModelWeights:
     gguf_file = read_gguf(path)  # the validating reader every model path goes through
     check_model_metadata(gguf_file)
     config = LlamaConfig.from_metadata(gguf_file.metadata)
@@ -124,14 +152,14 @@ def load_weights(path: Path) -> ModelWeights:
             arr = np.frombuffer(raw, dtype=np.float32).copy()
         else:
             arr = dequantize(raw.reshape(shape[:-1] + (-1,)), t.ggml_type).astype(np.float32)
-        return torch.from_numpy(arr.reshape(shape))
+        return torch.from_numpy(arr.reshape(shape)).to(device)
 
     def linear(*names: str) -> torch.nn.Module:
         """One layer for matrices stacked by rows; 4-bit when they all are."""
         infos = [tensors[n] for n in names]
         if all(t.ggml_type in (Q.Q4_0, Q.Q4_1) for t in infos):
             return int4_linear([q4_parts(gguf_file.tensor_data(t.name), t.ggml_type,
-                                         t.shape[1], t.shape[0]) for t in infos])
+                                         t.shape[1], t.shape[0]) for t in infos], device)
         return DenseLinear(torch.cat([dense(n) for n in names]))
 
     def biases(*names: str) -> torch.Tensor | None:
