@@ -1,0 +1,206 @@
+"""Chat controls, mixed into ChatApp: what the input box sends (a message or a slash
+command), stop, regenerate, continue and edit, copying, and the stats and help screens.
+The keys, the slash commands and the command palette all end in these actions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from textual.actions import SkipAction
+
+from localchat.chat.commands import Command, apply_set, export_args, parse_command, parse_set, unescape
+from localchat.errors import UsageError
+from localchat.tui.clipboard import copy_text, last_code_block
+from localchat.tui.help import help_markdown
+from localchat.tui.messages import Entry
+from localchat.tui.screens import InfoScreen
+from localchat.tui.widgets import MessageView, PromptInput
+
+
+class ControlsMixin:
+    """The user's side of ChatApp (uses its entries, settings and generation state)."""
+
+    async def _on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
+        text = message.text.rstrip("\n")
+        try:
+            command = parse_command(text)
+        except UsageError as exc:
+            self._error(str(exc), restore=text)
+            return
+        if command is not None:
+            await self.run_command(command, text)
+            return
+        if self.engine is None or self._generating:
+            self.bell()
+            self.query_one(PromptInput).text = text  # nothing typed is lost
+            return
+        if self.editing is not None:
+            await self._truncate(self.editing)
+            self.editing = None
+            self._set_editing_title()
+        await self._send(unescape(text))
+
+    async def run_command(self, command: Command, typed: str = "") -> None:
+        try:
+            await self._run_command(command)
+        except UsageError as exc:
+            self._error(str(exc), restore=typed or None)
+
+    async def _run_command(self, command: Command) -> None:
+        name, arg = command.name, command.arg
+        if name == "help":
+            self.action_help()
+        elif name == "system":
+            self._set_system(arg or None)
+        elif name == "set":
+            field, value = parse_set(arg)
+            sampling, max_tokens = apply_set(self.settings.sampling, self.settings.max_tokens,
+                                             field, value)
+            self.settings = replace(self.settings, sampling=sampling, max_tokens=max_tokens)
+            self._save_settings()
+            self._info(f"{field} = {'default' if value is None else value}")
+        elif name in ("clear", "new"):
+            await self.action_new_conversation()
+        elif name == "regen":
+            await self.action_regenerate()
+        elif name == "continue":
+            await self.action_continue_reply()
+        elif name == "edit":
+            self.action_edit_last()
+        elif name == "copy":
+            if arg not in ("", "code"):
+                raise UsageError("usage: /copy or /copy code")
+            self.action_copy_code() if arg == "code" else self.action_copy_reply()
+        elif name == "stats":
+            self.action_show_stats()
+        elif name == "export":
+            fmt, path = export_args(arg)
+            self.action_export(fmt, path)
+        elif name == "rename":
+            if not arg:
+                raise UsageError("usage: /rename TITLE")
+            await self._rename(arg)
+
+    def _set_system(self, text: str | None) -> None:
+        self.settings = replace(self.settings, system=text)
+        if self.conversation is not None:
+            cid = self.conversation.id
+            self._db(lambda st: st.update_settings(cid, system_prompt=text))
+        self._info("system prompt set" if text else "system prompt cleared")
+
+    def _save_settings(self) -> None:
+        if self.conversation is not None:
+            cid, params = self.conversation.id, self.settings.params()
+            self._db(lambda st: st.update_settings(cid, params=params))
+
+    # -- actions -----------------------------------------------------------------------
+
+    def action_stop(self) -> None:
+        """Esc: stop the reply being generated (what was said so far is kept); cancel
+        an edit; otherwise let the key through (closing dialogs)."""
+        if self._generating:
+            self._cancel.set()
+        elif self.editing is not None and self.screen is self.screen_stack[0]:
+            self.editing = None
+            self.query_one(PromptInput).clear()
+            self._set_editing_title()
+        else:
+            raise SkipAction()
+
+    def _ready_for_control(self) -> bool:
+        if self._generating:
+            self._error("a reply is being generated (Esc stops it)")
+            return False
+        if self.engine is None:
+            self._error("the model is not loaded")
+            return False
+        return True
+
+    async def action_regenerate(self) -> None:
+        if not self._ready_for_control():
+            return
+        if not self.entries:
+            self._error("nothing to regenerate yet")
+            return
+        if self.entries[-1].role == "assistant":
+            await self._truncate(len(self.entries) - 1)
+        await self._start_reply()
+
+    async def action_continue_reply(self) -> None:
+        if not self._ready_for_control():
+            return
+        last = self.entries[-1] if self.entries else None
+        if last is None or last.role != "assistant" or not last.content:
+            self._error("no reply to continue")
+            return
+        await self._start_reply(continuing=last)
+
+    def action_edit_last(self) -> None:
+        if self._generating:
+            self._error("a reply is being generated (Esc stops it)")
+            return
+        users = [i for i, e in enumerate(self.entries) if e.role == "user"]
+        if not users:
+            self._error("no message to edit yet")
+            return
+        self.editing = users[-1]
+        prompt = self.query_one(PromptInput)
+        prompt.text = self.entries[users[-1]].content
+        prompt.move_cursor(prompt.document.end)
+        prompt.focus()
+        self._set_editing_title()
+
+    def _set_editing_title(self) -> None:
+        self.query_one(PromptInput).border_title = (
+            "editing your last message · Enter resends · Esc cancels"
+            if self.editing is not None else None)
+
+    def _on_prompt_input_edit_last(self, message: PromptInput.EditLast) -> None:
+        if self.entries and not self._generating:
+            self.action_edit_last()
+
+    def _last_reply(self) -> Entry | None:
+        return next((e for e in reversed(self.entries) if e.role == "assistant"), None)
+
+    def _copy(self, text: str, what: str) -> None:
+        path = copy_text(self, text)
+        where = f"; also saved to {path}" if path else ""
+        self._info(f"copied {what} to the clipboard (if the terminal allows OSC 52){where}")
+
+    def action_copy_reply(self) -> None:
+        reply = self._last_reply()
+        if reply is None or not reply.content:
+            self._error("no reply to copy")
+            return
+        self._copy(reply.content, "the last reply")
+
+    def action_copy_code(self) -> None:
+        reply = self._last_reply()
+        code = last_code_block(reply.content) if reply else None
+        if code is None:
+            self._error("the last reply has no code block")
+            return
+        self._copy(code, "the last code block")
+
+    def _on_message_view_clicked(self, message: MessageView.Clicked) -> None:
+        entry = self._entry_for(message.view)
+        if entry is not None and entry.content:
+            self._copy(entry.content, "the message")
+
+    def action_show_stats(self) -> None:
+        reply = next((e for e in reversed(self.entries)
+                      if e.role == "assistant" and e.stats is not None), None)
+        if reply is None:
+            self._error("no reply with stats yet")
+            return
+        rows = list(reply.stats.to_dict().items())
+        rows += [("finish_reason", reply.finish_reason or reply.status), ("status", reply.status)]
+        if self.engine is not None:
+            rows += [("model", self.engine.info.name), ("engine", self.engine.name)]
+        body = "| field | value |\n| --- | --- |\n" + "\n".join(
+            f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows)
+        self.push_screen(InfoScreen("Stats of the last reply", body))
+
+    def action_help(self) -> None:
+        self.push_screen(InfoScreen("localchat help", help_markdown(self.keymap_file)))

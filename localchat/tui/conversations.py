@@ -1,0 +1,241 @@
+"""Conversations and the history database, mixed into ChatApp: opening the store (and
+offering to set a damaged file aside), the conversation list in the sidebar, opening,
+renaming, deleting and exporting conversations.
+
+Every store call from the UI thread goes through _db, so a failing database is
+reported once and the chat goes on in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from textual.containers import VerticalScroll
+
+from localchat.engine.base import Stats
+from localchat.errors import UsageError
+from localchat.storage import ConversationStore, StoreError, StoreUnavailable, set_aside, title_from
+from localchat.storage.export import default_export_path, export_conversation
+from localchat.tui.messages import Entry, StoreFailed
+from localchat.tui.screens import ConfirmScreen, TextInputScreen
+from localchat.tui.sidebar import Sidebar
+from localchat.tui.widgets import MessageView, PromptInput
+
+T = TypeVar("T")
+
+
+class ConversationsMixin:
+    """The history side of ChatApp (uses its store, conversation and entries)."""
+
+    def _open_history(self) -> None:
+        try:
+            self.store = ConversationStore.open(self._db_path, busy_timeout_ms=self._busy_ms)
+        except StoreUnavailable as exc:
+            self.store, self.store_problem = None, exc
+            self._notice(str(exc))
+            if exc.kind == "corrupt":
+                self.push_screen(ConfirmScreen(
+                    f"{exc}.\n\nSet the file aside (renamed to {exc.path.name}.corrupt-<time>, "
+                    "nothing is deleted) and start a new history?",
+                    yes="Set aside", no="Not now"), self._answer_set_aside)
+
+    def _answer_set_aside(self, yes: bool | None) -> None:
+        if not yes or self.store_problem is None:
+            return
+        try:
+            moved = set_aside(self.store_problem.path)
+        except OSError as exc:
+            self._notice(f"could not set the history file aside: {exc}")
+            return
+        self._notice(f"the damaged history was set aside as {moved}")
+        self.store_problem = None
+        self._open_history()
+
+    def _db(self, fn: Callable[[ConversationStore], T]) -> T | None:
+        """A store call from the UI thread; a failure is reported once and the chat goes
+        on in memory."""
+        if self.store is None:
+            return None
+        try:
+            return fn(self.store)
+        except StoreError as exc:
+            self._store_failed(str(exc))
+            return None
+
+    def _store_failed(self, error: str) -> None:
+        self.last_error = error
+        if not self._store_warned:
+            self._store_warned = True
+            self._notice(f"not saved to history: {error} (the chat goes on in memory)")
+
+    def _on_store_failed(self, message: StoreFailed) -> None:
+        self._store_failed(message.error)
+
+    def _ensure_conversation(self, first_text: str) -> None:
+        if self.conversation is not None or self.store is None:
+            return
+        s = self.settings
+        self.conversation = self._db(lambda st: st.create_conversation(
+            title_from(first_text), model=s.model, system_prompt=s.system, params=s.params()))
+
+    async def _continue_last_conversation(self) -> None:
+        last = self._db(lambda st: st.last_conversation())
+        if last is None:
+            self._notice("no earlier conversation to continue" if self.store
+                         else "no history to continue from")
+            return
+        await self.open_conversation(last.id)
+
+    async def open_conversation(self, conversation_id: int) -> bool:
+        if self._generating:
+            self._error("wait for the reply to finish (or press Esc) before switching")
+            return False
+        conv = self._db(lambda st: st.get_conversation(conversation_id))
+        stored = self._db(lambda st: st.messages(conversation_id))
+        if conv is None or stored is None:
+            return False
+        await self._reset_chat()
+        self.conversation = conv
+        self.settings = replace(self.settings.with_params(conv.params),
+                                system=conv.system_prompt or None)
+        chat = self.query_one("#chat", VerticalScroll)
+        for m in stored:
+            if m.role == "system":
+                continue
+            view = MessageView(m.role, m.content)
+            await chat.mount(view)
+            stats = Stats(**{k: v for k, v in (m.stats or {}).items()
+                             if k in Stats.__dataclass_fields__})
+            entry = Entry(m.role, m.content, view, m.id, m.status,
+                          stats if m.stats else None)
+            self.entries.append(entry)
+            if m.role == "assistant":
+                self._show_status(entry)
+        if conv.model and conv.model != self.settings.model:
+            self._notice(f"this conversation used model {conv.model}; it continues with "
+                         f"{self.settings.model} (start with -m {conv.model} to use it)")
+        await self._refresh_sidebar()
+        return True
+
+    async def _reset_chat(self) -> None:
+        self.entries = []
+        self.editing = None
+        self._set_editing_title()
+        await self.query_one("#chat", VerticalScroll).remove_children()
+
+    async def _refresh_sidebar(self) -> None:
+        sidebar = self.query_one(Sidebar)
+        if sidebar.has_class("hidden"):
+            return
+        conversations = self._db(lambda st: st.list_conversations(self._search)) or []
+        await sidebar.show(conversations, self.conversation.id if self.conversation else None)
+
+    async def action_new_conversation(self) -> None:
+        if self._generating:
+            self._error("a reply is being generated (Esc stops it)")
+            return
+        await self._reset_chat()
+        self.conversation = None
+        await self._refresh_sidebar()
+
+    async def action_toggle_sidebar(self) -> None:
+        sidebar = self.query_one(Sidebar)
+        sidebar.toggle_class("hidden")
+        if sidebar.has_class("hidden"):
+            self.query_one(PromptInput).focus()
+            return
+        await self._refresh_sidebar()
+        self.query_one("#conversations").focus()
+
+    def action_rename_current(self) -> None:
+        if self.conversation is None:
+            self._error("this conversation is not in the history yet")
+            return
+        self._ask_rename(self.conversation.id)
+
+    def action_delete_current(self) -> None:
+        if self.conversation is None:
+            self._error("this conversation is not in the history yet")
+            return
+        self._ask_delete(self.conversation.id)
+
+    async def _on_sidebar_action(self, message: Sidebar.Action) -> None:
+        if message.action == "open":
+            if await self.open_conversation(message.conversation_id):
+                self.query_one(PromptInput).focus()
+        elif message.action == "rename":
+            self._ask_rename(message.conversation_id)
+        elif message.action == "delete":
+            self._ask_delete(message.conversation_id)
+        elif message.action == "new":
+            await self.action_new_conversation()
+            self.query_one(PromptInput).focus()
+
+    async def _on_sidebar_search_changed(self, message: Sidebar.SearchChanged) -> None:
+        self._search = message.text
+        await self._refresh_sidebar()
+
+    def _ask_rename(self, conversation_id: int) -> None:
+        conv = self._db(lambda st: st.get_conversation(conversation_id))
+        if conv is None:
+            return
+
+        async def done(title: str | None) -> None:
+            if title:
+                await self._rename(title, conversation_id)
+
+        self.push_screen(TextInputScreen("New title", conv.title), done)
+
+    async def _rename(self, title: str, conversation_id: int | None = None) -> None:
+        cid = conversation_id if conversation_id is not None else (
+            self.conversation.id if self.conversation else None)
+        if cid is None:
+            raise UsageError("this conversation is not in the history yet")
+        self._db(lambda st: st.rename(cid, title))
+        if self.conversation is not None and self.conversation.id == cid:
+            self.conversation = replace(self.conversation, title=title)
+        await self._refresh_sidebar()
+
+    def _ask_delete(self, conversation_id: int) -> None:
+        conv = self._db(lambda st: st.get_conversation(conversation_id))
+        if conv is None:
+            return
+        if self._generating and self.conversation and self.conversation.id == conversation_id:
+            self._error("a reply is being generated in this conversation (Esc stops it)")
+            return
+        count = len(self._db(lambda st: st.messages(conversation_id)) or [])
+
+        async def done(yes: bool | None) -> None:
+            if not yes:
+                return
+            self._db(lambda st: st.delete(conversation_id))
+            if self.conversation is not None and self.conversation.id == conversation_id:
+                await self._reset_chat()
+                self.conversation = None
+            await self._refresh_sidebar()
+
+        self.push_screen(ConfirmScreen(
+            f"Delete “{conv.title}” and its {count} message(s)? This cannot be undone.",
+            yes="Delete"), done)
+
+    def action_export(self, fmt: str = "md", path: str | None = None) -> None:
+        if self.conversation is None or self.store is None:
+            self._error("nothing to export: this conversation is not in the history yet")
+            return
+        from localchat.models import data_dir
+
+        conv = self._db(lambda st: st.get_conversation(self.conversation.id))
+        stored = self._db(lambda st: st.messages(self.conversation.id))
+        if conv is None or stored is None:
+            return
+        target = Path(path).expanduser() if path else default_export_path(
+            data_dir() / "exports", conv, fmt)
+        try:
+            export_conversation(target, conv, stored, fmt)
+        except OSError as exc:
+            self._error(f"export failed: {exc}")
+            return
+        self.last_export = target
+        self._info(f"exported to {target}")

@@ -1,0 +1,195 @@
+"""Generating a reply, mixed into ChatApp: the worker thread that fits the history into
+the context and runs the engine, and the UI-thread side that streams its events into
+the reply's view, the gauge bar and the entry.
+
+The worker merges the deltas of each UI interval into one message and writes the reply
+into the history as it grows (storage/reply_writer.py), so a crash keeps what was
+already said.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Iterator
+
+from textual import work
+from textual.containers import VerticalScroll
+from textual.widgets import Markdown
+
+from localchat.chat.context import fit_history
+from localchat.engine.base import Delta, Message, Request, Result
+from localchat.errors import LocalchatError
+from localchat.storage import ReplyWriter, StoreError
+from localchat.tui.messages import Entry, EngineEvent, GenerationFailed, StoreFailed
+from localchat.tui.widgets import GaugeBar, MessageView
+
+REPLY_RESERVE = 512  # tokens kept free for the reply when fitting history
+UI_INTERVAL_S = 0.1  # redraw at most 10 times a second: a redraw per token halved decode speed
+
+
+class GenerationMixin:
+    """The reply side of ChatApp (uses its engine, settings, entries and cancel event)."""
+
+    async def _send(self, text: str) -> None:
+        self._ensure_conversation(text)
+        view = MessageView("user", text)
+        await self.query_one("#chat", VerticalScroll).mount(view)
+        conv = self.conversation
+        db_id = self._db(lambda st: st.add_message(conv.id, "user", text)) if conv else None
+        self.entries.append(Entry("user", text, view, db_id))
+        await self._start_reply()
+
+    async def _start_reply(self, continuing: Entry | None = None) -> None:
+        conv, s = self.conversation, self.settings
+        if continuing is None:
+            view = MessageView("assistant")
+            await self.query_one("#chat", VerticalScroll).mount(view)
+            entry = Entry("assistant", "", view)
+            if conv is not None:
+                entry.db_id = self._db(lambda st: st.begin_reply(
+                    conv.id, model=s.model, params=s.params()))
+            self.entries.append(entry)
+            prefix = ""
+        else:
+            entry, view, prefix = continuing, continuing.view, continuing.content
+            if entry.db_id is not None:
+                self._db(lambda st: st.reopen_reply(entry.db_id))
+            view.status.update("continuing…")
+        entry.status = "streaming"
+        writer = (ReplyWriter(self.store, entry.db_id, prefix=prefix)
+                  if self.store is not None and entry.db_id is not None else None)
+        self._streams[id(view)] = Markdown.get_stream(view.markdown)
+        self._cancel = threading.Event()
+        self._generating = True
+        self.query_one(GaugeBar).state = "generating"
+        self._generate(self.history[:-1], view, prefix, writer)
+
+    @work(thread=True, exclusive=True, group="generate")
+    def _generate(self, history: list[Message], view: MessageView, prefix: str,
+                  writer: ReplyWriter | None) -> None:
+        engine = self.engine
+        assert engine is not None
+        try:
+            n_ctx = engine.info.n_ctx
+            reserve = min(self.settings.max_tokens or REPLY_RESERVE, n_ctx // 4)
+            counted = (lambda ms: engine.count_prompt_tokens(list(ms) + [Message("assistant", prefix)])) \
+                if prefix else engine.count_prompt_tokens
+            fit = fit_history(history, counted, n_ctx - reserve)
+            if fit.dropped_turns:
+                self.call_from_thread(
+                    self._notice,
+                    f"{fit.dropped_turns} earlier turn(s) dropped to fit the "
+                    f"{n_ctx}-token context (system prompt kept).",
+                    before=view,
+                )
+            request = Request(messages=fit.messages, sampling=self.settings.sampling,
+                              max_tokens=self.settings.max_tokens, assistant_prefix=prefix)
+            self._stream_events(engine.generate(request, self._cancel), view, writer)
+        except LocalchatError as exc:
+            self.post_message(GenerationFailed(str(exc), view))
+
+    def _stream_events(self, events: Iterator[Delta | Result], view: MessageView,
+                       writer: ReplyWriter | None) -> None:
+        """Forward engine events to the UI, merging the deltas of each UI interval, and
+        write the reply into the history as it grows."""
+        pending: list[Delta] = []
+        last_post = 0.0
+        for event in events:
+            if isinstance(event, Delta):
+                writer = self._save(writer, lambda w: w.feed(event.text))
+                pending.append(event)
+                if time.monotonic() - last_post < UI_INTERVAL_S:
+                    continue
+            if pending:
+                merged = Delta(text="".join(d.text for d in pending),
+                               token_ids=tuple(t for d in pending for t in d.token_ids),
+                               stats=pending[-1].stats)
+                self.post_message(EngineEvent(merged, view))
+                pending, last_post = [], time.monotonic()
+            if isinstance(event, Result):
+                status = "interrupted" if event.finish_reason == "cancelled" else "complete"
+                self._save(writer, lambda w: w.finish(status, event.stats.to_dict(), event.text))
+                self.post_message(EngineEvent(event, view))
+
+    def _save(self, writer: ReplyWriter | None, fn) -> ReplyWriter | None:
+        """Run a history write in the generating thread; on failure stop writing."""
+        if writer is None:
+            return None
+        try:
+            fn(writer)
+            return writer
+        except StoreError as exc:
+            self.post_message(StoreFailed(str(exc)))
+            return None
+
+    def _entry_for(self, view: MessageView) -> Entry | None:
+        return next((e for e in self.entries if e.view is view), None)
+
+    async def _on_engine_event(self, message: EngineEvent) -> None:
+        event, view = message.event, message.view
+        self.query_one(GaugeBar).stats = event.stats
+        stream = self._streams.get(id(view))
+        entry = self._entry_for(view)
+        if isinstance(event, Delta):
+            if event.text and stream is not None:
+                await stream.write(event.text)
+            if entry is not None:
+                entry.content += event.text
+            return
+        await self._finish(view)
+        if entry is not None:
+            entry.status = "interrupted" if event.finish_reason == "cancelled" else "complete"
+            entry.stats, entry.finish_reason = event.stats, event.finish_reason
+            self._show_status(entry)
+        await self._refresh_sidebar()
+
+    def _show_status(self, entry: Entry) -> None:
+        labels = {"stop": "", "length": "stopped: reached the token limit",
+                  "cancelled": "stopped"}
+        label = labels.get(entry.finish_reason or "", "")
+        if entry.status == "interrupted" and not label:
+            label = "interrupted"
+        s = entry.stats
+        parts = []
+        if s is not None:
+            parts.append(f"{s.completion_tokens} tokens · {s.decode_tok_s:.1f} tok/s · TTFT "
+                         f"{s.ttft_s * 1000:.0f} ms")
+        if label:
+            parts.append(label)
+        entry.view.status.update(" · ".join(parts))
+
+    async def _on_generation_failed(self, message: GenerationFailed) -> None:
+        await self._finish(message.view)
+        entry = self._entry_for(message.view)
+        if entry is not None and entry.content:  # a continuation failed: keep the reply
+            entry.status = "interrupted"
+            if entry.db_id is not None:
+                self._db(lambda st: st.finish_reply(entry.db_id, entry.content,
+                                                    status="interrupted"))
+        elif entry is not None:
+            # the user's message did not get a reply: keep it visible only
+            index = self.entries.index(entry)
+            start = index - 1 if index and self.entries[index - 1].role == "user" else index
+            first = next((e.db_id for e in self.entries[start:] if e.db_id is not None), None)
+            if first is not None and self.conversation is not None:
+                self._db(lambda st: st.delete_messages_from(self.conversation.id, first))
+            del self.entries[start:]
+        message.view.status.update(f"error: {message.error}")
+
+    async def _finish(self, view: MessageView) -> None:
+        stream = self._streams.pop(id(view), None)
+        if stream is not None:
+            await stream.stop()
+        self._generating = False
+        self.query_one(GaugeBar).state = "ready"
+
+    async def _truncate(self, index: int) -> None:
+        """Remove entries[index:] from the screen and the history."""
+        gone = self.entries[index:]
+        first = next((e.db_id for e in gone if e.db_id is not None), None)
+        if first is not None and self.conversation is not None:
+            self._db(lambda st: st.delete_messages_from(self.conversation.id, first))
+        del self.entries[index:]
+        for entry in gone:
+            await entry.view.remove()

@@ -1,0 +1,37 @@
+"""The F1 help text: keys and slash commands, kept next to each other so the help
+screen and the README table are easy to compare."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from localchat.chat.commands import COMMANDS
+
+KEYS_HELP = [
+    ("Enter", "send"),
+    ("Ctrl+J (Shift+Enter)", "new line in the message"),
+    ("Esc", "stop the reply (what was written is kept); cancel an edit"),
+    ("Up (in an empty input)", "edit the last message you sent"),
+    ("Ctrl+R", "regenerate the last reply"),
+    ("Ctrl+G", "continue a stopped reply"),
+    ("F2 / F3", "copy the last reply / its last code block (or click a message)"),
+    ("Ctrl+B", "show or hide the conversation list"),
+    ("Ctrl+N", "new conversation"),
+    ("Ctrl+P", "command palette"),
+    ("Ctrl+T", "light/dark theme"),
+    ("F1", "this help"),
+    ("Ctrl+Q", "quit"),
+]
+
+
+def help_markdown(keymap_file: Path | None = None) -> str:
+    lines = ["| key | does |", "| --- | --- |"]
+    lines += [f"| {k} | {v} |" for k, v in KEYS_HELP]
+    lines += ["", "In the conversation list: Enter opens, r renames, d deletes, n starts a new "
+              "one, / searches.", "", "| command | does |", "| --- | --- |"]
+    for name, (args, what) in COMMANDS.items():
+        lines.append(f"| /{name}{' ' + args if args else ''} | {what} |")
+    lines += ["", "Start a message with // to send text that begins with /."]
+    if keymap_file is not None:
+        lines += ["", f"Keys can be rebound by action name in {keymap_file}."]
+    return "\n".join(lines)

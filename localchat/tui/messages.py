@@ -1,0 +1,49 @@
+"""What the chat's parts pass around: the on-screen Entry for each message, and the
+Textual messages that carry results from worker threads back to the UI thread (a
+worker never touches widgets itself)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.message import Message as TextualMessage
+
+from localchat.engine.base import Delta, Engine, Result, Stats
+from localchat.tui.widgets import MessageView
+
+
+@dataclass
+class Entry:
+    """One message on screen: its text, its view, and its row in the database."""
+
+    role: str
+    content: str
+    view: MessageView
+    db_id: int | None = None
+    status: str = "complete"
+    stats: Stats | None = None
+    finish_reason: str | None = None
+
+
+class EngineLoaded(TextualMessage):
+    def __init__(self, engine: Engine | None, error: str | None = None) -> None:
+        super().__init__()
+        self.engine, self.error = engine, error
+
+
+class EngineEvent(TextualMessage):
+    def __init__(self, event: Delta | Result, view: MessageView) -> None:
+        super().__init__()
+        self.event, self.view = event, view
+
+
+class GenerationFailed(TextualMessage):
+    def __init__(self, error: str, view: MessageView) -> None:
+        super().__init__()
+        self.error, self.view = error, view
+
+
+class StoreFailed(TextualMessage):
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
