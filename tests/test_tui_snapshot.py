@@ -17,6 +17,8 @@ class ScriptedEngine(Engine):
                      file_size=0, n_ctx_train=8192, n_ctx=4096, n_layers=30, n_kv_heads=3,
                      head_dim=64, kv_bytes_per_token=23040)
 
+    draft: dict | None = None  # set: the second piece "was drafted" (speculative decoding)
+
     def count_prompt_tokens(self, messages):
         return sum(len(m.content.split()) + 4 for m in messages)
 
@@ -26,13 +28,19 @@ class ScriptedEngine(Engine):
             stats = Stats(prompt_tokens=prompt, completion_tokens=i, ttft_s=0.125,
                           decode_tok_s=42.0, kv_cache_bytes=(prompt + i) * 23040,
                           kv_cache_capacity_bytes=4096 * 23040, context_tokens=prompt + i,
-                          context_capacity=4096)
-            yield Delta(text=piece, token_ids=(i,), stats=stats)
+                          context_capacity=4096, draft=self.draft)
+            yield Delta(text=piece, token_ids=(i,), stats=stats,
+                        from_draft=self.draft is not None and i == 2)
         yield Result(text="".join(REPLY), finish_reason="stop", stats=stats)
 
 
-def make_app():
-    return ChatApp(ChatSettings(), engine=ScriptedEngine())
+class DraftScriptedEngine(ScriptedEngine):
+    draft = {"source": "ngram", "proposed": 8, "accepted": 7, "acceptance_rate": 0.875,
+             "gamma": 4}
+
+
+def make_app(engine_class=ScriptedEngine):
+    return ChatApp(ChatSettings(), engine=engine_class())
 
 
 async def _chat_once(pilot):
@@ -76,3 +84,15 @@ async def _chat_then_open_sidebar(pilot):
 def test_sidebar_open_80x24(snap_compare):
     assert snap_compare(make_app_with_history(), terminal_size=(80, 24),
                         run_before=_chat_then_open_sidebar)
+
+
+async def _chat_then_colour_drafts(pilot):
+    await _chat_once(pilot)
+    await pilot.press("f4")  # the reply as text, the drafted run in the draft colour
+    pilot.app.clear_notifications()  # the toast would cover the gauge bar
+    await pilot.pause(0.1)
+
+
+def test_draft_colours_80x24(snap_compare):
+    assert snap_compare(make_app(DraftScriptedEngine), terminal_size=(80, 24),
+                        run_before=_chat_then_colour_drafts)

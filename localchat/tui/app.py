@@ -4,8 +4,8 @@ the history database.
 This module is the shell: the layout, the keys, loading the model in a worker thread,
 the one-line notices and errors, and shutting down. What the app does is split by
 concern into mixins: generation.py (replies streamed from the engine), conversations.py
-(the history database and the sidebar) and controls.py (the input, slash commands and
-chat actions). The model loads and generates in worker threads, so the UI never blocks.
+(the history database and the sidebar), controls.py (the input, slash commands and
+chat actions) and drafts.py (speculative decoding shown in the replies). The model loads and generates in worker threads, so the UI never blocks.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from localchat.storage import ConversationStore, StoreUnavailable
 from localchat.storage.db import BUSY_TIMEOUT_MS
 from localchat.tui.controls import ControlsMixin
 from localchat.tui.conversations import ConversationsMixin
+from localchat.tui.drafts import DraftColoursMixin
 from localchat.tui.generation import REPLY_RESERVE, UI_INTERVAL_S, GenerationMixin
 from localchat.tui.help import KEYS_HELP, help_markdown
 from localchat.tui.keymap import load_keymap
@@ -49,7 +50,7 @@ def _css_path() -> Path:
     return Path(str(files("localchat.assets").joinpath("app.tcss")))
 
 
-class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, App):
+class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMixin, App):
     CSS_PATH = _css_path()
     TITLE = "localchat"
     COMMANDS = App.COMMANDS | {ChatCommands}
@@ -61,6 +62,8 @@ class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, App):
         Binding("ctrl+g", "continue_reply", "Continue", show=False, id="continue_reply"),
         Binding("f2", "copy_reply", "Copy", show=False, id="copy_reply"),
         Binding("f3", "copy_code", "Copy code", show=False, id="copy_code"),
+        Binding("f4", "toggle_draft_colours", "Draft colours", show=False,
+                id="toggle_draft_colours"),
         Binding("ctrl+t", "toggle_dark", "Theme", show=False, id="toggle_theme"),
         Binding("f1", "help", "Help", id="help"),
         Binding("ctrl+q", "quit", "Quit", priority=True, id="quit"),

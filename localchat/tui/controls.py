@@ -12,6 +12,7 @@ from textual.actions import SkipAction
 from localchat.chat.commands import Command, apply_set, export_args, parse_command, parse_set, unescape
 from localchat.errors import UsageError
 from localchat.tui.clipboard import copy_text, last_code_block
+from localchat.tui.drafts import draft_markdown
 from localchat.tui.help import help_markdown
 from localchat.tui.messages import Entry
 from localchat.tui.screens import InfoScreen
@@ -194,12 +195,14 @@ class ControlsMixin:
         if reply is None:
             self._error("no reply with stats yet")
             return
-        rows = list(reply.stats.to_dict().items())
+        rows = [(k, v) for k, v in reply.stats.to_dict().items() if k != "draft"]
         rows += [("finish_reason", reply.finish_reason or reply.status), ("status", reply.status)]
         if self.engine is not None:
             rows += [("model", self.engine.info.name), ("engine", self.engine.name)]
         body = "| field | value |\n| --- | --- |\n" + "\n".join(
             f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows)
+        if reply.stats.draft:
+            body += "\n\n**Speculative decoding**\n\n" + draft_markdown(reply.stats.draft)
         self.push_screen(InfoScreen("Stats of the last reply", body))
 
     def action_help(self) -> None:

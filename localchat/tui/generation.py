@@ -21,6 +21,7 @@ from localchat.chat.context import fit_history
 from localchat.engine.base import Delta, Message, Request, Result
 from localchat.errors import LocalchatError
 from localchat.storage import ReplyWriter, StoreError
+from localchat.tui.drafts import add_run
 from localchat.tui.messages import Entry, EngineEvent, GenerationFailed, StoreFailed
 from localchat.tui.widgets import GaugeBar, MessageView
 
@@ -45,7 +46,7 @@ class GenerationMixin:
         if continuing is None:
             view = MessageView("assistant")
             await self.query_one("#chat", VerticalScroll).mount(view)
-            entry = Entry("assistant", "", view)
+            entry = Entry("assistant", "", view, runs=[])
             if conv is not None:
                 entry.db_id = self._db(lambda st: st.begin_reply(
                     conv.id, model=s.model, params=s.params()))
@@ -56,6 +57,7 @@ class GenerationMixin:
             if entry.db_id is not None:
                 self._db(lambda st: st.reopen_reply(entry.db_id))
             view.status.update("continuing…")
+            view.show_runs(None)  # it streams into the Markdown
         entry.status = "streaming"
         writer = (ReplyWriter(self.store, entry.db_id, prefix=prefix)
                   if self.store is not None and entry.db_id is not None else None)
@@ -102,10 +104,14 @@ class GenerationMixin:
                 if time.monotonic() - last_post < UI_INTERVAL_S:
                     continue
             if pending:
+                runs: list = []
+                for d in pending:
+                    add_run(runs, d.text, d.from_draft)
                 merged = Delta(text="".join(d.text for d in pending),
                                token_ids=tuple(t for d in pending for t in d.token_ids),
-                               stats=pending[-1].stats)
-                self.post_message(EngineEvent(merged, view))
+                               stats=pending[-1].stats,
+                               from_draft=all(d.from_draft for d in pending))
+                self.post_message(EngineEvent(merged, view, runs))
                 pending, last_post = [], time.monotonic()
             if isinstance(event, Result):
                 status = "interrupted" if event.finish_reason == "cancelled" else "complete"
@@ -136,12 +142,16 @@ class GenerationMixin:
                 await stream.write(event.text)
             if entry is not None:
                 entry.content += event.text
+                if entry.runs is not None:
+                    for text, from_draft in message.runs:
+                        add_run(entry.runs, text, from_draft)
             return
         await self._finish(view)
         if entry is not None:
             entry.status = "interrupted" if event.finish_reason == "cancelled" else "complete"
             entry.stats, entry.finish_reason = event.stats, event.finish_reason
             self._show_status(entry)
+            self._show_runs(entry)
         await self._refresh_sidebar()
 
     def _show_status(self, entry: Entry) -> None:
@@ -164,6 +174,7 @@ class GenerationMixin:
         entry = self._entry_for(message.view)
         if entry is not None and entry.content:  # a continuation failed: keep the reply
             entry.status = "interrupted"
+            self._show_runs(entry)
             if entry.db_id is not None:
                 self._db(lambda st: st.finish_reply(entry.db_id, entry.content,
                                                     status="interrupted"))

@@ -15,6 +15,7 @@ KEYS_HELP = [
     ("Ctrl+R", "regenerate the last reply"),
     ("Ctrl+G", "continue a stopped reply"),
     ("F2 / F3", "copy the last reply / its last code block (or click a message)"),
+    ("F4", "colour the tokens a speculative draft proposed (replies made here; again: Markdown)"),
     ("Ctrl+B", "show or hide the conversation list"),
     ("Ctrl+N", "new conversation"),
     ("Ctrl+P", "command palette"),

@@ -9,12 +9,15 @@ from dataclasses import dataclass
 from textual.message import Message as TextualMessage
 
 from localchat.engine.base import Delta, Engine, Result, Stats
+from localchat.tui.drafts import Run
 from localchat.tui.widgets import MessageView
 
 
 @dataclass
 class Entry:
-    """One message on screen: its text, its view, and its row in the database."""
+    """One message on screen: its text, its view, and its row in the database.
+    runs: a reply generated in this session as (text, from_draft) runs; None where
+    that is not known (loaded from the history)."""
 
     role: str
     content: str
@@ -23,6 +26,7 @@ class Entry:
     status: str = "complete"
     stats: Stats | None = None
     finish_reason: str | None = None
+    runs: list[Run] | None = None
 
 
 class EngineLoaded(TextualMessage):
@@ -32,9 +36,14 @@ class EngineLoaded(TextualMessage):
 
 
 class EngineEvent(TextualMessage):
-    def __init__(self, event: Delta | Result, view: MessageView) -> None:
+    """A Result, or the Deltas of one UI interval merged into one; `runs` keeps which
+    of the merged text came from a draft."""
+
+    def __init__(self, event: Delta | Result, view: MessageView,
+                 runs: list[Run] | None = None) -> None:
         super().__init__()
         self.event, self.view = event, view
+        self.runs = runs or []
 
 
 class GenerationFailed(TextualMessage):

@@ -21,6 +21,8 @@ PALETTE_ACTIONS = [
     ("Rename conversation", "give this conversation a new title", "rename_current"),
     ("Delete conversation", "delete this conversation (asks first)", "delete_current"),
     ("Toggle conversation list", "show or hide the sidebar", "toggle_sidebar"),
+    ("Toggle draft colours", "show which reply tokens a speculative draft proposed (F4)",
+     "toggle_draft_colours"),
     ("Toggle light/dark theme", "switch between the light and dark theme", "toggle_dark"),
     ("Help", "keys and slash commands (F1)", "help"),
 ]

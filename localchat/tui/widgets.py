@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
+from rich.text import Text
 from textual import events
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message as TextualMessage
 from textual.reactive import reactive
+from textual.widget import Widget
 from textual.widgets import Markdown, Static, TextArea
 
 from localchat.engine.base import Stats
@@ -64,19 +67,46 @@ def kv_bar(used: int, capacity: int, cached: int = 0, width: int = 8) -> str:
     return "█" * filled + "▒" * kept + "░" * (width - filled - kept)
 
 
-def format_gauges(stats: Stats | None, state: str) -> str:
-    """One line: TTFT, live tok/s, KV cache bar and bytes, context used N of M."""
+def draft_gauge(draft: dict) -> str:
+    """`draft 87% γ4`: the share of drafted tokens the target kept so far, and γ, the
+    tokens drafted per step now (γ0: the engine paused speculation, it did not pay)."""
+    rate = f"{draft.get('acceptance_rate', 0.0):.0%}" if draft.get("proposed") else "–"
+    gamma = draft.get("gamma")
+    return f"draft {rate}" + (f" γ{gamma}" if gamma is not None else "")
+
+
+def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> str:
+    """One line: TTFT, live tok/s, KV cache bar and bytes, context used N of M, and the
+    draft's acceptance when speculative decoding is on. Given a width, the least useful
+    figures go first until the line fits: KV bytes, half the KV bar, TTFT, the KV bar,
+    then the context."""
     if stats is None:
         return state
-    ttft = f"{stats.ttft_s * 1000:.0f} ms" if stats.ttft_s > 0 else "–"
+    ttft = f"TTFT {stats.ttft_s * 1000:.0f} ms" if stats.ttft_s > 0 else "TTFT –"
     rate = f"{stats.decode_tok_s:.1f} tok/s" if stats.decode_tok_s > 0 else "– tok/s"
     capacity = human_bytes(stats.kv_cache_capacity_bytes)  # e.g. "90.0 MiB"
     unit = capacity.split()[-1]
     used = stats.kv_cache_bytes / 1024 ** ("B", "KiB", "MiB", "GiB").index(unit)
-    bar = kv_bar(stats.kv_cache_bytes, stats.kv_cache_capacity_bytes, stats.kv_cache_cached_bytes)
-    kv = f"KV {bar} {used:.1f}/{capacity}"
+
+    def kv(bar_width: int) -> str:
+        return "KV " + kv_bar(stats.kv_cache_bytes, stats.kv_cache_capacity_bytes,
+                              stats.kv_cache_cached_bytes, bar_width)
+
     ctx = f"ctx {stats.context_tokens}/{stats.context_capacity}"
-    return f"{state} │ TTFT {ttft} │ {rate} │ {kv} │ {ctx}"
+    draft = draft_gauge(stats.draft) if stats.draft else None
+    variants = [
+        [state, ttft, rate, f"{kv(8)} {used:.1f}/{capacity}", ctx, draft],
+        [state, ttft, rate, kv(8), ctx, draft],
+        [state, ttft, rate, kv(4), ctx, draft],
+        [state, rate, kv(4), ctx, draft],
+        [state, rate, ctx, draft],
+        [state, rate, draft],
+    ]
+    for parts in variants:
+        line = " │ ".join(p for p in parts if p)
+        if width is None or cell_len(line) <= width:
+            break
+    return line
 
 
 class GaugeBar(Static):
@@ -86,12 +116,36 @@ class GaugeBar(Static):
     state: reactive[str] = reactive("loading model…")
 
     def render(self) -> str:
-        return format_gauges(self.stats, self.state)
+        return format_gauges(self.stats, self.state, self.content_size.width or None)
+
+
+class DraftRuns(Widget):
+    """A finished reply as plain text, with the runs a speculative draft proposed (and
+    the target kept) in the draft colour: where the draft paid off. The colour comes
+    from the stylesheet, so it follows the theme."""
+
+    COMPONENT_CLASSES = {"draft-runs--draft"}
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.runs: list[tuple[str, bool]] = []
+
+    def show(self, runs: list[tuple[str, bool]]) -> None:
+        self.runs = list(runs)
+        self.refresh(layout=True)
+
+    def render(self) -> Text:
+        drafted = self.get_component_rich_style("draft-runs--draft")
+        text = Text()
+        for chunk, from_draft in self.runs:
+            text.append(chunk, drafted if from_draft else None)
+        text.rstrip()  # as the Markdown shows it: no blank lines after the last one
+        return text
 
 
 class MessageView(Vertical):
-    """One chat message: a role label and its Markdown body (streamed by appending).
-    A click on it asks the app to copy it."""
+    """One chat message: a role label and its Markdown body (streamed by appending), or
+    for a reply, its draft-coloured text instead. A click on it asks the app to copy it."""
 
     class Clicked(TextualMessage):
         def __init__(self, view: "MessageView") -> None:
@@ -112,8 +166,24 @@ class MessageView(Vertical):
         yield Static("You" if self.role == "user" else "Assistant", classes="role")
         yield Markdown(self.initial_text)
         if self.role == "assistant":
+            yield DraftRuns(classes="draft-runs hidden")
             yield self.status
 
     @property
     def markdown(self) -> Markdown:
         return self.query_one(Markdown)
+
+    @property
+    def coloured(self) -> bool:
+        """Showing the draft-coloured text rather than the Markdown."""
+        return self.role == "assistant" and not self.query_one(DraftRuns).has_class("hidden")
+
+    def show_runs(self, runs: list[tuple[str, bool]] | None) -> None:
+        """The reply as (text, from_draft) runs in colour; None: back to the Markdown."""
+        if self.role != "assistant":
+            return
+        view = self.query_one(DraftRuns)
+        if runs is not None:
+            view.show(runs)
+        view.set_class(runs is None, "hidden")
+        self.markdown.set_class(runs is not None, "hidden")
