@@ -3,7 +3,8 @@
 transformers' Llama and Qwen2 checkpoints keep Q/K rows in their natural order and rotate
 halves of each head (llama.cpp's converter permutes Llama's rows into pairs instead), so
 these load with rope_neox=True and no permutation. Float weights become float32
-DenseLinear layers; bitsandbytes NF4 weights stay packed in NF4Linear layers. Every tensor
+DenseLinear layers; bitsandbytes NF4 weights stay packed in NF4Linear layers; localchat's
+INT8/INT4 weights (engine/torch/intq.py) run on PyTorch's int kernels. Every tensor
 is checked against config.json before use, so a wrong or truncated file is a one-line
 EngineError naming the tensor, never a shape error mid-forward.
 """
@@ -16,6 +17,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from localchat.engine.torch.intq import (QUANT_METHOD, SCALE_SUFFIX, IntMatrix, dequantize_int,
+                                        int_linear, load_int)
 from localchat.engine.torch.nf4 import QUANT_STATE_KEY, NF4Linear, dequantize, load_nf4, stack_nf4
 from localchat.engine.torch.qlinear import DenseLinear
 from localchat.engine.torch.rope import llama3_rope_factors
@@ -77,8 +80,10 @@ def hf_llama_config(cfg: dict, name: str) -> tuple[LlamaConfig, torch.Tensor | N
 class _Tensors:
     """Every tensor of the directory's safetensors files, by name, read on demand."""
 
-    def __init__(self, directory: Path, stack: ExitStack) -> None:
+    def __init__(self, directory: Path, stack: ExitStack, int_bits: int | None = None,
+                 int_group: int | None = None) -> None:
         self.name = directory.name
+        self.int_bits, self.int_group = int_bits, int_group  # localchat-int files
         self.where: dict[str, object] = {}
         for path in safetensors_files(directory):
             try:
@@ -106,10 +111,14 @@ class _Tensors:
         return t.float()
 
     def matrix(self, key: str, shape: tuple[int, int]):
-        """A weight as an NF4Matrix (if stored as NF4 with whole-row blocks) or float32."""
-        if key + "." + QUANT_STATE_KEY not in self.where:
+        """A weight as an NF4Matrix (if stored as NF4 with whole-row blocks), an IntMatrix
+        (localchat INT8/INT4) or float32."""
+        if self.int_bits and key + SCALE_SUFFIX in self.where:
+            m = load_int(self.get, key, self.int_bits, self.int_group)
+        elif key + "." + QUANT_STATE_KEY not in self.where:
             return self.dense(key, shape)
-        m = load_nf4(self.get, key)
+        else:
+            m = load_nf4(self.get, key)
         got = tuple(m.shape)
         if got != shape:
             raise EngineError(f"{self.name}: tensor {key} has shape {list(got)}, "
@@ -117,12 +126,15 @@ class _Tensors:
         return m
 
     def linear(self, keys: list[str], shapes: list[tuple[int, int]]) -> torch.nn.Module:
-        """One layer for matrices stacked by rows: NF4 when all are, else float32."""
+        """One layer for matrices stacked by rows: NF4 or INT when all are, else float32."""
         parts = [self.matrix(k + ".weight", s) for k, s in zip(keys, shapes)]
-        if all(not isinstance(p, torch.Tensor) for p in parts):
+        if all(isinstance(p, IntMatrix) for p in parts):
+            return int_linear(parts)
+        if all(not isinstance(p, (torch.Tensor, IntMatrix)) for p in parts):
             return NF4Linear(stack_nf4(parts))
-        return DenseLinear(torch.cat([p if isinstance(p, torch.Tensor) else dequantize(p)
-                                      for p in parts]))
+        return DenseLinear(torch.cat([
+            p if isinstance(p, torch.Tensor) else
+            dequantize_int(p) if isinstance(p, IntMatrix) else dequantize(p) for p in parts]))
 
 
 def load_hf_weights(directory: Path) -> ModelWeights:
@@ -131,8 +143,14 @@ def load_hf_weights(directory: Path) -> ModelWeights:
     config, rope_freqs = hf_llama_config(cfg, directory.name)
     c = config
     q_rows, kv_rows = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    q = cfg.get("quantization_config")
+    is_int = isinstance(q, dict) and q.get("quant_method") == QUANT_METHOD
+    int_bits, int_group = (q.get("bits"), q.get("group_size")) if is_int else (None, None)
+    if is_int and (int_bits not in (4, 8) or not (int_group is None or
+                                                  type(int_group) is int and int_group > 0)):
+        raise EngineError(f"{directory.name}: bad {QUANT_METHOD} quantization_config {q}")
     with ExitStack() as stack:
-        t = _Tensors(directory, stack)
+        t = _Tensors(directory, stack, int_bits, int_group)
         with_bias = c.arch == "qwen2" or bool(cfg.get("attention_bias"))
 
         def layer(i: int) -> LayerWeights:

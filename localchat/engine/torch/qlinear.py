@@ -33,7 +33,8 @@ def _split_q4_blocks(raw: np.ndarray, n_rows: int, n_cols: int, with_min: bool):
 
 
 class Int4Linear(torch.nn.Module):
-    """y = x @ Wᵀ with W in PyTorch's packed int4 layout, groups of 32 (exact for Q4_0/Q4_1).
+    """y = x @ Wᵀ with W in PyTorch's packed int4 layout, groups of 32 (exact for Q4_0/Q4_1)
+    or of `group` weights (localchat's int4 files).
 
     The CPU kernel runs in bfloat16 (activations, scales and zeros): with float32 inputs it
     takes a scalar path about 20-50x slower (measured here: 1.4 vs 31-105 GFLOP/s). On
@@ -42,9 +43,10 @@ class Int4Linear(torch.nn.Module):
     """
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                 device: torch.device = torch.device("cpu")) -> None:
+                 device: torch.device = torch.device("cpu"), group: int = GROUP) -> None:
         super().__init__()
         self.out_features, self.in_features = q.shape
+        self.group = group  # weights per (scale, zero): 32 for GGUF; 32..256 for int4 files
         if device.type == "cpu":
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 2)
             self._mm = torch.ops.aten._weight_int4pack_mm_for_cpu
@@ -61,7 +63,7 @@ class Int4Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = self._mm(x.reshape(-1, self.in_features).to(torch.bfloat16), self.packed, GROUP,
+        y = self._mm(x.reshape(-1, self.in_features).to(torch.bfloat16), self.packed, self.group,
                      self.scales_and_zeros)
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 

@@ -1,0 +1,135 @@
+"""localchat's INT8 (per row) and INT4 (per group) safetensors weights, and their layers.
+
+The format (written by quantize/int_hf.py; config.json's quantization_config is
+{"quant_method": "localchat-int", "bits": 8 | 4, "group_size": null | 32..256,
+"symmetric": true}): for each quantized Linear with prefix P,
+
+  P.weight        int8 [out, in], codes in −127..127        (bits 8)
+                  uint8 [out, in/2], codes + 8 in 1..15, two per byte, the EVEN
+                  column in the LOW nibble                   (bits 4)
+  P.weight_scale  float32 [out, ceil(in/group_size)] ([out, 1] when group_size is null:
+                  per row); a row that is not whole groups ends in a shorter group
+
+w = code · scale (symmetric absmax: scale = max|w| / 127 or / 7 over the row or group).
+INT8 runs on PyTorch's int8 weight-only kernel (_weight_int8pack_mm, float32
+activations); INT4 on the int4pack kernel when the group size is one it takes (32, 64,
+128, 256; a row of 576 with groups of 128 runs as groups of 64, each 128-group's scale
+repeated), checked against dequantize-then-matmul at load; otherwise dense float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from localchat.engine.torch.qlinear import DenseLinear, Int4Linear
+from localchat.errors import EngineError
+
+QUANT_METHOD = "localchat-int"
+SCALE_SUFFIX = "_scale"
+INT4_KERNEL_GROUPS = (32, 64, 128, 256)
+
+
+@dataclass
+class IntMatrix:
+    codes: torch.Tensor  # int8 [out, in], unpacked
+    scales: torch.Tensor  # float32 [out, ceil(in / group)]
+    bits: int
+    group: int  # weights per scale along a row (in: one per row)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """int8 codes −8..7 [out, in] -> uint8 [out, in/2] (code + 8; even column low)."""
+    u = (codes.to(torch.int16) + 8).to(torch.uint8)
+    return u[:, 0::2] | (u[:, 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    low, high = packed & 15, packed >> 4
+    return (torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1).to(torch.int8) - 8)
+
+
+def load_int(get: Callable[[str], torch.Tensor | None], name: str, bits: int,
+             group_size: int | None) -> IntMatrix:
+    """The matrix stored under `name` (and name + "_scale"), checked."""
+    stored, scales = get(name), get(name + SCALE_SUFFIX)
+    if stored is None or scales is None:
+        raise EngineError(f"{name}: INT{bits} weight lacks its codes or scales")
+    if bits == 8 and stored.dtype == torch.int8:
+        codes = stored
+    elif bits == 4 and stored.dtype == torch.uint8:
+        codes = unpack_int4(stored)
+    else:
+        raise EngineError(f"{name}: INT{bits} codes stored as {stored.dtype}")
+    group = group_size or (codes.shape[1] if codes.dim() == 2 else 0)
+    if (codes.dim() != 2 or scales.dim() != 2 or group <= 0
+            or tuple(scales.shape) != (codes.shape[0], -(-codes.shape[1] // group))):
+        raise EngineError(f"{name}: scales {list(scales.shape)} do not fit codes "
+                          f"{list(codes.shape)} in groups of {group}")
+    return IntMatrix(codes, scales.float(), bits, group)
+
+
+def column_scales(m: IntMatrix, group: int) -> torch.Tensor:
+    """Scales as [out, ceil(in / group)] for a smaller `group` that divides m.group."""
+    starts = torch.arange(0, m.shape[1], group)
+    return m.scales[:, starts // m.group]
+
+
+def dequantize_int(m: IntMatrix) -> torch.Tensor:
+    return m.codes.float() * column_scales(m, 1)
+
+
+class Int8Linear(torch.nn.Module):
+    """y = x @ Wᵀ with W int8 per row: PyTorch's int8 weight-only kernel."""
+
+    def __init__(self, m: IntMatrix) -> None:
+        super().__init__()
+        self.out_features, self.in_features = m.shape
+        self.codes = m.codes.contiguous()
+        self.scales = m.scales[:, 0].contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).float(),
+                                               self.codes, self.scales)
+        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+
+def kernel_group(m: IntMatrix) -> int | None:
+    """The largest group the int4 kernel takes that divides both the row and m.group."""
+    return next((g for g in reversed(INT4_KERNEL_GROUPS)
+                 if m.shape[1] % g == 0 and m.group % g == 0), None)
+
+
+def int_linear(parts: list[IntMatrix], device: torch.device = torch.device("cpu")) -> torch.nn.Module:
+    """One layer for matrices stacked by rows (fused q/k/v, gate/up)."""
+    first = parts[0]
+    if any(p.bits != first.bits or p.group != first.group or p.shape[1] != first.shape[1]
+           for p in parts):
+        raise EngineError("INT matrices to fuse differ in bits, group size or width")
+    m = IntMatrix(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
+                  first.bits, first.group)
+    dense = dequantize_int(m)
+    try:
+        if m.bits == 8 and m.scales.shape[1] == 1 and device.type == "cpu":
+            layer = Int8Linear(m)
+        elif m.bits == 4 and (g := kernel_group(m)) and device.type == "cpu":
+            q = (m.codes.to(torch.int32) + 8)
+            scales = column_scales(m, g)
+            layer = Int4Linear(q, scales, torch.zeros_like(scales), device, group=g)
+        else:
+            return DenseLinear(dense.to(device))
+        x = torch.randn(2, m.shape[1], generator=torch.Generator().manual_seed(0))
+        expected = x @ dense.t()
+        err = (layer(x) - expected).abs().max().item()
+        if err > 2e-2 * max(1.0, expected.abs().max().item()):
+            raise EngineError(f"INT{m.bits} kernel check failed (max error {err:.3g})")
+        return layer
+    except (RuntimeError, NotImplementedError):
+        return DenseLinear(dense.to(device))  # a PyTorch build without the kernel

@@ -1,0 +1,148 @@
+"""GGUF -> GGUF in another type: gguf-py's quantizers for the plain types, llama.cpp's
+own quantizer (through llama-cpp-python) for its K-quant mixes.
+
+Plain types (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) follow llama.cpp's choices
+for a model without an importance matrix: 1-D tensors (norms, biases) stay F32; the
+output matrix (or the tied token embedding standing in for it) is Q8_0 below Q8_0
+(llama.cpp picks Q8_0 when its rows are not a multiple of 256, as on SmolLM2, else
+Q6_K, which gguf-py cannot write); a matrix whose rows are not whole blocks is F16.
+Every metadata key is kept, general.file_type is set. The source may be any GGUF
+type: it is dequantized to float32 first. Tensors are quantized and written one at a
+time (the header first, from shapes alone), so memory stays at one tensor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import tempfile
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf import LlamaFileType as FT
+from gguf.quants import dequantize, quant_shape_to_byte_shape, quantize
+
+from localchat.errors import EngineError, UsageError
+from localchat.model_files import validate_model_file
+from quantize.gguf_convert import _copy_metadata, dequantize_gguf
+from quantize.progress import Progress
+from quantize.safe_output import atomic_output_file
+
+PLAIN_TYPES: dict[str, tuple[FT, Q]] = {
+    "F32": (FT.ALL_F32, Q.F32), "F16": (FT.MOSTLY_F16, Q.F16), "BF16": (FT.MOSTLY_BF16, Q.BF16),
+    "Q8_0": (FT.MOSTLY_Q8_0, Q.Q8_0), "Q4_0": (FT.MOSTLY_Q4_0, Q.Q4_0),
+    "Q4_1": (FT.MOSTLY_Q4_1, Q.Q4_1), "Q5_0": (FT.MOSTLY_Q5_0, Q.Q5_0),
+    "Q5_1": (FT.MOSTLY_Q5_1, Q.Q5_1),
+}
+LLAMA_CPP_TYPES: dict[str, FT] = {
+    name: FT[f"MOSTLY_{name}"] for name in (
+        "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K")
+}
+GGUF_TYPES = tuple(PLAIN_TYPES) + tuple(LLAMA_CPP_TYPES)
+QUANTIZED_PLAIN = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)
+
+
+def tensor_type(name: str, shape: tuple[int, ...], base: Q, has_output: bool) -> Q:
+    """The type llama.cpp would give this tensor in a `base` file (rows last in shape)."""
+    if len(shape) < 2:
+        return Q.F32
+    block = gguf.GGML_QUANT_SIZES[base][0]
+    if shape[-1] % block:
+        return Q.F16
+    is_output = name == "output.weight" or (not has_output and name == "token_embd.weight")
+    if is_output and base in QUANTIZED_PLAIN and base != Q.Q8_0:
+        return Q.Q8_0
+    return base
+
+
+def _float32(t: gguf.ReaderTensor) -> np.ndarray:
+    shape = tuple(int(d) for d in reversed(t.shape))  # ggml lists the fastest dimension first
+    data = np.asarray(t.data)
+    if t.tensor_type != Q.F32:
+        data = dequantize(data, t.tensor_type)
+    return data.astype(np.float32, copy=False).reshape(shape)
+
+
+def _encode(data: np.ndarray, qtype: Q) -> np.ndarray:
+    if qtype == Q.F32:
+        return np.ascontiguousarray(data, dtype=np.float32)
+    if qtype == Q.F16:
+        return data.astype(np.float16)
+    return quantize(data, qtype)
+
+
+def write_plain(src: Path, out: Path, type_name: str, threads: int | None = None) -> Path:
+    """Write `out` (a temporary name the caller renames): `src` with plain type `type_name`."""
+    file_type, base = PLAIN_TYPES[type_name]
+    facts = validate_model_file(src)
+    reader = gguf.GGUFReader(str(src))
+    names = {t.name for t in reader.tensors}
+    writer = gguf.GGUFWriter(str(out), facts.architecture)
+    try:
+        _copy_metadata(reader, writer, int(file_type))
+        if base in QUANTIZED_PLAIN and "general.quantization_version" not in reader.fields:
+            writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        plan = []
+        for t in reader.tensors:
+            shape = tuple(int(d) for d in reversed(t.shape))
+            qtype = tensor_type(t.name, shape, base, "output.weight" in names)
+            plan.append((t, qtype))
+            if qtype in (Q.F32, Q.F16):
+                dtype = np.float32 if qtype == Q.F32 else np.float16
+                writer.add_tensor_info(t.name, shape, np.dtype(dtype),
+                                       int(np.prod(shape)) * np.dtype(dtype).itemsize)
+            else:
+                byte_shape = quant_shape_to_byte_shape(shape, qtype)
+                writer.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8),
+                                       int(np.prod(byte_shape)), raw_dtype=qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        bar = Progress(f"quantizing to {type_name}", len(plan))
+        for t, qtype in plan:
+            writer.write_tensor_data(_encode(_float32(t), qtype))
+            bar.advance(note=t.name)
+        bar.close()
+    finally:
+        writer.close()
+    return out
+
+
+def write_llama_cpp(src: Path, out: Path, type_name: str, threads: int | None = None) -> Path:
+    """llama.cpp's quantizer, which wants F32/F16 input: a float32 copy is written
+    beside `out` first (and removed afterwards, whatever happens)."""
+    import llama_cpp
+
+    from localchat.engine import llamacpp  # noqa: F401  (keeps llama.cpp's log off the terminal)
+
+    validate_model_file(src)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".localchat-quantize-") as tmp:
+        f32 = dequantize_gguf(src, Path(tmp) / "float32.gguf")
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = int(LLAMA_CPP_TYPES[type_name])
+        params.nthread = threads or 0
+        bar = Progress(f"quantizing to {type_name} (llama.cpp)", 1)
+        rc = llama_cpp.llama_model_quantize(str(f32).encode(), str(out).encode(),
+                                            ctypes.byref(params))
+        bar.advance()
+        bar.close()
+    if rc != 0:
+        raise EngineError(f"llama.cpp's quantizer failed on {src.name} (code {rc})")
+    return out
+
+
+def quantize_gguf(src: str | Path, out: str | Path, type_name: str,
+                  threads: int | None = None) -> Path:
+    """Write `out` atomically (the caller has checked that it is not `src`)."""
+    src, out = Path(src), Path(out)
+    if type_name in PLAIN_TYPES:
+        write = write_plain
+    elif type_name in LLAMA_CPP_TYPES:
+        write = write_llama_cpp
+    else:
+        raise UsageError(f"unknown GGUF type {type_name!r} (known: {', '.join(GGUF_TYPES)})")
+    with atomic_output_file(out) as tmp:
+        write(src, tmp, type_name, threads)
+    validate_model_file(out)
+    return out
