@@ -181,7 +181,7 @@ def cmd_eval(args) -> int:
     from localchat.models import resolve_model
 
     if not args.agreement:
-        raise UsageError("say what to evaluate: --agreement (more measures arrive with quantize)")
+        raise UsageError("say what to evaluate: --agreement")
     if args.positions < 16:
         raise UsageError(f"--positions must be at least 16, got {args.positions}")
     report = measure_agreement(resolve_model(args.model), positions=args.positions,

@@ -1,4 +1,5 @@
-"""Command line: `localchat` opens the chat TUI; subcommands do the rest.
+"""Command line: `localchat` opens the chat TUI; subcommands do the rest
+(quantize and eval live in the top-level quantize/ package).
 
 Flags follow what llama.cpp and Ollama users know (-m, -n, -c, --temp, ...). Every user
 mistake surfaces as a LocalchatError: one line on stderr and a non-zero exit code.
@@ -62,6 +63,22 @@ def _sampling_flags() -> argparse.ArgumentParser:
     return p
 
 
+def _quality_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("quality measurement")
+    g.add_argument("--tokens", type=int, default=1024, metavar="N",
+                   help="scored tokens of held-out text (default: %(default)s)")
+    g.add_argument("--window", type=int, default=512, metavar="N",
+                   help="context window per forward pass (default: %(default)s)")
+    g.add_argument("--stride", type=int, default=None, metavar="N",
+                   help="new tokens scored per window after the first (default: window/2)")
+    g.add_argument("--text", default=None, metavar="FILE",
+                   help="held-out text (default: Python's own docs, pydoc_data.topics)")
+    g.add_argument("--cost-ratio", type=float, default=0.3, metavar="C",
+                   help="draft/target cost ratio for the predicted speedup (default: %(default)s)")
+    g.add_argument("--gamma", type=int, default=4, metavar="G",
+                   help="draft tokens per step for the predicted speedup (default: %(default)s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     model, sampling = _model_flags(), _sampling_flags()
     parser = argparse.ArgumentParser(
@@ -107,19 +124,50 @@ def build_parser() -> argparse.ArgumentParser:
                       help="context per user (default: 4096)")
     plan.add_argument("--json", action="store_true", help="print JSON")
 
-    evaluate = sub.add_parser("eval", help="measure a model's numerics against a reference",
-                              description="--agreement: the torch engine against llama.cpp on "
-                                          "the same GGUF (and on its float32 dequantization).")
+    evaluate = sub.add_parser("eval", help="measure a model's numerics and quality",
+                              description="Perplexity, KL, top-1 agreement and draft "
+                                          "acceptance α of -m against --reference; --table: "
+                                          "every quantization scheme on one model; "
+                                          "--agreement: the torch engine against llama.cpp.")
     evaluate.add_argument("-m", "--model", default="default", metavar="SPEC")
     evaluate.add_argument("--agreement", action="store_true",
                           help="teacher-forced top-1 agreement, max logit difference and greedy "
                                "continuations, torch vs llama.cpp")
+    evaluate.add_argument("--table", action="store_true",
+                          help="int8/int4 (per tensor, row, group 128), NF4 and GGUF types, "
+                               "simulated on -m's float32 weights")
+    evaluate.add_argument("--schemes", default=None, metavar="A,B,...",
+                          help="--table rows (default: the full table)")
+    evaluate.add_argument("--reference", default=None, metavar="SPEC",
+                          help="compare -m against this model (run as float32)")
     evaluate.add_argument("--positions", type=int, default=1100, metavar="N",
-                          help="teacher-forced positions (default: %(default)s)")
+                          help="--agreement: teacher-forced positions (default: %(default)s)")
     evaluate.add_argument("--no-float32", action="store_true",
-                          help="skip the float32 reference copy of a quantized file")
+                          help="--agreement: skip the float32 reference copy of a quantized file")
+    _quality_flags(evaluate)
     evaluate.add_argument("--threads", type=int, default=None, metavar="N")
     evaluate.add_argument("--json", action="store_true", help="print JSON")
+
+    quant = sub.add_parser("quantize", help="convert a model to another type",
+                           description="SRC (a GGUF of any type, or a Hugging Face directory) "
+                                       "-> OUT: a GGUF (F32 ... Q4_K_M) or a safetensors "
+                                       "directory (nf4, int8, int4). Written atomically.")
+    quant.add_argument("src", metavar="SRC", help="model SPEC: 'default', a .gguf, an HF directory")
+    quant.add_argument("-o", "--output", required=True, metavar="OUT")
+    quant.add_argument("--type", required=True, metavar="TYPE",
+                       help="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 (gguf-py), Q2_K Q3_K_S/M/L "
+                            "Q4_K_S/M Q5_K_S/M Q6_K (llama.cpp), nf4 int8 int4 (safetensors)")
+    quant.add_argument("--method", default="rtn", choices=["rtn", "gptq"])
+    quant.add_argument("--group-size", type=int, default=None, metavar="N",
+                       help="int4: weights per scale, 32/64/128/256 (default 128)")
+    quant.add_argument("--double-quant", action="store_true", help="nf4: quantize the absmax too")
+    quant.add_argument("--calibration", default=None, metavar="FILE", help="gptq: calibration text")
+    quant.add_argument("--force", action="store_true", help="replace an existing OUT file")
+    quant.add_argument("--report", action="store_true",
+                       help="then measure OUT against SRC (as `localchat eval --reference`)")
+    _quality_flags(quant)
+    quant.add_argument("--threads", type=int, default=None, metavar="N")
+    quant.add_argument("--json", action="store_true", help="--report as JSON")
 
     models = sub.add_parser("models", help="list models available locally")
     models.add_argument("--json", action="store_true", help="print JSON")
@@ -140,9 +188,13 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return cmd_plan(args)
     if args.command == "eval":
-        from localchat.agreement import cmd_eval
+        from quantize.commands import cmd_eval
 
         return cmd_eval(args)
+    if args.command == "quantize":
+        from quantize.commands import cmd_quantize
+
+        return cmd_quantize(args)
     if args.command == "pull":
         from localchat.model_commands import cmd_pull
 

@@ -1,8 +1,10 @@
-"""localchat's quantization library (not yet written).
+"""localchat's quantization library: `localchat quantize` converts, `localchat eval`
+measures what was lost.
 
-It will convert checkpoints (GGUF, Hugging Face safetensors) to quantized forms --
-absmax per tensor/row/group, NF4, INT8/INT4, GPTQ -- and measure honestly what each
-loses: per-matrix error, perplexity, agreement with the full-precision model and
-acceptance as a speculative draft. `localchat quantize` and `localchat eval` will be
-its commands.
+Converting: gguf_quantize.py (GGUF -> GGUF: gguf-py's quantizers, byte-identical to
+llama.cpp's, and llama.cpp's K-quant mixes), nf4_hf.py / int_hf.py (safetensors NF4,
+INT8, INT4 over hf_rewrite.py), export_hf.py (GGUF -> HF dir), gguf_convert.py (float32
+GGUF), safe_output.py (never destroy data). Measuring: schemes.py (round-to-nearest
+schemes), matrix_stats.py, quality.py (perplexity, KL, agreement, α), simulate.py,
+eval_table.py (`eval --table`), eval_file.py (`eval -m`, `quantize --report`).
 """

@@ -46,7 +46,7 @@ def test_quantized_file_agrees_as_well_as_llama_cpp_agrees_with_itself(report):
     assert report[("torch Q4_1", "torch F32")]["top1_agreement"] >= 0.98
 
 
-def test_eval_needs_a_measure():
-    done = _localchat("eval")
+def test_eval_agreement_does_not_combine_with_table():
+    done = _localchat("eval", "--agreement", "--table")
     assert done.returncode == 2 and done.stderr.startswith("localchat: error:")
     assert "--agreement" in done.stderr and "Traceback" not in done.stderr

@@ -1,0 +1,101 @@
+"""`localchat eval --table`: every scheme on one model, in one command.
+
+The reference is the model's float32 weights (a quantized GGUF is dequantized exactly
+first); each row is the reference with its block projections quantized by one scheme
+and dequantized back (quantize/simulate.py), so all rows share one float32 forward
+pass and differ only in the weights' rounding. Columns: bits per weight (scales
+included), worst and median relative matrix error, perplexity with its 95 % interval,
+KL divergence, top-1 agreement and α against the reference.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+
+from localchat.model_files import GGUFFacts, validate_model_file
+from quantize.matrix_stats import matrix_error, summarize
+from quantize.quality import Protocol, compare, perplexity, scored_logprobs, targets, text_tokens, windows
+from quantize.schemes import TABLE_SCHEMES
+from quantize.simulate import projections, simulated_model
+
+NOTE = ("simulated with dequantized weights: block projections quantized and dequantized "
+        "to float32; embeddings, output matrix and norms float32 in every row")
+
+
+def vocabulary(facts: GGUFFacts):
+    if facts.path.is_dir():
+        from localchat.engine.hf_vocab import HFVocabulary
+
+        return HFVocabulary(facts.path)
+    import llama_cpp
+
+    from localchat.engine.llamacpp import LlamaCppVocabulary
+
+    return LlamaCppVocabulary(llama_cpp.Llama(str(facts.path), vocab_only=True, verbose=False))
+
+
+def float32_weights(facts: GGUFFacts):
+    """The model's weights as float32 DenseLinear layers (exact dequantization)."""
+    from localchat.engine.torch.hf_weights import load_hf_weights
+    from localchat.engine.torch.weights import load_weights
+
+    if facts.path.is_dir():
+        return load_hf_weights(facts.path)
+    if facts.quant_type == "F32":
+        return load_weights(facts.path)
+    from quantize.gguf_convert import dequantize_gguf
+
+    with tempfile.TemporaryDirectory(prefix="localchat-eval-") as tmp:
+        return load_weights(dequantize_gguf(facts.path, Path(tmp) / "float32.gguf"))
+
+
+def run_table(facts: GGUFFacts, protocol: Protocol, schemes=TABLE_SCHEMES,
+              text_file: str | None = None) -> dict:
+    torch.manual_seed(0)
+    ref = float32_weights(facts)
+    vocab = vocabulary(facts)
+    try:
+        spans = windows(protocol.tokens, protocol.window, protocol.stride)
+        tokens = text_tokens(vocab, spans[-1][1], text_file)
+    finally:
+        vocab.close()
+    target = targets(tokens, spans)
+    ref_lp = scored_logprobs(ref, tokens, spans)
+    outliers = summarize([matrix_error(n, w, w) for n, w in projections(ref)])
+    reference = {"model": facts.name, "weights": f"float32 of {facts.quant_type}"} | \
+        perplexity(ref_lp, target) | {k: outliers[k] for k in (
+            "matrices", "max_over_std", "median_max_over_std", "outliers_6sigma", "outlier_fraction")}
+    rows = []
+    for scheme in schemes:
+        model, errors, bpw = simulated_model(ref, scheme)
+        s = summarize(errors)
+        q = compare(ref_lp, scored_logprobs(model, tokens, spans), target,
+                    gamma=protocol.gamma, cost_ratio=protocol.cost_ratio)
+        rows.append({"scheme": scheme, "bits_per_weight": bpw,
+                     "worst_rel_error": s["worst_rel_error"], "worst_matrix": s["worst_matrix"],
+                     "median_rel_error": s["median_rel_error"]} | q)
+        del model
+    return {"reference": reference, "rows": rows, "protocol": protocol.as_dict(), "note": NOTE}
+
+
+def format_table(result: dict, protocol: Protocol) -> str:
+    ref = result["reference"]
+    lo, hi = ref["perplexity_ci95"]
+    lines = [f"{ref['model']}: {NOTE}.", f"Protocol: {protocol.describe()}.",
+             f"Reference ({ref['weights']}): perplexity {ref['perplexity']:.3f} "
+             f"[{lo:.3f}, {hi:.3f}]; weights max|w|/σ up to {ref['max_over_std']:.0f} "
+             f"(median {ref['median_max_over_std']:.0f}), {ref['outliers_6sigma']} beyond 6σ "
+             f"({ref['outlier_fraction']:.3%}) over {ref['matrices']} matrices", "",
+             f"| scheme | bits/weight | worst rel. error | median rel. error | perplexity (95 % CI) "
+             f"| KL | top-1 agreement | α | speedup γ=4, c={protocol.cost_ratio} |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in result["rows"]:
+        lo, hi = r["perplexity_ci95"]
+        lines.append(f"| {r['scheme']} | {r['bits_per_weight']:.3f} | {r['worst_rel_error']:.4f} "
+                     f"| {r['median_rel_error']:.4f} | {r['perplexity']:.3f} ({lo:.2f}–{hi:.2f}) "
+                     f"| {r['kl_divergence']:.4f} | {r['agreement']:.2%} | {r['alpha']:.3f} "
+                     f"| {r['predicted_speedup']:.2f}x |")
+    return "\n".join(lines)
