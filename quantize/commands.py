@@ -78,10 +78,14 @@ def cmd_quantize(args) -> int:
     threads = args.threads or os.cpu_count() or 2
     try:
         if type_name in GGUF_TYPES:
-            if src.is_dir():
-                raise UsageError("Hugging Face directory -> GGUF is not supported yet; "
-                                 "choose nf4, int8 or int4")
-            quantize_gguf(src, out, type_name, threads)
+            if src.is_dir():  # HF -> float32 GGUF beside OUT first (removed afterwards)
+                from quantize.hf_to_gguf import write_float32_gguf
+
+                with tempfile.TemporaryDirectory(dir=out.parent, prefix=".localchat-quantize-") as tmp:
+                    f32 = write_float32_gguf(src, Path(tmp) / "float32.gguf")
+                    quantize_gguf(f32, out, type_name, threads)
+            else:
+                quantize_gguf(src, out, type_name, threads)
         else:
             _write_dir(src, out, type_name, args.group_size, args.double_quant)
     except OSError as e:  # atomic_directory / temp files: already cleaned up

@@ -261,3 +261,17 @@ def test_bad_flags_are_one_line_errors(tmp_path):
                            str(tmp_path / "x"), "--type", "Q3_X"], capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.startswith("localchat: error: unknown --type")
     assert done.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_hf_directory_to_gguf_round_trips(hf_dir, f32_gguf, tmp_path):
+    """GGUF -> HF (conftest's hf_dir) -> GGUF: the same float32 tensors bit for bit (Q/K
+    permuted back), the same model and tokenizer metadata, identical greedy output."""
+    out = tmp_path / "back.gguf"
+    assert main(["quantize", str(hf_dir), "-o", str(out), "--type", "F32"]) == 0
+    a, b = gguf.GGUFReader(str(f32_gguf)), gguf.GGUFReader(str(out))
+    ta, tb = _tensors(a), _tensors(b)
+    assert ta.keys() == tb.keys() and all(ta[n] == tb[n] for n in ta)
+    for key, field in a.fields.items():
+        if key.startswith(("llama.", "tokenizer.")) and key != "tokenizer.ggml.add_space_prefix":
+            assert b.fields[key].contents() == field.contents(), key
+    assert _greedy(out, "llama.cpp") == _greedy(f32_gguf, "llama.cpp")
