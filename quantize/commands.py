@@ -67,7 +67,8 @@ def cmd_quantize(args) -> int:
 
     type_name = _type_name(args.type)
     if args.method == "gptq":
-        raise UsageError("--method gptq is not implemented yet (only rtn)")
+        raise UsageError("--method gptq: the algorithm is in quantize/gptq.py, but writing "
+                         "GPTQ models is not implemented yet (use --method rtn)")
     if args.group_size is not None and type_name != "int4":
         raise UsageError("--group-size applies to --type int4 only")
     if args.double_quant and type_name != "nf4":

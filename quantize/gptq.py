@@ -1,0 +1,121 @@
+"""GPTQ (Frantar et al., 2022) for one weight matrix, after the reference gptq.py.
+
+Columns are quantized one at a time and each column's rounding error is spread over the
+columns not yet quantized, weighted by the inverse Hessian H = 2·XXᵀ/n of the layer's
+calibration inputs, so the layer's outputs (not its weights) stay close. Asymmetric
+min/max grid per row and group (as AutoGPTQ); act-order (columns by decreasing Hessian
+diagonal) with static groups (group scales fixed on the original column order before
+reordering, so g_idx stays col // group_size and loaders need no reordering); damping
+λ·mean(diag H) raised tenfold whenever the Cholesky factorisation fails. pack_v1()
+writes AutoGPTQ's v1 layout (qweight, qzeros stored minus one, scales, g_idx).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class GPTQResult:
+    dequantized: torch.Tensor  # [rows, cols] float32
+    codes: torch.Tensor  # [rows, cols] int32 in 0..2^bits − 1
+    scales: torch.Tensor  # [groups, rows]
+    zeros: torch.Tensor  # [groups, rows] int32
+    g_idx: torch.Tensor  # [cols] int32
+    damp: float  # the damping that let Cholesky succeed
+
+
+def hessian(inputs: torch.Tensor) -> torch.Tensor:
+    """H = 2/n · Σ x xᵀ over calibration inputs [n, cols] (float64 accumulation)."""
+    x = inputs.reshape(-1, inputs.shape[-1]).double()
+    return (2.0 / x.shape[0]) * (x.t() @ x)
+
+
+def _grid(w: torch.Tensor, maxq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row asymmetric min/max scale and integer zero for columns w [rows, k]."""
+    lo = w.min(dim=1).values.clamp(max=0)
+    hi = w.max(dim=1).values.clamp(min=0)
+    flat = (hi - lo) == 0
+    lo, hi = torch.where(flat, lo - 1, lo), torch.where(flat, hi + 1, hi)
+    scale = (hi - lo) / maxq
+    return scale, torch.round(-lo / scale)
+
+
+def _quant(w: torch.Tensor, scale, zero, maxq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    q = torch.clamp(torch.round(w / scale) + zero, 0, maxq)
+    return scale * (q - zero), q
+
+
+def _inverse_cholesky(h: torch.Tensor, percdamp: float, retries: int = 6) -> tuple[torch.Tensor, float]:
+    damp = percdamp * torch.mean(torch.diag(h)).item()
+    eye = torch.eye(h.shape[0], dtype=h.dtype)
+    for _ in range(retries):
+        try:
+            lower = torch.linalg.cholesky(h + damp * eye)
+            inv = torch.cholesky_inverse(lower)
+            return torch.linalg.cholesky(inv, upper=True), damp
+        except torch.linalg.LinAlgError:
+            damp *= 10
+    raise ValueError("the Hessian is not positive definite even with damping "
+                     f"{damp:.3g}; give more calibration text")
+
+
+def rtn_asym(w: torch.Tensor, bits: int = 4, group_size: int = 128) -> torch.Tensor:
+    """The same grid without error feedback: the baseline GPTQ has to beat."""
+    maxq, out = 2 ** bits - 1, torch.empty_like(w)
+    for g in range(0, w.shape[1], group_size):
+        scale, zero = _grid(w[:, g:g + group_size], maxq)
+        out[:, g:g + group_size] = _quant(w[:, g:g + group_size], scale[:, None], zero[:, None], maxq)[0]
+    return out
+
+
+def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int = 4, group_size: int = 128,
+                  act_order: bool = True, percdamp: float = 0.01,
+                  blocksize: int = 128) -> GPTQResult:
+    w = w.double().clone()
+    h = h.double().clone()
+    rows, cols = w.shape
+    maxq = 2 ** bits - 1
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1
+    w[:, dead] = 0
+    groups = [_grid(w[:, g:g + group_size], maxq) for g in range(0, cols, group_size)]  # static
+    perm = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(cols)
+    w, h = w[:, perm], h[perm][:, perm]
+    hinv, damp = _inverse_cholesky(h, percdamp)
+    deq, codes = torch.zeros_like(w), torch.zeros_like(w)
+    for i1 in range(0, cols, blocksize):
+        i2 = min(i1 + blocksize, cols)
+        w1, err1, hinv1 = w[:, i1:i2].clone(), torch.zeros(rows, i2 - i1, dtype=w.dtype), hinv[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            scale, zero = groups[int(perm[i1 + i]) // group_size]
+            q, c = _quant(w1[:, i], scale, zero, maxq)
+            deq[:, i1 + i], codes[:, i1 + i] = q, c
+            e = (w1[:, i] - q) / hinv1[i, i]
+            w1[:, i:] -= e[:, None] @ hinv1[i, i:][None, :]
+            err1[:, i] = e
+        w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
+    inv = torch.argsort(perm)
+    return GPTQResult(
+        dequantized=deq[:, inv].float(), codes=codes[:, inv].to(torch.int32),
+        scales=torch.stack([s for s, _ in groups]).float(),
+        zeros=torch.stack([z for _, z in groups]).to(torch.int32),
+        g_idx=(torch.arange(cols) // group_size).to(torch.int32), damp=damp)
+
+
+def pack_v1(r: GPTQResult, bits: int = 4) -> dict[str, torch.Tensor]:
+    """AutoGPTQ's v1 tensors: qweight int32 [cols·bits/32, rows] (column-major packing,
+    lowest bits first), qzeros int32 [groups, rows·bits/32] holding zero − 1, scales
+    float16 [groups, rows], g_idx int32 [cols]."""
+    per = 32 // bits
+
+    def pack(x: torch.Tensor) -> torch.Tensor:  # pack along dim 0
+        x = x.to(torch.int64).reshape(-1, per, *x.shape[1:])
+        shifts = (torch.arange(per) * bits).reshape(1, per, *([1] * (x.dim() - 2)))
+        return ((x << shifts).sum(dim=1) & 0xFFFFFFFF).to(torch.uint32).view(torch.int32)
+
+    return {"qweight": pack(r.codes.t().contiguous()),
+            "qzeros": pack((r.zeros - 1).t().contiguous() & (2 ** bits - 1)).t().contiguous(),
+            "scales": r.scales.half(), "g_idx": r.g_idx}
