@@ -87,6 +87,8 @@ def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> 
     capacity = human_bytes(stats.kv_cache_capacity_bytes)  # e.g. "90.0 MiB"
     unit = capacity.split()[-1]
     used = stats.kv_cache_bytes / 1024 ** ("B", "KiB", "MiB", "GiB").index(unit)
+    # "3.0/90.0 MiB", but "2.9 MiB/2.3 GiB" where one unit would read as 0.0
+    used = f"{used:.1f}" if used >= 0.1 or not stats.kv_cache_bytes else human_bytes(stats.kv_cache_bytes)
 
     def kv(bar_width: int) -> str:
         return "KV " + kv_bar(stats.kv_cache_bytes, stats.kv_cache_capacity_bytes,
@@ -95,7 +97,7 @@ def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> 
     ctx = f"ctx {stats.context_tokens}/{stats.context_capacity}"
     draft = draft_gauge(stats.draft) if stats.draft else None
     variants = [
-        [state, ttft, rate, f"{kv(8)} {used:.1f}/{capacity}", ctx, draft],
+        [state, ttft, rate, f"{kv(8)} {used}/{capacity}", ctx, draft],
         [state, ttft, rate, kv(8), ctx, draft],
         [state, ttft, rate, kv(4), ctx, draft],
         [state, rate, kv(4), ctx, draft],
