@@ -87,8 +87,7 @@ def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> 
     capacity = human_bytes(stats.kv_cache_capacity_bytes)  # e.g. "90.0 MiB"
     unit = capacity.split()[-1]
     used = stats.kv_cache_bytes / 1024 ** ("B", "KiB", "MiB", "GiB").index(unit)
-    # "3.0/90.0 MiB", but "2.9 MiB/2.3 GiB" where one unit would read as 0.0
-    used = f"{used:.1f}" if used >= 0.1 or not stats.kv_cache_bytes else human_bytes(stats.kv_cache_bytes)
+    used = f"{used:.1f}" if used >= 0.1 or not stats.kv_cache_bytes else f"{used:.2f}"  # not 0.0
 
     def kv(bar_width: int) -> str:
         return "KV " + kv_bar(stats.kv_cache_bytes, stats.kv_cache_capacity_bytes,
