@@ -13,10 +13,10 @@ import statistics
 
 from localchat.errors import UsageError
 from localchat.model_files import GGUFFacts
-from quantize.eval_table import float32_weights, vocabulary
+from quantize.eval_table import float32_weights, scored_text
 from quantize.file_matrices import projection_matrices
 from quantize.matrix_stats import matrix_error, summarize
-from quantize.quality import Protocol, compare, perplexity, scored_logprobs, targets, text_tokens, windows
+from quantize.quality import Protocol, compare, perplexity, scored_logprobs, targets
 
 
 def _engine_weights(facts: GGUFFacts):
@@ -31,12 +31,7 @@ def evaluate_file(facts: GGUFFacts, protocol: Protocol, reference: GGUFFacts | N
     if reference is not None and reference.vocab_size != facts.vocab_size:
         raise UsageError(f"{facts.name} and the reference {reference.name} have different "
                          f"vocabularies ({facts.vocab_size} vs {reference.vocab_size} tokens)")
-    vocab = vocabulary(reference or facts)
-    try:
-        spans = windows(protocol.tokens, protocol.window, protocol.stride)
-        tokens = text_tokens(vocab, spans[-1][1], text_file)
-    finally:
-        vocab.close()
+    tokens, spans = scored_text(reference or facts, protocol, text_file)
     target = targets(tokens, spans)
     model_lp = scored_logprobs(_engine_weights(facts), tokens, spans)
     matrices, bits = projection_matrices(facts)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from localchat.model_files import GGUFFacts, validate_model_file
+from localchat.model_files import GGUFFacts
 from quantize.matrix_stats import matrix_error, summarize
 from quantize.quality import Protocol, compare, perplexity, scored_logprobs, targets, text_tokens, windows
 from quantize.schemes import TABLE_SCHEMES
@@ -23,6 +23,16 @@ from quantize.simulate import projections, simulated_model
 
 NOTE = ("simulated with dequantized weights: block projections quantized and dequantized "
         "to float32; embeddings, output matrix and norms float32 in every row")
+
+
+def scored_text(facts: GGUFFacts, protocol, text_file: str | None):
+    """The evaluation text's token ids (by this model's vocabulary) and scoring windows."""
+    vocab = vocabulary(facts)
+    try:
+        spans = windows(protocol.tokens, protocol.window, protocol.stride)
+        return text_tokens(vocab, spans[-1][1], text_file), spans
+    finally:
+        vocab.close()
 
 
 def vocabulary(facts: GGUFFacts):
@@ -56,12 +66,7 @@ def run_table(facts: GGUFFacts, protocol: Protocol, schemes=TABLE_SCHEMES,
               text_file: str | None = None) -> dict:
     torch.manual_seed(0)
     ref = float32_weights(facts)
-    vocab = vocabulary(facts)
-    try:
-        spans = windows(protocol.tokens, protocol.window, protocol.stride)
-        tokens = text_tokens(vocab, spans[-1][1], text_file)
-    finally:
-        vocab.close()
+    tokens, spans = scored_text(facts, protocol, text_file)
     target = targets(tokens, spans)
     ref_lp = scored_logprobs(ref, tokens, spans)
     outliers = summarize([matrix_error(n, w, w) for n, w in projections(ref)])

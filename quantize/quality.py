@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from localchat.engine.torch.speculative import expected_speedup
 from localchat.errors import UsageError
 
 AGREEMENT_KEYS = ("if", "for", "try", "class", "with", "lambda", "assert", "import", "def")
@@ -96,12 +97,6 @@ def perplexity(logprobs: torch.Tensor, target: torch.Tensor) -> dict:
             "mean_nll": mean}
 
 
-def speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
-    """Expected tokens per unit of target time with γ draft tokens (Leviathan et al.)."""
-    tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    return tokens / (gamma * cost_ratio + 1)
-
-
 def compare(ref: torch.Tensor, model: torch.Tensor, target: torch.Tensor, *,
             gamma: int = 4, cost_ratio: float = 0.3) -> dict:
     """Perplexity of `model`, and its distributions against the reference's."""
@@ -116,7 +111,7 @@ def compare(ref: torch.Tensor, model: torch.Tensor, target: torch.Tensor, *,
         "kl_divergence": torch.cat(kl).double().mean().item(),
         "agreement": torch.cat(agree).float().mean().item(),
         "alpha": a,
-        "predicted_speedup": speedup(a, gamma, cost_ratio),
+        "predicted_speedup": expected_speedup(a, gamma, cost_ratio),
     }
 
 

@@ -57,8 +57,7 @@ def expected_speedup(alpha: float, gamma: int, c: float, verify_extra: float = 0
     tokens costs more than scoring one)."""
     if gamma == 0:
         return 1.0
-    alpha = min(alpha, 0.999)
-    tokens = (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
     return tokens / (gamma * c + 1 + verify_extra * gamma)
 
 
