@@ -160,3 +160,14 @@ def test_draft_colours_key_is_documented_rebindable_and_in_the_palette():
     assert parse_keymap({"keys": {"toggle_draft_colours": "f6"}}) == {"toggle_draft_colours": "f6"}
     assert any(action == "toggle_draft_colours" for _, _, action in PALETTE_ACTIONS)
     assert re.search(r"\| F4 \|", help_markdown())
+
+
+def test_gauge_warns_before_the_context_overflows():
+    from localchat.engine.base import Stats
+
+    def line(used: int) -> str:
+        return format_gauges(Stats(context_tokens=used, context_capacity=4096,
+                                   kv_cache_capacity_bytes=1 << 20), "generating", width=78)
+
+    assert "⚠" not in line(3600)
+    assert "ctx 3700/4096 ⚠" in line(3700) and "ctx 4095/4096 ⚠" in line(4095)

@@ -75,9 +75,13 @@ def draft_gauge(draft: dict) -> str:
     return f"draft {rate}" + (f" γ{gamma}" if gamma is not None else "")
 
 
+CONTEXT_WARNING = 0.9  # share of the context window in use that the gauge warns at
+
+
 def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> str:
-    """One line: TTFT, live tok/s, KV cache bar and bytes, context used N of M, and the
-    draft's acceptance when speculative decoding is on. Given a width, the least useful
+    """One line: TTFT, live tok/s, KV cache bar and bytes, context used N of M (⚠ from
+    90 % on, before it overflows), and the draft's acceptance when speculative decoding
+    is on. Given a width, the least useful
     figures go first until the line fits: KV bytes, half the KV bar, TTFT, the KV bar,
     then the context."""
     if stats is None:
@@ -94,6 +98,8 @@ def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> 
                               stats.kv_cache_cached_bytes, bar_width)
 
     ctx = f"ctx {stats.context_tokens}/{stats.context_capacity}"
+    if stats.context_capacity and stats.context_tokens >= CONTEXT_WARNING * stats.context_capacity:
+        ctx += " ⚠"  # nearly full: older turns will be dropped (or the reply cut) soon
     draft = draft_gauge(stats.draft) if stats.draft else None
     variants = [
         [state, ttft, rate, f"{kv(8)} {used}/{capacity}", ctx, draft],
