@@ -38,17 +38,24 @@ _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
                  "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
 
 
+def rename_tensor(name: str, global_names: dict, layer_names: dict, layer_prefix: str,
+                  out_layer_prefix: str, target: str) -> str:
+    """One tensor name through a name table, either way: whole names first, then
+    `<layer_prefix><i>.<part>[.suffix]` -> `<out_layer_prefix><i>.<mapped part>[.suffix]`."""
+    if name in global_names:
+        return global_names[name]
+    if name.startswith(layer_prefix):
+        index, _, rest = name[len(layer_prefix):].partition(".")
+        for ours, theirs in layer_names.items():
+            if rest == ours or rest.startswith(ours + "."):
+                return f"{out_layer_prefix}{index}.{theirs}{rest[len(ours):]}"
+    raise ModelFormatError(f"no {target} name for tensor {name!r}")
+
+
 def hf_name(gguf_name: str) -> str:
     """blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    parts = gguf_name.split(".")
-    if parts[0] == "blk" and len(parts) >= 3:
-        rest = ".".join(parts[2:])
-        for ours, theirs in _LAYER_NAMES.items():
-            if rest == ours or rest.startswith(ours + "."):
-                return f"model.layers.{parts[1]}.{theirs}{rest[len(ours):]}"
-    raise ModelFormatError(f"no Hugging Face name for GGUF tensor {gguf_name!r}")
+    return rename_tensor(gguf_name, _GLOBAL_NAMES, _LAYER_NAMES, "blk.", "model.layers.",
+                         "Hugging Face")
 
 
 def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:

@@ -22,7 +22,7 @@ from safetensors import safe_open
 from localchat.engine.torch.hf_weights import hf_llama_config
 from localchat.errors import ModelFormatError, UsageError
 from localchat.hf_model_files import chat_template, read_json, read_json_if_present, safetensors_files
-from quantize.export_hf import _GLOBAL_NAMES, _LAYER_NAMES
+from quantize.export_hf import _GLOBAL_NAMES, _LAYER_NAMES, rename_tensor
 from quantize.hf_tokenizer import CONTROL, PRE_TOKENIZERS, USER_DEFINED
 from quantize.progress import Progress
 
@@ -33,15 +33,7 @@ NORMAL = 1
 
 def gguf_name(name: str) -> str:
     """model.layers.3.self_attn.q_proj.weight -> blk.3.attn_q.weight."""
-    if name in _TO_GGUF_GLOBAL:
-        return _TO_GGUF_GLOBAL[name]
-    parts = name.split(".")
-    if parts[:2] == ["model", "layers"] and len(parts) >= 4:
-        rest = ".".join(parts[3:])
-        for theirs, ours in _TO_GGUF_LAYER.items():
-            if rest == theirs or rest.startswith(theirs + "."):
-                return f"blk.{parts[2]}.{ours}{rest[len(theirs):]}"
-    raise ModelFormatError(f"no GGUF name for tensor {name!r}")
+    return rename_tensor(name, _TO_GGUF_GLOBAL, _TO_GGUF_LAYER, "model.layers.", "blk.", "GGUF")
 
 
 def permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
