@@ -47,6 +47,18 @@ def _model_flags() -> argparse.ArgumentParser:
     return p
 
 
+def _endpoint_flags() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("remote engine")
+    g.add_argument("--endpoint", default=None, metavar="URL",
+                   help="use an OpenAI-compatible server (localchat serve, llama.cpp's server, "
+                        "vLLM, Ollama) instead of loading a model here, e.g. "
+                        "http://127.0.0.1:8080/v1")
+    g.add_argument("--api-key", default=None, metavar="KEY",
+                   help="--endpoint's API key (default: $LOCALCHAT_API_KEY)")
+    return p
+
+
 def _sampling_flags() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("sampling")
@@ -80,10 +92,10 @@ def _quality_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    model, sampling = _model_flags(), _sampling_flags()
+    model, sampling, endpoint = _model_flags(), _sampling_flags(), _endpoint_flags()
     parser = argparse.ArgumentParser(
         prog="localchat",
-        parents=[model, sampling],
+        parents=[model, endpoint, sampling],
         description="Chat with a local, quantized LLM. With no command, opens the chat UI.",
     )
     parser.add_argument("--version", action="version", version=f"localchat {__version__}")
@@ -91,10 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="reopen the last conversation (long flag only: -c is --ctx-size)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    run = sub.add_parser("run", parents=[model, sampling], help="one-shot prompt, reply on stdout",
+    run = sub.add_parser("run", parents=[model, endpoint, sampling],
+                         help="one-shot prompt, reply on stdout",
                          description="Print the model's reply to PROMPT (and/or stdin) on stdout.")
     run.add_argument("prompt", nargs="?", default=None,
                      help="the prompt; '-' or piped stdin supplies it (stdin first, then this)")
+    run.add_argument("--batch", default=None, metavar="FILE.jsonl",
+                     help="one request per line ('prompt' or 'messages', optional sampling "
+                          "fields and 'id'; '-' reads stdin): one JSON result per line on "
+                          "stdout, in input order")
     run.add_argument("--verbose", action="store_true", help="stats block on stderr")
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
     run.add_argument("--continue", dest="continue_last", action="store_true",
@@ -112,7 +129,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("-r", "--repeats", type=int, default=5, help="(default: %(default)s)")
     bench.add_argument("--engines", default="torch,llama.cpp",
                        help="comma-separated engines to compare (default: %(default)s)")
+    bench.add_argument("--concurrency", default=None, metavar="N[,N...]",
+                       help="also serve N concurrent requests (64 tokens each): the torch "
+                            "engine batching vs llama.cpp one after another, e.g. 1,4,16")
     bench.add_argument("--json", action="store_true", help="print JSON")
+
+    serve = sub.add_parser("serve", parents=[model],
+                           help="OpenAI-compatible HTTP server on this machine",
+                           description="Serve -m over an OpenAI-compatible API "
+                                       "(/v1/chat/completions, /v1/completions, /v1/models, "
+                                       "/health). Binds 127.0.0.1 unless told otherwise; any "
+                                       "other address needs --api-key.")
+    serve.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
+    serve.add_argument("--port", type=int, default=8080, help="(default: %(default)s)")
+    serve.add_argument("--api-key", default=None, metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' (default: $LOCALCHAT_API_KEY)")
+    serve.add_argument("--max-queue", type=int, default=64, metavar="N",
+                       help="requests admitted at once; more get 503 (default: %(default)s)")
 
     plan = sub.add_parser("plan", help="how much context, for how many users, fits in memory",
                           description="Memory plan from a model's metadata: weights, KV per "
@@ -179,6 +212,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         from localchat.run_command import cmd_run
 
         return cmd_run(args)
+    if args.command == "run" and args.batch is not None:
+        from localchat.batch_command import cmd_batch
+
+        return cmd_batch(args)
+    if args.command == "serve":
+        from localchat.server import cmd_serve
+
+        return cmd_serve(args)
     if args.command == "bench":
         from localchat.bench import cmd_bench
 

@@ -21,6 +21,8 @@ class ChatSettings:
     kv_memory: int | None = None  # bytes for the torch engine's paged KV cache
     draft: str | None = None  # a draft model SPEC, or "ngram" (prompt lookup)
     num_draft_tokens: int | None = None  # fixed γ; None: adaptive
+    endpoint: str | None = None  # an OpenAI-compatible server URL: the remote engine
+    api_key: str | None = None  # the endpoint's key
     system: str | None = None
     max_tokens: int | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -36,6 +38,8 @@ class ChatSettings:
             kv_memory=parse_memory(args.kv_memory) if args.kv_memory else None,
             draft=None if args.no_draft else (args.draft_model or args.draft),
             num_draft_tokens=args.num_draft_tokens,
+            endpoint=getattr(args, "endpoint", None),
+            api_key=getattr(args, "api_key", None),
             system=args.system,
             max_tokens=args.max_tokens,
             sampling=SamplingParams(
@@ -78,5 +82,5 @@ class ChatSettings:
 
         return load_engine(self.model, engine=self.engine, ctx_size=self.ctx_size,
                            threads=self.threads, kv_memory=self.kv_memory, draft=self.draft,
-                           device=self.device,
+                           device=self.device, endpoint=self.endpoint, api_key=self.api_key,
                            num_draft_tokens=self.num_draft_tokens)

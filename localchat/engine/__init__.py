@@ -20,16 +20,24 @@ def load_engine(
     draft: str | None = None,
     num_draft_tokens: int | None = None,
     device: str | None = None,
+    endpoint: str | None = None,
+    api_key: str | None = None,
 ) -> Engine:
     """Resolve a model SPEC, validate the file, and load it into the chosen engine.
 
     ctx_size None picks min(the model's training context, 4096), like Ollama's default;
     0 means the model's full training context. engine "auto" picks torch for the
     architectures it runs and llama.cpp for everything else. draft: a draft model SPEC
-    or "ngram"; num_draft_tokens fixes how many tokens it drafts per step.
+    or "ngram"; num_draft_tokens fixes how many tokens it drafts per step. endpoint: an
+    OpenAI-compatible server's URL; then nothing is loaded here (engine/remote.py).
     """
     from localchat.models import resolve_model_facts
 
+    if endpoint is not None:  # an OpenAI-compatible server does the work; spec names its model
+        from localchat.engine.remote import RemoteEngine
+
+        return RemoteEngine(endpoint, model=None if spec == "default" else spec,
+                            api_key=api_key, ctx_size=ctx_size)
     if engine not in ENGINES:
         raise UsageError(f"unknown engine {engine!r} (choose from: {', '.join(ENGINES)})")
     if ctx_size is not None and ctx_size < 0:

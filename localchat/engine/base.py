@@ -171,6 +171,11 @@ class Engine(ABC):
     def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
         """Tokens the rendered chat prompt takes (used to fit history into the context)."""
 
+    def memory(self) -> dict:
+        """KV cache and context use right now (the Stats fields of the same names), for
+        gauges and the server's /health between requests."""
+        return {}
+
     def complete(self, request: Request, cancel: threading.Event | None = None) -> Result:
         """Run a request to the end and return only its Result."""
         result = None

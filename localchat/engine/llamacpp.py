@@ -175,14 +175,14 @@ class LlamaCppEngine(VocabMixin, Engine):
                 detokenize=lambda token: token_piece(llm, token),
                 is_end_of_generation=self.is_end_of_generation,
                 prompt_evaluated=prompt_evaluated,
-                memory=self._memory,
+                memory=self.memory,
             )
             tokens = llm.generate(prompt, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p,
                                   temp=sp.temperature, repeat_penalty=sp.repeat_penalty)
             yield from stream_events(request, prompt, tokens, hooks, budget,
                                      cancel or threading.Event(), t_start)
 
-    def _memory(self) -> dict:
+    def memory(self) -> dict:
         in_cache = self._llm.n_tokens
         return dict(
             kv_cache_bytes=in_cache * self.info.kv_bytes_per_token,

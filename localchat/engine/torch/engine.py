@@ -105,7 +105,7 @@ class TorchEngine(VocabMixin, Engine):
                     detokenize=self.vocab.detokenize,
                     is_end_of_generation=self.is_end_of_generation,
                     prompt_evaluated=lambda: len(prompt) - sequence.cached,
-                    memory=lambda: self._memory(speculation),
+                    memory=lambda: self.memory(speculation),
                 )
                 sp = request.sampling
                 generator = torch.Generator().manual_seed(
@@ -130,7 +130,7 @@ class TorchEngine(VocabMixin, Engine):
         vocab.close()
         return ModelDraft(weights, facts.name, n_ctx, KV_DTYPE)
 
-    def _memory(self, speculation: Speculation | None = None) -> dict:
+    def memory(self, speculation: Speculation | None = None) -> dict:
         usage = self.pool.usage()
         in_use = usage.bytes(self.kv.bytes_per_token)
         sequence = getattr(self, "_active", None)

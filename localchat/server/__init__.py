@@ -1,0 +1,1 @@
+"""`localchat serve`: an OpenAI-compatible HTTP server on the engine interface."""
