@@ -97,6 +97,10 @@ class Stats:
     kv_cache_cached_bytes: int = 0  # not in use, but kept as reusable prefixes (evictable)
     context_tokens: int = 0  # tokens in the context window now
     context_capacity: int = 0
+    # continuous batching: times this request was preempted (its KV freed when the cache
+    # ran out) and the tokens that had to be computed again because of it
+    preemptions: int = 0
+    recomputed_tokens: int = 0
     # speculative decoding, when a draft is in use: proposed, accepted, acceptance_rate,
     # tokens_per_target_pass, accepted_run_histogram, gamma, alpha, c, predicted and
     # measured speedup, the draft's source and the acceptance rule

@@ -137,9 +137,7 @@ class BlockPool:
                 f"the prompt ({n} tokens, {need} KV blocks) can never fit: the whole KV cache "
                 f"holds {self.num_blocks * bs} tokens ({self.num_blocks} blocks of {bs})")
         hits, chain = self._match_prefix(tokens)
-        revived = sum(1 for b in hits if self._blocks[b].ref == 0)
-        new = need - len(hits)
-        available = len(self._free) + len(self._evictable) - revived
+        new, available = self._blocks_needed(need, hits)
         if new > available:
             raise KVCacheFullError(
                 f"the prompt ({n} tokens) needs {new} new KV blocks but only {available} of "
@@ -150,6 +148,17 @@ class BlockPool:
         hit_tokens = len(hits) * bs
         self._seqs[seq_id] = _Seq(tokens, table, committed=hit_tokens, chain=chain)
         return min(hit_tokens, n - 1)
+
+    def blocks_needed(self, token_ids: Sequence[int]) -> tuple[int, int]:
+        """(new blocks a prompt of these tokens would take now, blocks available for
+        them): what allocate() checks, for a scheduler deciding whether to admit."""
+        tokens = list(token_ids)
+        return self._blocks_needed(-(-len(tokens) // self.block_size),
+                                   self._match_prefix(tokens)[0])
+
+    def _blocks_needed(self, need: int, hits: list[int]) -> tuple[int, int]:
+        revived = sum(1 for b in hits if self._blocks[b].ref == 0)  # cached hits leave the LRU
+        return need - len(hits), len(self._free) + len(self._evictable) - revived
 
     def append_token(self, seq_id: int, token_id: int) -> None:
         """Add a generated or draft token, taking a new block when the last one is full."""

@@ -1,5 +1,7 @@
-"""The torch engine behind the engine interface: one sequence at a time for now
-(continuous batching is the next issue), over the paged KV store with prefix caching.
+"""The torch engine behind the engine interface, over the paged KV store with prefix
+caching. Requests from any number of threads are batched continuously (runner.py); with
+a draft model, speculative decoding serves one request at a time instead (decode.py),
+since a draft's guesses are per sequence.
 
 A GGUF file is tokenized by llama.cpp's own vocabulary (its vocab-only mode), so both
 engines see exactly the same token ids; a Hugging Face directory by its tokenizer.json
@@ -28,6 +30,7 @@ from localchat.engine.torch.model import KVStore, LlamaModel
 from localchat.engine.torch.decode import Speculation, decode
 from localchat.engine.torch.device import pick_device
 from localchat.engine.torch.drafts import ModelDraft, NgramDraft
+from localchat.engine.torch.runner import BatchRunner
 from localchat.engine.torch.sequence import PagedSequence
 from localchat.engine.torch.speculative import AdaptiveGamma
 from localchat.engine.torch.weights import load_weights
@@ -66,6 +69,12 @@ def open_model(facts: GGUFFacts, device: torch.device = torch.device("cpu")):
         llama_cpp.Llama(str(facts.path), vocab_only=True, verbose=False))
 
 
+def _generator(sp) -> torch.Generator:
+    """A request's own random stream: seeded, it samples the same alone or batched."""
+    return torch.Generator().manual_seed(
+        sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little"))
+
+
 class TorchEngine(VocabMixin, Engine):
     name = "torch"
 
@@ -85,15 +94,43 @@ class TorchEngine(VocabMixin, Engine):
         cache_key = hashlib.blake2b(f"{facts.path}:{facts.file_size}:{KV_DTYPE}".encode()).digest()
         self.pool = BlockPool(n_blocks, BLOCK_SIZE, cache_key=cache_key)
         self._seq_ids = itertools.count()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the speculative path: one request at a time
+        self._vocab_lock = threading.Lock()
         self.num_draft_tokens = num_draft_tokens
         self.draft = None if draft is None else (
             NgramDraft() if draft == "ngram" else self._load_draft(draft, n_ctx))
+        self.runner = None if self.draft is not None else BatchRunner(
+            self.model, self.kv, self.pool, self.is_end_of_generation)
         self.info = ModelInfo.from_facts(facts, n_ctx=n_ctx,
                                          kv_bytes_per_token=self.kv.bytes_per_token,
                                          weights_bytes=weights.nbytes())
 
     def generate(self, request: Request, cancel: threading.Event | None = None) -> Iterator[Event]:
+        if self.runner is None:
+            yield from self._generate_speculative(request, cancel)
+            return
+        t_start = time.perf_counter()
+        with self._vocab_lock:
+            prompt, budget = self.prompt_and_budget(request)
+        sp = request.sampling
+        seq = self.runner.submit(prompt, sp, budget, _generator(sp))
+        hooks = EngineHooks(
+            detokenize=self._detokenize,
+            is_end_of_generation=self.is_end_of_generation,
+            prompt_evaluated=lambda: len(prompt) - (seq.cached_tokens or 0),
+            memory=lambda: {**self.memory(), "context_tokens": len(seq.tokens),
+                            "preemptions": seq.preemptions,
+                            "recomputed_tokens": seq.recomputed_tokens},
+        )
+        yield from stream_events(request, prompt, self.runner.tokens(seq), hooks, budget,
+                                 cancel or threading.Event(), t_start)
+
+    def _detokenize(self, token: int) -> bytes:
+        with self._vocab_lock:
+            return self.vocab.detokenize(token)
+
+    def _generate_speculative(self, request: Request,
+                              cancel: threading.Event | None) -> Iterator[Event]:
         t_start = time.perf_counter()
         with self._lock:
             prompt, budget = self.prompt_and_budget(request)
@@ -108,9 +145,8 @@ class TorchEngine(VocabMixin, Engine):
                     memory=lambda: self.memory(speculation),
                 )
                 sp = request.sampling
-                generator = torch.Generator().manual_seed(
-                    sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little"))
-                tokens = decode(sequence, prompt, sp, generator, self.info.n_ctx, speculation)
+                tokens = decode(sequence, prompt, sp, _generator(sp), self.info.n_ctx,
+                                speculation)
                 yield from stream_events(request, prompt, tokens, hooks, budget,
                                          cancel or threading.Event(), t_start)
             finally:
@@ -144,6 +180,9 @@ class TorchEngine(VocabMixin, Engine):
         )
 
     def close(self) -> None:
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            runner.close()
         lock = getattr(self, "_lock", None)
         if lock is not None and lock.acquire(timeout=30):
             try:

@@ -8,6 +8,8 @@ order, as given by its block table, so sequences never need contiguous memory.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -59,32 +61,49 @@ class LlamaModel:
         out = out.view(c.n_kv_heads, group, n_new, c.head_dim).permute(2, 0, 1, 3)
         return out.reshape(n_new, c.n_heads * c.head_dim)
 
+    def _decode_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                          valid: torch.Tensor) -> torch.Tensor:
+        """One new token for each of B sequences at once, their contexts padded to one
+        length. q: [B, H, D]; keys/values: [B, L, KV, D]; valid: [B, L]."""
+        c = self.config
+        b, group = q.shape[0], c.n_heads // c.n_kv_heads
+        qg = q.view(b, c.n_kv_heads, group, c.head_dim)
+        scores = torch.matmul(qg, keys.permute(0, 2, 3, 1)) * (c.head_dim ** -0.5)  # [B,KV,g,L]
+        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+        out = torch.matmul(scores.softmax(-1), values.transpose(1, 2))  # [B, KV, g, D]
+        return out.reshape(b, c.n_heads * c.head_dim)
+
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.config.norm_eps)
 
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, new_slots: torch.Tensor,
+                context_slots: torch.Tensor, kv: KVStore, all_logits: bool = False
+                ) -> torch.Tensor:
+        """One sequence: logits for its last new token ([vocab]), or for every new token
+        ([T, vocab]). new_slots: where the new tokens' K/V go (-1: already there, in a
+        shared block); context_slots: every slot of the sequence in position order."""
+        n = tokens.shape[0]
+        batch = Batch(tokens, positions, new_slots, [(n, context_slots.to(torch.long))],
+                      logit_rows=torch.arange(n) if all_logits else torch.tensor([n - 1]))
+        logits = self.forward_batch(batch, kv)
+        return logits if all_logits else logits[0]
+
     @torch.inference_mode()
-    def forward(
-        self,
-        tokens: torch.Tensor,  # [T] new tokens of one sequence
-        positions: torch.Tensor,  # [T] their positions
-        new_slots: torch.Tensor,  # [T] where their K/V go; -1: already there (shared block)
-        context_slots: torch.Tensor,  # [L] every slot of the sequence, position order, incl. new
-        kv: KVStore,
-        all_logits: bool = False,
-    ) -> torch.Tensor:
-        """Logits for the last token ([vocab]), or for every new token ([T, vocab]), on
-        the CPU (where sampling happens); the index tensors may be on the CPU too."""
+    def forward_batch(self, batch: "Batch", kv: KVStore) -> torch.Tensor:
+        """Several sequences of different lengths in one pass: every matmul sees all their
+        new tokens; attention reads each sequence's own slots (sequences adding one token
+        together, the rest one by one). Logits of batch.logit_rows, [R, vocab], on the
+        CPU (where sampling happens); index tensors may be on the CPU too."""
         c = self.config
         dev = self.device
-        tokens, positions = tokens.to(dev), positions.to(dev)
-        new_slots, context_slots = new_slots.to(dev), context_slots.to(dev)
-        n_new, n_ctx = tokens.shape[0], context_slots.shape[0]
+        tokens, positions = batch.tokens.to(dev), batch.positions.to(dev)
+        new_slots = batch.new_slots.to(dev)
+        n_new = tokens.shape[0]
         x = self.w.embedding[tokens]
-        # query i (at positions[i]) sees context positions 0..positions[i]
-        mask = torch.arange(n_ctx, device=dev)[None, :] <= positions[:, None]
         write = new_slots >= 0
         if not bool(write.all()):
             new_slots = new_slots[write]
+        plan = _AttentionPlan(batch, dev)
         cos, sin = self.rope.tables(positions)
         n_qk = c.n_heads + c.n_kv_heads
         for i, layer in enumerate(self.w.layers):
@@ -99,13 +118,77 @@ class LlamaModel:
                 k, v = k[write], v[write]
             kv.k[i].index_copy_(0, new_slots, k.to(kv.k.dtype))
             kv.v[i].index_copy_(0, new_slots, v.to(kv.v.dtype))
-            keys = kv.k[i].index_select(0, context_slots).to(q.dtype)
-            values = kv.v[i].index_select(0, context_slots).to(q.dtype)
-            attn = self._attention(q, keys, values, None if n_new == 1 else mask)
+            attn = plan.run(self, q, kv.k[i], kv.v[i])
             x = x + layer.wo(attn)
             h = self._norm(x, layer.ffn_norm)
             gate, up = layer.w_gate_up(h).split(c.ffn_dim, dim=-1)
             x = x + layer.w_down(F.silu(gate) * up)
-        x = self._norm(x if all_logits else x[-1:], self.w.output_norm)
-        logits = self.w.output(x)
-        return (logits if all_logits else logits[0]).float().cpu()
+        x = self._norm(x[batch.logit_rows.to(dev)], self.w.output_norm)
+        return self.w.output(x).float().cpu()
+
+
+@dataclass
+class Batch:
+    """The new tokens of several sequences, concatenated in sequence order.
+
+    seqs: per sequence, (how many of the new tokens are its, every slot of its context
+    in position order, the new ones included). logit_rows: which new tokens' logits to
+    return (the last one of each sequence that samples next; all of them to verify drafts).
+    """
+
+    tokens: torch.Tensor  # [N]
+    positions: torch.Tensor  # [N]
+    new_slots: torch.Tensor  # [N]; -1 where the K/V is already in a shared block
+    seqs: list[tuple[int, torch.Tensor]]
+    logit_rows: torch.Tensor  # [R]
+
+
+class _AttentionPlan:
+    """Index tensors built once per forward pass and reused by every layer: sequences
+    adding one token are gathered into one padded batch; longer ones (prefill chunks,
+    draft verification) run one by one with a causal mask."""
+
+    def __init__(self, batch: Batch, dev: torch.device) -> None:
+        starts, offset = [], 0
+        for n, _ in batch.seqs:
+            starts.append(offset)
+            offset += n
+        single = [i for i, (n, _) in enumerate(batch.seqs) if n == 1]
+        self.single_rows = torch.tensor([starts[i] for i in single], device=dev)
+        self.all_single = len(single) == len(batch.seqs)
+        if single:
+            lengths = torch.tensor([batch.seqs[i][1].shape[0] for i in single])
+            longest = int(lengths.max())
+            padded = torch.zeros(len(single), longest, dtype=torch.long)
+            for row, i in enumerate(single):
+                padded[row, :lengths[row]] = batch.seqs[i][1]
+            self.padded = padded.to(dev)
+            self.valid = (torch.arange(longest)[None, :] < lengths[:, None]).to(dev)
+        self.multi = []  # (rows, context slots, causal mask) per longer sequence
+        positions = batch.positions
+        for i, (n, slots) in enumerate(batch.seqs):
+            if n > 1:
+                rows = slice(starts[i], starts[i] + n)
+                mask = torch.arange(slots.shape[0])[None, :] <= positions[rows][:, None]
+                self.multi.append((rows, slots.to(dev), mask.to(dev)))
+        self.n_tokens = offset
+
+    def run(self, model: LlamaModel, q: torch.Tensor, k_cache: torch.Tensor,
+            v_cache: torch.Tensor) -> torch.Tensor:
+        single_out = None
+        if self.single_rows.numel():
+            b, length = self.padded.shape
+            flat = self.padded.flatten()
+            keys = k_cache.index_select(0, flat).view(b, length, *k_cache.shape[1:]).to(q.dtype)
+            values = v_cache.index_select(0, flat).view(b, length, *v_cache.shape[1:]).to(q.dtype)
+            single_out = model._decode_attention(q[self.single_rows], keys, values, self.valid)
+            if self.all_single:
+                return single_out
+        out = q.new_empty(self.n_tokens, q.shape[1] * q.shape[2])
+        if single_out is not None:
+            out[self.single_rows] = single_out
+        for rows, slots, mask in self.multi:
+            keys = k_cache.index_select(0, slots).to(q.dtype)
+            values = v_cache.index_select(0, slots).to(q.dtype)
+            out[rows] = model._attention(q[rows], keys, values, mask)
+        return out

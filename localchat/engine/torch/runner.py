@@ -1,0 +1,169 @@
+"""The torch engine's step loop: one background thread that runs every request in
+flight together, one forward pass per step (continuous batching).
+
+Callers on any thread submit a request and read its tokens from a queue; the loop
+asks the scheduler what runs next, builds one batch of everyone's new tokens, runs the
+model once, samples each sequence that is due with its own generator (so a request
+samples exactly what it would alone), and hands the tokens out. A caller that stops
+reading (a stop string, a cancel, a closed connection) cancels its sequence, and the
+next step frees its blocks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from localchat.engine.base import SamplingParams
+from localchat.engine.torch.blocks import BlockPool
+from localchat.engine.torch.model import Batch, KVStore, LlamaModel
+from localchat.engine.torch.sampler import sample
+from localchat.engine.torch.scheduler import FINISHED, ScheduledChunk, Scheduler, SequenceState
+from localchat.errors import EngineError
+
+_DONE = object()
+
+
+@dataclass
+class _Sampling:
+    params: SamplingParams
+    budget: int  # most tokens to generate
+    generator: torch.Generator
+    out: queue.SimpleQueue
+
+
+class BatchRunner:
+    def __init__(self, model: LlamaModel, kv: KVStore, pool: BlockPool,
+                 is_end_of_generation: Callable[[int], bool], *,
+                 max_tokens_per_step: int = 512, max_running: int = 64) -> None:
+        self.model, self.kv, self.pool = model, kv, pool
+        self.scheduler = Scheduler(pool, max_tokens_per_step, max_running)
+        self._is_end = is_end_of_generation
+        self._ids = itertools.count(1 << 20)  # apart from the speculative path's ids
+        self._inbox: list[SequenceState] = []
+        self._wake = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.steps = 0
+        self.batch_sizes: list[int] = []  # sequences per step, for benchmarks and tests
+
+    # ---- caller side ---------------------------------------------------------------
+
+    def submit(self, prompt: list[int], params: SamplingParams, budget: int,
+               generator: torch.Generator) -> SequenceState:
+        seq = SequenceState(next(self._ids), list(prompt), len(prompt))
+        seq.payload = _Sampling(params, budget, generator, queue.SimpleQueue())
+        with self._wake:
+            if self._closed:
+                raise EngineError("the engine is closed")
+            self._inbox.append(seq)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="torch-batcher",
+                                                daemon=True)
+                self._thread.start()
+            self._wake.notify()
+        return seq
+
+    def tokens(self, seq: SequenceState) -> Iterator[int]:
+        """The sequence's sampled tokens as they come; closing this cancels it."""
+        try:
+            while True:
+                item = seq.payload.out.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.cancel(seq)
+
+    def cancel(self, seq: SequenceState) -> None:
+        if seq.status != FINISHED:
+            seq.cancelled = True
+            with self._wake:
+                self._wake.notify()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    # ---- the loop ------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._closed or self._inbox or self.scheduler.has_work()):
+                    self._wake.wait()
+                if self._closed:
+                    break
+                for seq in self._inbox:
+                    self.scheduler.add(seq)
+                self._inbox.clear()
+            try:
+                self.step()
+            except Exception as exc:  # noqa: BLE001 -- every waiting caller must hear of it
+                self._fail_all(EngineError(f"the torch engine failed: {exc}"))
+        self._fail_all(EngineError("the engine was closed"))
+
+    def step(self) -> None:
+        chunks = self.scheduler.schedule()
+        if not chunks:  # nothing fits yet (cannot last: finishing requests free blocks)
+            with self._wake:
+                self._wake.wait(timeout=0.01)
+            return
+        logits = self.model.forward_batch(self._batch(chunks), self.kv)
+        self.scheduler.after_step(chunks)
+        self.steps += 1
+        self.batch_sizes.append(len(chunks))
+        rows = iter(range(logits.shape[0]))
+        for chunk in chunks:
+            if chunk.samples:
+                self._sample(chunk.seq, logits[next(rows)])
+
+    def _sample(self, seq: SequenceState, logits: torch.Tensor) -> None:
+        s: _Sampling = seq.payload
+        token = sample(logits, s.params, seq.completion, s.generator)
+        seq.tokens.append(token)
+        s.out.put(token)
+        if self._is_end(token) or len(seq.tokens) - seq.n_prompt >= s.budget:
+            self.scheduler.finish(seq)
+            s.out.put(_DONE)
+
+    def _batch(self, chunks: list[ScheduledChunk]) -> Batch:
+        pool, bs = self.pool, self.pool.block_size
+        tokens: list[int] = []
+        positions: list[torch.Tensor] = []
+        new_slots: list[int] = []
+        seqs: list[tuple[int, torch.Tensor]] = []
+        logit_rows: list[int] = []
+        for chunk in chunks:
+            seq = chunk.seq
+            tokens += seq.tokens[chunk.start:chunk.end]
+            positions.append(torch.arange(chunk.start, chunk.end))
+            new_slots += pool.slot_mapping(seq.seq_id, chunk.start, chunk.end)
+            table = torch.tensor(pool.block_table(seq.seq_id))
+            context = (table[:, None] * bs + torch.arange(bs)).flatten()[:chunk.end]
+            seqs.append((chunk.end - chunk.start, context))
+            if chunk.samples:
+                logit_rows.append(len(tokens) - 1)
+        return Batch(torch.tensor(tokens), torch.cat(positions), torch.tensor(new_slots), seqs,
+                     torch.tensor(logit_rows, dtype=torch.long))
+
+    def _fail_all(self, error: EngineError) -> None:
+        with self._wake:
+            pending = [*self.scheduler.running, *self.scheduler.waiting, *self._inbox]
+            self._inbox.clear()
+        for seq in pending:
+            try:
+                self.scheduler.finish(seq)
+            except Exception:  # noqa: BLE001 -- the bookkeeping may be what failed
+                seq.status = FINISHED
+            seq.payload.out.put(error)
