@@ -5,7 +5,8 @@ This module is the shell: the layout, the keys, loading the model in a worker th
 the one-line notices and errors, and shutting down. What the app does is split by
 concern into mixins: generation.py (replies streamed from the engine), conversations.py
 (the history database and the sidebar), controls.py (the input, slash commands and
-chat actions) and drafts.py (speculative decoding shown in the replies). The model loads and generates in worker threads, so the UI never blocks.
+chat actions), drafts.py (speculative decoding shown in the replies) and switching.py
+(the parameters panel, the model picker and speculation on/off, reloading the engine). The model loads and generates in worker threads, so the UI never blocks.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from localchat.tui.keymap import load_keymap
 from localchat.tui.messages import Entry, EngineEvent, EngineLoaded, GenerationFailed, StoreFailed
 from localchat.tui.palette import ChatCommands
 from localchat.tui.sidebar import Sidebar
-from localchat.tui.widgets import GaugeBar, MessageView, PromptInput
+from localchat.tui.switching import SwitchingMixin, draft_label
+from localchat.tui.widgets import GaugeBar, MessageView, PromptInput, RateSparkline
 
 __all__ = ["ChatApp", "run_tui", "Entry", "EngineEvent", "EngineLoaded", "GenerationFailed",
            "StoreFailed", "KEYS_HELP", "help_markdown", "REPLY_RESERVE", "UI_INTERVAL_S"]
@@ -50,7 +52,8 @@ def _css_path() -> Path:
     return Path(str(files("localchat.assets").joinpath("app.tcss")))
 
 
-class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMixin, App):
+class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMixin,
+              SwitchingMixin, App):
     CSS_PATH = _css_path()
     TITLE = "localchat"
     COMMANDS = App.COMMANDS | {ChatCommands}
@@ -64,6 +67,10 @@ class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMi
         Binding("f3", "copy_code", "Copy code", show=False, id="copy_code"),
         Binding("f4", "toggle_draft_colours", "Draft colours", show=False,
                 id="toggle_draft_colours"),
+        Binding("f6", "parameters", "Params", id="parameters"),
+        Binding("f7", "pick_model", "Model", id="pick_model"),
+        Binding("f8", "toggle_speculation", "Draft on/off", show=False,
+                id="toggle_speculation"),
         Binding("ctrl+t", "toggle_dark", "Theme", show=False, id="toggle_theme"),
         Binding("f1", "help", "Help", id="help"),
         Binding("ctrl+q", "quit", "Quit", priority=True, id="quit"),
@@ -109,7 +116,9 @@ class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMi
             yield Sidebar(id="sidebar", classes="hidden")
             with Vertical(id="chatpane"):
                 yield VerticalScroll(id="chat")
-                yield GaugeBar(id="gauges")
+                with Horizontal(id="gaugerow"):
+                    yield GaugeBar(id="gauges")
+                    yield RateSparkline(id="rate")
                 yield PromptInput(id="prompt", show_line_numbers=False)
         yield Footer()
 
@@ -145,10 +154,15 @@ class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMi
             self._notice(f"Could not load the model: {message.error}")
             return
         self.engine = message.engine
-        info = self.engine.info
-        self.query_one("#title", Static).update(
-            f"localchat · {info.name} · {info.quant_type} · {self.engine.name} · ctx {info.n_ctx}")
+        self._show_engine()
         gauges.state = "ready"
+
+    def _show_engine(self) -> None:
+        info = self.engine.info
+        draft = f" · draft {draft_label(self.settings.draft)}" if self.settings.draft else ""
+        self.query_one("#title", Static).update(
+            f"localchat · {info.name} · {info.quant_type} · {self.engine.name} · "
+            f"ctx {info.n_ctx}{draft}")
 
     # -- notices -----------------------------------------------------------------------
 

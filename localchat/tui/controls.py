@@ -32,7 +32,7 @@ class ControlsMixin:
         if command is not None:
             await self.run_command(command, text)
             return
-        if self.engine is None or self._generating:
+        if self.engine is None or self._generating or self._reloading is not None:
             self.bell()
             self.query_one(PromptInput).text = text  # nothing typed is lost
             return
@@ -93,6 +93,8 @@ class ControlsMixin:
     def _save_settings(self) -> None:
         if self.conversation is not None:
             cid, params = self.conversation.id, self.settings.params()
+            if self.settings.ctx_size is not None:  # set in the parameters panel
+                params["ctx_size"] = self.settings.ctx_size
             self._db(lambda st: st.update_settings(cid, params=params))
 
     # -- actions -----------------------------------------------------------------------
@@ -113,8 +115,8 @@ class ControlsMixin:
         if self._generating:
             self._error("a reply is being generated (Esc stops it)")
             return False
-        if self.engine is None:
-            self._error("the model is not loaded")
+        if self.engine is None or self._reloading is not None:
+            self._error("the model is not loaded yet")
             return False
         return True
 

@@ -23,7 +23,7 @@ from localchat.errors import LocalchatError
 from localchat.storage import ReplyWriter, StoreError
 from localchat.tui.drafts import add_run
 from localchat.tui.messages import Entry, EngineEvent, GenerationFailed, StoreFailed
-from localchat.tui.widgets import GaugeBar, MessageView
+from localchat.tui.widgets import GaugeBar, MessageView, RateSparkline
 
 REPLY_RESERVE = 512  # tokens kept free for the reply when fitting history
 UI_INTERVAL_S = 0.1  # redraw at most 10 times a second: a redraw per token halved decode speed
@@ -65,6 +65,7 @@ class GenerationMixin:
         self._cancel = threading.Event()
         self._generating = True
         self.query_one(GaugeBar).state = "generating"
+        self.query_one(RateSparkline).reset()
         self._generate(self.history[:-1], view, prefix, writer)
 
     @work(thread=True, exclusive=True, group="generate")
@@ -135,6 +136,7 @@ class GenerationMixin:
     async def _on_engine_event(self, message: EngineEvent) -> None:
         event, view = message.event, message.view
         self.query_one(GaugeBar).stats = event.stats
+        self.query_one(RateSparkline).add(event.stats)
         stream = self._streams.get(id(view))
         entry = self._entry_for(view)
         if isinstance(event, Delta):

@@ -15,7 +15,8 @@ from pathlib import Path
 
 CONFIG_FILE = "config.toml"
 ACTIONS = ("stop", "toggle_sidebar", "new_conversation", "regenerate", "continue_reply",
-           "copy_reply", "copy_code", "toggle_draft_colours", "toggle_theme", "help", "quit")
+           "copy_reply", "copy_code", "toggle_draft_colours", "parameters", "pick_model",
+           "toggle_speculation", "toggle_theme", "help", "quit")
 
 
 def config_path() -> Path:

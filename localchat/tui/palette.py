@@ -20,6 +20,11 @@ PALETTE_ACTIONS = [
     ("Export as JSON", "write this conversation to a .json file (/export json)", "export('json')"),
     ("Rename conversation", "give this conversation a new title", "rename_current"),
     ("Delete conversation", "delete this conversation (asks first)", "delete_current"),
+    ("Parameters", "temperature, top-k, top-p, min-p, repeat penalty, max tokens, context, "
+     "seed (F6)", "parameters"),
+    ("Choose model", "switch the model or the speculative draft (F7)", "pick_model"),
+    ("Toggle speculation", "speculative decoding on/off: reloads the model (F8)",
+     "toggle_speculation"),
     ("Toggle conversation list", "show or hide the sidebar", "toggle_sidebar"),
     ("Toggle draft colours", "show which reply tokens a speculative draft proposed (F4)",
      "toggle_draft_colours"),

@@ -10,7 +10,7 @@ from textual.containers import Vertical
 from textual.message import Message as TextualMessage
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import Markdown, Static, TextArea
+from textual.widgets import Markdown, Sparkline, Static, TextArea
 
 from localchat.engine.base import Stats
 from localchat.units import human_bytes
@@ -79,15 +79,19 @@ CONTEXT_WARNING = 0.9  # share of the context window in use that the gauge warns
 
 
 def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> str:
-    """One line: TTFT, live tok/s, KV cache bar and bytes, context used N of M (⚠ from
-    90 % on, before it overflows), and the draft's acceptance when speculative decoding
-    is on. Given a width, the least useful
-    figures go first until the line fits: KV bytes, half the KV bar, TTFT, the KV bar,
-    then the context."""
+    """One line: TTFT, prefill and decode rates, KV cache bar and bytes, context used N
+    of M (⚠ from 90 % on, before it overflows), and the draft's acceptance when
+    speculative decoding is on. Given a width, the least useful figures go first until
+    the line fits: KV bytes, the prefill rate's words (`pp 312`), half the KV bar, the
+    prefill rate, TTFT, the KV bar, then the context."""
     if stats is None:
         return state
     ttft = f"TTFT {stats.ttft_s * 1000:.0f} ms" if stats.ttft_s > 0 else "TTFT –"
     rate = f"{stats.decode_tok_s:.1f} tok/s" if stats.decode_tok_s > 0 else "– tok/s"
+    # prefill (prompt tokens evaluated per second) beside decode, once there is one
+    prefill = f"{stats.prefill_tok_s:.0f}" if stats.prefill_tok_s > 0 else None
+    rates = f"prefill {prefill} · decode {rate}" if prefill else rate
+    rates_short = f"pp {prefill} · {rate}" if prefill else rate
     capacity = human_bytes(stats.kv_cache_capacity_bytes)  # e.g. "90.0 MiB"
     unit = capacity.split()[-1]
     used = stats.kv_cache_bytes / 1024 ** ("B", "KiB", "MiB", "GiB").index(unit)
@@ -102,8 +106,10 @@ def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> 
         ctx += " ⚠"  # nearly full: older turns will be dropped (or the reply cut) soon
     draft = draft_gauge(stats.draft) if stats.draft else None
     variants = [
-        [state, ttft, rate, f"{kv(8)} {used}/{capacity}", ctx, draft],
-        [state, ttft, rate, kv(8), ctx, draft],
+        [state, ttft, rates, f"{kv(8)} {used}/{capacity}", ctx, draft],
+        [state, ttft, rates, kv(8), ctx, draft],
+        [state, ttft, rates_short, kv(8), ctx, draft],
+        [state, ttft, rates_short, kv(4), ctx, draft],
         [state, ttft, rate, kv(4), ctx, draft],
         [state, rate, kv(4), ctx, draft],
         [state, rate, ctx, draft],
@@ -124,6 +130,44 @@ class GaugeBar(Static):
 
     def render(self) -> str:
         return format_gauges(self.stats, self.state, self.content_size.width or None)
+
+
+def live_rate(last: tuple[int, float] | None, stats: Stats) -> tuple[float | None, tuple[int, float]]:
+    """Decode tokens/s since the last update, from the engine's own token count and
+    clock (Stats.completion_tokens, Stats.elapsed_s), not the UI's: (rate or None, the
+    new mark). The first token's interval holds the prefill, so rates start after it."""
+    mark = (stats.completion_tokens, stats.elapsed_s)
+    if last is None or last[0] < 1:
+        return None, mark
+    tokens, seconds = stats.completion_tokens - last[0], stats.elapsed_s - last[1]
+    if tokens <= 0 or seconds <= 0:
+        return None, last
+    return tokens / seconds, mark
+
+
+class RateSparkline(Sparkline):
+    """Live decode tokens/s of the reply being generated, one bar per UI update (the
+    latest at the right); hidden until there are two figures to compare."""
+
+    SAMPLES = 48
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__([], **kwargs)
+        self.samples: list[float] = []
+        self._mark: tuple[int, float] | None = None
+
+    def reset(self) -> None:
+        self.samples, self._mark = [], None
+        self.data = []
+        self.display = False
+
+    def add(self, stats: Stats) -> None:
+        rate, self._mark = live_rate(self._mark, stats)
+        if rate is None:
+            return
+        self.samples = (self.samples + [rate])[-self.SAMPLES:]
+        self.data = list(self.samples)
+        self.display = len(self.samples) >= 2
 
 
 class DraftRuns(Widget):

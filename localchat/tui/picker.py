@@ -1,0 +1,189 @@
+"""The model picker (F7, or "Choose model" in the palette): the models `localchat models`
+lists (bundled, Hugging Face cache, local files used before), each with its quant type,
+size, context length, KV bytes per token and whether it fits in memory at the chosen
+context, computed with `localchat plan`'s arithmetic (plan.model_size,
+plan.context_that_fits). Enter switches to the model, d makes it the speculative draft,
+n uses prompt lookup (ngram) as the draft, o turns speculation off. The app reloads the
+engine in a worker; this screen only chooses.
+
+Listing reads every file's header (and plan reads its tensor table), so it runs in a
+worker thread too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Static
+
+from localchat.engine import DEFAULT_CTX
+from localchat.errors import LocalchatError
+from localchat.models import ModelEntry, list_models
+from localchat.plan import context_that_fits, model_size
+from localchat.units import available_memory, human_bytes
+
+Choice = tuple[str, "str | None"]  # ("model", spec) or ("draft", spec | "ngram" | None)
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """One model as the picker shows it. fits None: not known (unreadable file)."""
+
+    entry: ModelEntry
+    ctx: int = 0  # the context it would load with now
+    weights_bytes: int = 0
+    kv_bytes_per_token: int = 0
+    fits: bool | None = None
+    problem: str | None = None
+
+    @property
+    def needs_bytes(self) -> int:
+        return self.weights_bytes + self.ctx * self.kv_bytes_per_token
+
+
+def load_context(ctx_size: int | None, context_length: int) -> int:
+    """The context a model loads with for this --ctx-size, as load_engine() picks it."""
+    if ctx_size is None:
+        return min(context_length, DEFAULT_CTX)
+    return context_length if ctx_size == 0 else ctx_size
+
+
+def model_row(entry: ModelEntry, ctx_size: int | None, memory: int) -> ModelRow:
+    if entry.facts is None:
+        return ModelRow(entry, problem=entry.error)
+    ctx = load_context(ctx_size, entry.facts.context_length)
+    try:
+        size = model_size(entry.facts)
+    except (LocalchatError, OSError, ValueError) as exc:
+        return ModelRow(entry, ctx, problem=str(exc))
+    return ModelRow(entry, ctx, size.weights_bytes, size.kv_bytes_per_token("f16"),
+                    fits=context_that_fits(size, memory, "f16") >= ctx)
+
+
+def model_rows(ctx_size: int | None, memory: int | None = None) -> tuple[list[ModelRow], int]:
+    """Every known model as a row, and the memory they were judged against (available
+    now: the current model stays loaded until its replacement is ready)."""
+    memory = available_memory() if memory is None else memory
+    return [model_row(e, ctx_size, memory) for e in list_models()], memory
+
+
+def _short(spec: str, width: int = 26) -> str:
+    return spec if len(spec) <= width else spec[: width // 2 - 1] + "…" + spec[-(width // 2):]
+
+
+class ModelPickerScreen(ModalScreen["Choice | None"]):
+    """The table of models; its answer is a Choice for the app to load."""
+
+    BINDINGS = [
+        Binding("escape", "cancel", "Close"),
+        Binding("d", "choose('draft')", "Use as draft"),
+        Binding("n", "ngram", "ngram draft"),
+        Binding("o", "draft_off", "Speculation off"),
+    ]
+
+    def __init__(self, model: str, draft: str | None, ctx_size: int | None,
+                 current_path: str | None = None) -> None:
+        super().__init__(classes="modal")
+        self.model, self.draft, self.ctx_size = model, draft, ctx_size
+        self.current_path = current_path
+        self.rows: list[ModelRow] = []
+        self.memory = 0
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog picker"):
+            yield Static("Models · Enter: switch · d: draft · n: ngram draft · o: no draft",
+                         classes="question")
+            yield DataTable(id="models", cursor_type="row", zebra_stripes=True)
+            yield Static("reading the model files…", id="model-detail", classes="hint")
+            draft = self.draft or "off"
+            yield Static(f"now: {_short(self.model, 30)} · draft: {_short(draft, 24)} · Esc closes",
+                         id="model-now", classes="hint")
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns(" ", "model", "quant", "size", "ctx", "KV/tok", "fits")
+        table.focus()
+        self._read_models()
+
+    @work(thread=True, exclusive=True)
+    def _read_models(self) -> None:
+        rows, memory = model_rows(self.ctx_size)
+        self.app.call_from_thread(self.show_rows, rows, memory)
+
+    def _is_current(self, row: ModelRow) -> bool:
+        return row.entry.spec == self.model or str(row.entry.path) == self.current_path
+
+    def show_rows(self, rows: list[ModelRow], memory: int) -> None:
+        self.rows, self.memory = rows, memory
+        table = self.query_one(DataTable)
+        table.clear()
+        for i, row in enumerate(rows):
+            mark = "●" if self._is_current(row) else ("◆" if row.entry.spec == self.draft else "")
+            f = row.entry.facts
+            if f is None or row.problem:
+                cells = [mark, _short(row.entry.spec), "–", "–", "–", "–", Text("error", "red")]
+            else:
+                fits = Text("yes", "green") if row.fits else Text("no", "bold red")
+                cells = [mark, _short(row.entry.spec), f.quant_type, human_bytes(f.file_size),
+                         str(f.context_length), human_bytes(row.kv_bytes_per_token), fits]
+            table.add_row(*cells, key=str(i))
+        if not rows:
+            self.query_one("#model-detail", Static).update(
+                "no models found; try `localchat pull OWNER/REPO:QUANT`")
+        else:
+            current = next((i for i, r in enumerate(rows) if self._is_current(r)), 0)
+            table.move_cursor(row=current)
+            self._show_detail(current)
+
+    def _show_detail(self, index: int) -> None:
+        if not 0 <= index < len(self.rows):
+            return
+        row = self.rows[index]
+        f = row.entry.facts
+        if f is None or row.problem:
+            text = f"{row.entry.spec}: {row.problem}"
+        else:
+            verdict = "fits" if row.fits else "does NOT fit"
+            text = (f"{f.name} · {f.architecture} · {row.entry.source} · at ctx {row.ctx}: "
+                    f"weights {human_bytes(row.weights_bytes)} + KV "
+                    f"{human_bytes(row.ctx * row.kv_bytes_per_token)} = "
+                    f"{human_bytes(row.needs_bytes)}, {verdict} in "
+                    f"{human_bytes(self.memory)} available")
+        self.query_one("#model-detail", Static).update(text)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._show_detail(event.cursor_row)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.action_choose("model")
+
+    def _highlighted(self) -> ModelRow | None:
+        index = self.query_one(DataTable).cursor_row
+        return self.rows[index] if 0 <= index < len(self.rows) else None
+
+    def action_choose(self, kind: str) -> None:
+        row = self._highlighted()
+        if row is None:
+            return
+        if row.entry.facts is None or row.problem:
+            self.app.bell()
+            self.query_one("#model-detail", Static).update(
+                f"✗ cannot use {row.entry.spec}: {row.problem}")
+            return
+        self.dismiss((kind, row.entry.spec))
+
+    def action_ngram(self) -> None:
+        self.dismiss(("draft", "ngram"))
+
+    def action_draft_off(self) -> None:
+        self.dismiss(("draft", None))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
