@@ -1,0 +1,115 @@
+"""`localchat run --batch FILE.jsonl` through the real command, on the bundled model:
+results in input order, ids echoed, bad lines reported without stopping the rest."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+LOCALCHAT = [sys.executable, "-m", "localchat"]
+
+
+def localchat(*args, stdin: str = "", timeout=180):
+    return subprocess.run([*LOCALCHAT, *args], input=stdin, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ))
+
+
+def jsonl(*objects) -> str:
+    return "".join((o if isinstance(o, str) else json.dumps(o)) + "\n" for o in objects)
+
+
+def records(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines()]
+
+
+def test_order_ids_overrides_and_bad_lines_do_not_stop_the_rest(tmp_path):
+    batch = tmp_path / "requests.jsonl"
+    batch.write_text(jsonl(
+        {"id": "long", "prompt": "Write a long story about a dragon.", "max_tokens": 40},
+        {"prompt": "Hi"},  # no id: its line number, 2
+        "",  # blank: skipped (but still counted as line 3)
+        "{not json",
+        {"id": "three", "prompt": "Count from one to ten.", "max_tokens": 3},
+        {"id": "both", "prompt": "a", "messages": [{"role": "user", "content": "b"}]},
+        {"id": "temp", "prompt": "a", "temperature": -1},
+        {"id": "huge", "prompt": "hello " * 400},  # longer than -c 256
+        {"id": "chat", "messages": [{"role": "system", "content": "Answer in one word."},
+                                    {"role": "user", "content": "Capital of France?"}]},
+    ))
+    proc = localchat("run", "--batch", str(batch), "--temp", "0", "-n", "8", "-c", "256")
+    assert proc.returncode == 1, proc.stderr  # some lines failed
+    assert "Traceback" not in proc.stderr
+    out = records(proc.stdout)
+    assert [r["id"] for r in out] == ["long", 2, 4, "three", "both", "temp", "huge", "chat"]
+    ok = {r["id"]: r for r in out if "error" not in r}
+    errors = {r["id"]: r["error"] for r in out if "error" in r}
+    assert set(ok) == {"long", 2, "three", "chat"}
+    assert "line 4" in errors[4] and "JSON" in errors[4]
+    assert "exactly one of 'prompt' or 'messages'" in errors["both"]
+    assert "temperature must be >= 0" in errors["temp"]
+    assert "context window" in errors["huge"]
+    assert all("\n" not in e for e in errors.values())
+    assert ok["long"]["stats"]["completion_tokens"] == 40  # the line's max_tokens, not -n
+    assert ok["three"]["stats"]["completion_tokens"] <= 3
+    assert ok[2]["stats"]["completion_tokens"] <= 8
+    for r in ok.values():
+        assert r["text"] and r["finish_reason"] in ("stop", "length")
+        assert r["stats"]["prompt_tokens"] > 0
+
+
+def test_stdin_and_all_good_exits_0():
+    proc = localchat("run", "--batch", "-", "--temp", "0", "-n", "4",
+                     stdin=jsonl({"prompt": "Hello"}, {"id": "x", "prompt": "Bye"}))
+    assert proc.returncode == 0, proc.stderr
+    out = records(proc.stdout)
+    assert [r["id"] for r in out] == [1, "x"]
+    assert all(r["stats"]["completion_tokens"] <= 4 for r in out)
+
+
+@pytest.mark.parametrize("engine", ["llama.cpp", "torch"])
+def test_greedy_batch_line_equals_run(engine, tmp_path):
+    prompt = "What is the capital of France?"
+    flags = ["--engine", engine, "--temp", "0", "-n", "8", "-s", "Be brief."]
+    single = localchat("run", *flags, "--json", prompt)
+    assert single.returncode == 0, single.stderr
+    batch = localchat("run", "--batch", "-", *flags,
+                      stdin=jsonl({"prompt": prompt}, {"prompt": "Tell me a joke."}))
+    assert batch.returncode == 0, batch.stderr
+    assert records(batch.stdout)[0]["text"] == json.loads(single.stdout)["text"]
+
+
+def test_missing_file_is_a_one_line_error():
+    proc = localchat("run", "--batch", "/nonexistent/requests.jsonl")
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "localchat: error: cannot read /nonexistent/requests.jsonl: No such file or directory"]
+
+
+def test_a_prompt_with_batch_is_a_usage_error(tmp_path):
+    proc = localchat("run", "--batch", "-", "hello")
+    assert proc.returncode == 2 and "give no PROMPT" in proc.stderr
+
+
+def test_ctrl_c_cancels_in_flight_lines(tmp_path):
+    batch = tmp_path / "requests.jsonl"
+    batch.write_text(jsonl({"id": "first", "prompt": "Hi", "max_tokens": 1},
+                           *({"prompt": "Write a very long essay about rivers.",
+                              "max_tokens": 2000} for _ in range(3))))
+    proc = subprocess.Popen([*LOCALCHAT, "run", "--batch", str(batch), "-n", "8"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    first = json.loads(proc.stdout.readline())  # generation is under way
+    assert first["id"] == "first"
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "cancelled" in stderr
+    rest = records(stdout)
+    assert len(rest) <= 3
+    assert all(r["finish_reason"] == "cancelled" for r in rest)
