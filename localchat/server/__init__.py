@@ -1,1 +1,112 @@
-"""`localchat serve`: an OpenAI-compatible HTTP server on the engine interface."""
+"""`localchat serve`: an OpenAI-compatible HTTP server on the engine interface.
+
+Safe by default: it binds 127.0.0.1, and any address reachable from elsewhere needs
+--api-key. The socket is bound before the model loads, so a port in use is a one-line
+error at once rather than after the load. SIGTERM and Ctrl+C stop it cleanly: running
+requests are cancelled, their threads joined and the engine closed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import signal
+import socket
+import sys
+
+from localchat.errors import LocalchatError, UsageError
+
+API_KEY_ENV = "LOCALCHAT_API_KEY"
+GRACEFUL_SHUTDOWN_S = 5  # running requests get this long to finish before they are cut
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    if api_key is not None and not api_key.strip():
+        raise UsageError("--api-key must not be empty")
+    if args.max_queue < 1:
+        raise UsageError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be 0..65535, got {args.port}")
+    family, address, loopback = resolve_host(args.host, args.port)
+    if not loopback and api_key is None:
+        raise UsageError(f"{args.host} is reachable from other machines: serving it needs "
+                         f"--api-key KEY (or ${API_KEY_ENV}); or bind 127.0.0.1")
+    sock = bind(family, address, args.host)
+    try:
+        return _serve(args, sock, loopback, api_key)
+    finally:
+        sock.close()
+
+
+def resolve_host(host: str, port: int) -> tuple[int, tuple, bool]:
+    """The address --host names, and whether it is loopback only."""
+    from localchat.server.security import is_loopback
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UsageError(f"--host {host}: {exc.strerror}") from None
+    family, _, _, _, address = infos[0]
+    return family, address, is_loopback(address[0])
+
+
+def bind(family: int, address: tuple, host: str) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # SO_REUSEADDR (not SO_REUSEPORT): a port another server listens on is still refused
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)  # connections made while the model loads wait in the backlog
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise LocalchatError(f"port {address[1]} on {host} is already in use "
+                                 "(pick another with --port, or --port 0 for any free one)"
+                                 ) from None
+        raise LocalchatError(f"cannot listen on {host} port {address[1]}: {exc.strerror}") from None
+    return sock
+
+
+def _engine_settings(args: argparse.Namespace):
+    """ChatSettings from the serve flags: the sampling flags it lacks (requests bring
+    their own) take their defaults, and --api-key is this server's, not an endpoint's."""
+    from localchat.cli import _sampling_flags
+    from localchat.settings import ChatSettings
+
+    defaults = vars(_sampling_flags().parse_args([]))
+    return ChatSettings.from_args(argparse.Namespace(
+        **{**defaults, **vars(args), "endpoint": None, "api_key": None}))
+
+
+def _serve(args: argparse.Namespace, sock: socket.socket, loopback: bool,
+           api_key: str | None) -> int:
+    import uvicorn
+
+    from localchat.server.app import Server
+
+    engine = _engine_settings(args).load_engine()
+    server = Server(engine, max_queue=args.max_queue)
+    try:
+        config = uvicorn.Config(server.build(loopback=loopback, api_key=api_key),
+                                log_level="warning", access_log=False, lifespan="on",
+                                server_header=False,
+                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        print(f"localchat: serving {engine.info.name} on http://{shown}:{port}/v1 "
+              f"(engine {engine.name})", file=sys.stderr, flush=True)
+        # uvicorn handles SIGTERM/SIGINT while it runs, then re-raises the signal under
+        # the handler found before: for SIGTERM, this one, so a stop is a clean exit 0.
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        try:
+            uvicorn.Server(config).run(sockets=[sock])
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    finally:
+        server.jobs.cancel_all()
+        server.jobs.join(10.0)
+        engine.close()
+    return 0

@@ -1,0 +1,106 @@
+"""The OpenAI response objects, streamed (SSE chunks) or whole, from engine events.
+
+Besides OpenAI's `usage`, each finished request carries `timings` in the shape
+llama.cpp's server uses (prompt_n, prompt_ms, predicted_n, predicted_per_second, ...)
+plus ttft_ms, so tools written for llama.cpp read our numbers unchanged. The numbers
+are the engine's own Stats: measured where the work happened.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+
+from localchat.engine.base import Result, Stats
+
+SSE_DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse(payload: dict) -> bytes:
+    """One server-sent event: `data: {json}` and a blank line."""
+    return b"data: " + json.dumps(payload, ensure_ascii=False,
+                                  separators=(",", ":")).encode() + b"\n\n"
+
+
+def finish_reason(result: Result) -> str:
+    # "cancelled" happens only when the client is gone (or the server is stopping), so
+    # no connected client should ever read it; if one does, the reply did stop.
+    return "stop" if result.finish_reason == "cancelled" else result.finish_reason
+
+
+def usage(stats: Stats) -> dict:
+    return {"prompt_tokens": stats.prompt_tokens,
+            "completion_tokens": stats.completion_tokens,
+            "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
+
+
+def timings(stats: Stats) -> dict:
+    evaluated = stats.prompt_tokens - stats.cached_tokens
+    prompt_ms = evaluated / stats.prefill_tok_s * 1000 if stats.prefill_tok_s > 0 else 0.0
+    decode_ms = max(0.0, stats.elapsed_s - stats.ttft_s) * 1000
+    decoded = max(0, stats.completion_tokens - 1)  # tokens after the first one
+    return {
+        "cache_n": stats.cached_tokens,
+        "prompt_n": evaluated,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / evaluated, 3) if evaluated else 0.0,
+        "prompt_per_second": round(stats.prefill_tok_s, 3),
+        "predicted_n": stats.completion_tokens,
+        "predicted_ms": round(decode_ms, 3),
+        "predicted_per_token_ms": round(1000 / stats.decode_tok_s, 3)
+        if stats.decode_tok_s > 0 else 0.0,
+        "predicted_per_second": round(stats.decode_tok_s, 3),
+        "decoded_n": decoded,
+        "ttft_ms": round(stats.ttft_s * 1000, 3),
+    }
+
+
+class Reply:
+    """The objects of one response: a chat completion or a text completion."""
+
+    def __init__(self, chat: bool, model: str) -> None:
+        self.chat = chat
+        self.model = model
+        self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+        self.created = int(time.time())
+
+    def _envelope(self, obj: str, choices: list) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": choices}
+
+    def body(self, result: Result) -> dict:
+        """The whole (non-streamed) response."""
+        choice = {"index": 0, "finish_reason": finish_reason(result), "logprobs": None}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": result.text}
+        else:
+            choice["text"] = result.text
+        return {**self._envelope("chat.completion" if self.chat else "text_completion",
+                                 [choice]),
+                "usage": usage(result.stats), "timings": timings(result.stats)}
+
+    def chunk(self, text: str | None = None, finish: Result | None = None,
+              role: bool = False) -> dict:
+        """One streamed chunk: the role (chat, first), a piece of text, or the finish."""
+        choice: dict = {"index": 0, "finish_reason": finish_reason(finish) if finish else None,
+                        "logprobs": None}
+        if self.chat:
+            delta: dict = {"role": "assistant", "content": ""} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice["delta"] = delta
+        else:
+            choice["text"] = text or ""
+        out = self._envelope("chat.completion.chunk" if self.chat else "text_completion",
+                             [choice])
+        if finish is not None:
+            out["timings"] = timings(finish.stats)
+        return out
+
+    def usage_chunk(self, result: Result) -> dict:
+        """stream_options.include_usage: a last chunk with no choices and the usage."""
+        return {**self._envelope("chat.completion.chunk" if self.chat else "text_completion",
+                                 []), "usage": usage(result.stats)}

@@ -1,0 +1,218 @@
+"""Request bodies of /v1/chat/completions and /v1/completions, checked field by field.
+
+Clients send JSON from anywhere, so nothing reaches the engine before it has the type
+and range checked here; a bad field is a 400 naming the field (`param`), never a 500.
+Fields this server does not implement (logit_bias, user, ...) are ignored, as llama.cpp's
+server does, except `n`: more than one choice would be silently wrong, so it is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from localchat.engine.base import Message, SamplingParams
+from localchat.errors import UsageError
+from localchat.server.errors import ApiError
+
+MAX_MESSAGES = 1024
+MAX_STOPS = 16
+MAX_STOP_CHARS = 1000
+SEED_RANGE = 2 ** 32  # llama.cpp seeds are 32-bit; larger seeds are folded into it
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+@dataclass(frozen=True)
+class CompletionBody:
+    """One validated request: chat messages, or a plain-text prompt for /v1/completions."""
+
+    messages: tuple[Message, ...]
+    prompt: str | None
+    sampling: SamplingParams
+    max_tokens: int | None
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+def parse_json(raw: bytes) -> dict:
+    """The body as a JSON object; NaN and Infinity are not JSON and are refused too."""
+
+    def no_constants(name: str) -> Any:
+        raise ValueError(name)
+
+    try:
+        body = json.loads(raw, parse_constant=no_constants)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def parse_chat(body: dict, n_ctx: int) -> CompletionBody:
+    return _common(body, n_ctx, messages=_messages(body.get("messages")), prompt=None)
+
+
+def parse_text(body: dict, n_ctx: int) -> CompletionBody:
+    return _common(body, n_ctx, messages=(), prompt=_prompt(body.get("prompt")))
+
+
+def _bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def _common(body: dict, n_ctx: int, *, messages: tuple[Message, ...],
+            prompt: str | None) -> CompletionBody:
+    if "model" in body and not isinstance(body["model"], str):
+        raise _bad("model", "model must be a string", "invalid_type")
+    n = body.get("n")
+    if n is not None and (_integer("n", n) != 1):
+        raise _bad("n", "only n=1 is supported")
+    stream = _boolean("stream", body.get("stream", False))
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad("stream_options", "stream_options must be an object", "invalid_type")
+    include_usage = _boolean("stream_options.include_usage",
+                             (options or {}).get("include_usage", False))
+    for ignored in ("frequency_penalty", "presence_penalty"):
+        if body.get(ignored) is not None:
+            _number(ignored, body[ignored], -2.0, 2.0)
+    return CompletionBody(
+        messages=messages, prompt=prompt, sampling=_sampling(body),
+        max_tokens=_max_tokens(body, n_ctx), stop=_stop(body.get("stop")),
+        stream=stream, include_usage=include_usage,
+    )
+
+
+def _sampling(body: dict) -> SamplingParams:
+    defaults = SamplingParams()
+
+    def number(name: str, lo: float, hi: float, default: float, *, lo_open: bool = False) -> float:
+        value = body.get(name)
+        return default if value is None else _number(name, value, lo, hi, lo_open=lo_open)
+
+    top_k, seed = body.get("top_k"), body.get("seed")
+    if seed is not None:
+        seed = _integer("seed", seed)
+        seed = None if seed < 0 else seed % SEED_RANGE  # -1: random, as in llama.cpp
+    values = dict(
+        temperature=number("temperature", 0.0, 2.0, defaults.temperature),
+        top_p=number("top_p", 0.0, 1.0, defaults.top_p, lo_open=True),
+        min_p=number("min_p", 0.0, 1.0, defaults.min_p),
+        repeat_penalty=number("repeat_penalty", 0.0, 10.0, defaults.repeat_penalty,
+                              lo_open=True),
+        top_k=defaults.top_k if top_k is None else _int_range("top_k", top_k, 0, 1_000_000),
+        seed=seed,
+    )
+    try:
+        return SamplingParams(**values)
+    except UsageError as exc:  # the ranges above are SamplingParams'; this is a backstop
+        raise _bad("sampling", str(exc)) from None
+
+
+def _max_tokens(body: dict, n_ctx: int) -> int | None:
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    value = body.get(name)
+    if value is None:
+        return None  # until a stop or the end of the context, as llama.cpp does
+    if _integer(name, value) < 1 or value > n_ctx:
+        raise _bad(name, f"{name} must be between 1 and the context window ({n_ctx} tokens), "
+                         f"got {value}")
+    return value
+
+
+def _messages(value: Any) -> tuple[Message, ...]:
+    if value is None:
+        raise _bad("messages", "messages is required", "missing_required_parameter")
+    if not isinstance(value, list):
+        raise _bad("messages", "messages must be an array", "invalid_type")
+    if not 1 <= len(value) <= MAX_MESSAGES:
+        raise _bad("messages", f"messages must hold 1 to {MAX_MESSAGES} messages, "
+                               f"got {len(value)}")
+    return tuple(_message(i, m) for i, m in enumerate(value))
+
+
+def _message(i: int, value: Any) -> Message:
+    param = f"messages[{i}]"
+    if not isinstance(value, dict):
+        raise _bad(param, f"{param} must be an object", "invalid_type")
+    role = value.get("role")
+    if not isinstance(role, str) or role not in _ROLES:
+        raise _bad(f"{param}.role", f"{param}.role must be one of system, developer, user, "
+                                    "assistant")
+    content = value.get("content")
+    if content is None and role == "assistant":
+        content = ""
+    return Message(_ROLES[role], _content(f"{param}.content", content))
+
+
+def _content(param: str, value: Any) -> str:
+    """A string, or an array of text parts (the form newer OpenAI clients send)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for part in value:
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise _bad(param, f"{param}: only text parts are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise _bad(param, f"{param} must be a string or an array of text parts", "invalid_type")
+
+
+def _prompt(value: Any) -> str:
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]  # ["text"]: one prompt, as some clients send it
+    if value is None:
+        raise _bad("prompt", "prompt is required", "missing_required_parameter")
+    if not isinstance(value, str):
+        raise _bad("prompt", "prompt must be a string", "invalid_type")
+    if not value:
+        raise _bad("prompt", "prompt must not be empty")
+    return value
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise _bad("stop", "stop must be a string or an array of strings", "invalid_type")
+    if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise _bad("stop", f"stop takes at most {MAX_STOPS} strings of at most "
+                           f"{MAX_STOP_CHARS} characters")
+    return tuple(s for s in stops if s)
+
+
+def _boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _bad(name, f"{name} must be true or false", "invalid_type")
+    return value
+
+
+def _integer(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(name, f"{name} must be an integer", "invalid_type")
+    return value
+
+
+def _int_range(name: str, value: Any, lo: int, hi: int) -> int:
+    if not lo <= _integer(name, value) <= hi:
+        raise _bad(name, f"{name} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _number(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(name, f"{name} must be a number", "invalid_type")
+    value = float(value)
+    low_ok = value > lo if lo_open else value >= lo
+    if not (math.isfinite(value) and low_ok and value <= hi):
+        bracket = "(" if lo_open else "["
+        raise _bad(name, f"{name} must be in {bracket}{lo:g}, {hi:g}], got {value:g}")
+    return value

@@ -1,0 +1,64 @@
+"""A streamed completion: SSE chunks from a running job, ending with `data: [DONE]`.
+
+The response cancels its job however it ends: a client that disconnects mid-stream
+(Starlette stops the body iterator) must not leave the engine generating, and holding
+KV cache, for nobody.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import AsyncIterator
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from localchat.engine.base import Delta, Event, Result
+from localchat.errors import LocalchatError
+from localchat.server.errors import internal_error
+from localchat.server.jobs import Job
+from localchat.server.responses import SSE_DONE, SSE_HEADERS, Reply, sse
+
+log = logging.getLogger("localchat.server")
+
+
+class JobStream(StreamingResponse):
+    """text/event-stream of one job; the job is cancelled when the response ends."""
+
+    def __init__(self, job: Job, reply: Reply, first: Event, include_usage: bool) -> None:
+        super().__init__(_chunks(job, reply, first, include_usage),
+                         media_type="text/event-stream", headers=SSE_HEADERS)
+        self.job = job
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel.set()  # no effect on a job that has finished
+            await self.body_iterator.aclose()
+
+
+async def _chunks(job: Job, reply: Reply, first: Event,
+                  include_usage: bool) -> AsyncIterator[bytes]:
+    if reply.chat:
+        yield sse(reply.chunk(role=True))
+    event: Event | None = first
+    while event is not None:
+        if isinstance(event, Result):
+            yield sse(reply.chunk(finish=event))
+            if include_usage:
+                yield sse(reply.usage_chunk(event))
+            yield SSE_DONE
+            return
+        if isinstance(event, Delta) and event.text:
+            yield sse(reply.chunk(text=event.text))
+        try:
+            event = await job.next()
+        except LocalchatError as exc:  # headers are sent: the error goes in the stream
+            log.warning("generation failed mid-stream: %s", exc)
+            yield sse(internal_error().body())
+            return
+        except Exception:
+            log.exception("generation failed mid-stream")
+            yield sse(internal_error().body())
+            return
