@@ -67,9 +67,10 @@ class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMi
         Binding("f3", "copy_code", "Copy code", show=False, id="copy_code"),
         Binding("f4", "toggle_draft_colours", "Draft colours", show=False,
                 id="toggle_draft_colours"),
-        Binding("f6", "parameters", "Params", id="parameters"),
-        Binding("f7", "pick_model", "Model", id="pick_model"),
-        Binding("f8", "toggle_speculation", "Draft on/off", show=False,
+        # priority: the input box (a TextArea) has its own F6 and F7 (select line / all)
+        Binding("f6", "parameters", "Params", priority=True, id="parameters"),
+        Binding("f7", "pick_model", "Model", priority=True, id="pick_model"),
+        Binding("f8", "toggle_speculation", "Draft on/off", show=False, priority=True,
                 id="toggle_speculation"),
         Binding("ctrl+t", "toggle_dark", "Theme", show=False, id="toggle_theme"),
         Binding("f1", "help", "Help", id="help"),

@@ -90,11 +90,17 @@ class ControlsMixin:
             self._db(lambda st: st.update_settings(cid, system_prompt=text))
         self._info("system prompt set" if text else "system prompt cleared")
 
+    def _params(self) -> dict:
+        """What a conversation and each reply store: sampling, max_tokens and a context
+        size set with -c or the parameters panel (kept for the record)."""
+        params = self.settings.params()
+        if self.settings.ctx_size is not None:
+            params["ctx_size"] = self.settings.ctx_size
+        return params
+
     def _save_settings(self) -> None:
         if self.conversation is not None:
-            cid, params = self.conversation.id, self.settings.params()
-            if self.settings.ctx_size is not None:  # set in the parameters panel
-                params["ctx_size"] = self.settings.ctx_size
+            cid, params = self.conversation.id, self._params()
             self._db(lambda st: st.update_settings(cid, params=params))
 
     # -- actions -----------------------------------------------------------------------

@@ -78,7 +78,7 @@ class ConversationsMixin:
             return
         s = self.settings
         self.conversation = self._db(lambda st: st.create_conversation(
-            title_from(first_text), model=s.model, system_prompt=s.system, params=s.params()))
+            title_from(first_text), model=s.model, system_prompt=s.system, params=self._params()))
 
     async def _continue_last_conversation(self) -> None:
         last = self._db(lambda st: st.last_conversation())

@@ -49,7 +49,7 @@ class GenerationMixin:
             entry = Entry("assistant", "", view, runs=[])
             if conv is not None:
                 entry.db_id = self._db(lambda st: st.begin_reply(
-                    conv.id, model=s.model, params=s.params()))
+                    conv.id, model=s.model, params=self._params()))
             self.entries.append(entry)
             prefix = ""
         else:

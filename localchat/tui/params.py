@@ -3,7 +3,7 @@ top-p, min-p, repeat penalty, max tokens, context size and seed in one form.
 
 Values are checked by the same code as `/set` (chat/commands.py: parse_set, then
 apply_set, whose SamplingParams raises UsageError for a bad value), so the panel and
-the slash command cannot disagree. A bad field gets its error on the line below it and
+the slash command cannot disagree. A bad field shows its error in place of its hint and
 nothing is applied; good values go back to the app, which uses them for the next reply
 and stores them with the conversation. A new context size reloads the engine.
 """
@@ -115,8 +115,7 @@ class ParamsScreen(ModalScreen["ParamValues | None"]):
                     yield Label(label, classes="param-label")
                     yield Input(_text(self._value(field)), id=f"param-{field}",
                                 classes="param-input", compact=True)
-                    yield Label(hint, classes="param-hint")
-                yield Static("", id=f"error-{field}", classes="param-error")
+                    yield Label(hint, id=f"hint-{field}", classes="param-hint")
             if self.note:
                 yield Static(self.note, classes="hint")
             with Horizontal(classes="buttons"):
@@ -131,11 +130,12 @@ class ParamsScreen(ModalScreen["ParamValues | None"]):
 
     def apply(self) -> None:
         values, errors = check_values(self.texts(), self.sampling, self.max_tokens, self.n_ctx)
-        for field, *_ in FIELDS:
-            error = self.query_one(f"#error-{field}", Static)
-            error.update(f"✗ {errors[field]}" if field in errors else "")
-            error.set_class(field in errors, "shown")
-            self.query_one(f"#param-{field}", Input).set_class(field in errors, "bad")
+        for field, label, _, hint in FIELDS:  # an error takes the place of the field's hint
+            bad = field in errors
+            message = errors.get(field, "").removeprefix(f"{label} ")
+            self.query_one(f"#hint-{field}", Label).update(f"✗ {message}" if bad else hint)
+            self.query_one(f"#hint-{field}", Label).set_class(bad, "error")
+            self.query_one(f"#param-{field}", Input).set_class(bad, "bad")
         if values is not None:
             self.dismiss(values)
         else:

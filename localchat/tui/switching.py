@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from textual import work
+from textual.actions import SkipAction
 from textual.message import Message as TextualMessage
 
 from localchat.engine.base import Engine
@@ -45,7 +46,13 @@ class SwitchingMixin:
 
     # -- parameters ------------------------------------------------------------------
 
+    def _on_chat_screen(self) -> None:
+        """These keys are priority bindings: over a dialog, let the key through."""
+        if self.screen is not self.screen_stack[0]:
+            raise SkipAction()
+
     def action_parameters(self) -> None:
+        self._on_chat_screen()
         s = self.settings
         n_ctx = self.engine.info.n_ctx if self.engine is not None else (s.ctx_size or 0)
         self.push_screen(ParamsScreen(s.sampling, s.max_tokens, n_ctx,
@@ -69,6 +76,7 @@ class SwitchingMixin:
     # -- models and drafts -----------------------------------------------------------
 
     def action_pick_model(self) -> None:
+        self._on_chat_screen()
         s = self.settings
         path = self.engine.info.path if self.engine is not None else None
         self.push_screen(ModelPickerScreen(s.model, s.draft, s.ctx_size, path), self._picked)
@@ -90,6 +98,7 @@ class SwitchingMixin:
                                f"draft {draft_label(spec)}" if spec else "without a draft")
 
     def action_toggle_speculation(self) -> None:
+        self._on_chat_screen()
         s = self.settings
         if s.draft:
             self._last_draft = (s.draft, s.num_draft_tokens)

@@ -82,8 +82,8 @@ def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> 
     """One line: TTFT, prefill and decode rates, KV cache bar and bytes, context used N
     of M (⚠ from 90 % on, before it overflows), and the draft's acceptance when
     speculative decoding is on. Given a width, the least useful figures go first until
-    the line fits: KV bytes, the prefill rate's words (`pp 312`), half the KV bar, the
-    prefill rate, TTFT, the KV bar, then the context."""
+    the line fits: KV bytes, the rates' words (`pp 312 · 61.3 tok/s`), half the KV bar,
+    TTFT, the KV bar with the prefill rate, then the context."""
     if stats is None:
         return state
     ttft = f"TTFT {stats.ttft_s * 1000:.0f} ms" if stats.ttft_s > 0 else "TTFT –"
@@ -110,7 +110,7 @@ def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> 
         [state, ttft, rates, kv(8), ctx, draft],
         [state, ttft, rates_short, kv(8), ctx, draft],
         [state, ttft, rates_short, kv(4), ctx, draft],
-        [state, ttft, rate, kv(4), ctx, draft],
+        [state, rates_short, kv(4), ctx, draft],
         [state, rate, kv(4), ctx, draft],
         [state, rate, ctx, draft],
         [state, rate, draft],

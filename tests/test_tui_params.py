@@ -1,0 +1,311 @@
+"""The parameters panel (F6), the model picker (F7), speculation on/off (F8) and the
+live gauges (decode tok/s sparkline, prefill vs decode), driven with Pilot against the
+real bundled model on llama.cpp."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+
+import pytest
+from rich.cells import cell_len
+from textual.widgets import DataTable, Input
+
+from localchat.engine.base import SamplingParams, Stats
+from localchat.settings import ChatSettings
+from localchat.tui.app import ChatApp
+from localchat.tui.keymap import parse_keymap
+from localchat.tui.palette import PALETTE_ACTIONS
+from localchat.tui.params import ParamsScreen, check_values
+from localchat.tui.picker import ModelPickerScreen, load_context, model_row
+from localchat.tui.widgets import GaugeBar, RateSparkline, format_gauges, live_rate
+from test_tui import send, wait_until
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def ready(app) -> bool:
+    return app.query_one(GaugeBar).state == "ready" and app._reloading is None
+
+
+async def open_screen(pilot, key, screen_class):
+    await pilot.press(key)
+    await wait_until(pilot, lambda: isinstance(pilot.app.screen, screen_class))
+    await pilot.pause()
+    return pilot.app.screen
+
+
+async def fill(pilot, **values) -> None:
+    for field, value in values.items():
+        pilot.app.screen.query_one(f"#param-{field}", Input).value = str(value)
+
+
+def errors(app) -> dict[str, str]:
+    return {w.id.removeprefix("hint-"): str(w.render()) for w in app.screen.query(".param-hint")
+            if w.has_class("error")}
+
+
+# -- the parameters panel --------------------------------------------------------------
+
+
+async def test_parameters_panel_rejects_bad_values_inline_and_applies_good_ones(engine):
+    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=8), engine=engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: ready(app))
+        await send(pilot, "Say hi.")  # a conversation in the history to store them with
+        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        await open_screen(pilot, "f6", ParamsScreen)
+        await fill(pilot, temperature="hot", top_p="1.5", repeat_penalty="0", max_tokens="0",
+                   ctx_size="8", seed="-3")
+        await pilot.press("enter")
+        await pilot.pause()
+        shown = errors(app)
+        assert isinstance(app.screen, ParamsScreen), "an invalid form must stay open"
+        assert set(shown) == {"temperature", "top_p", "repeat_penalty", "max_tokens",
+                              "ctx_size", "seed"}
+        assert "✗ must be a number, got 'hot'" in shown["temperature"]
+        assert "must be in (0, 1], got 1.5" in shown["top_p"]  # SamplingParams' own message
+        assert "must be >= 1" in shown["max_tokens"]
+        assert app.settings.sampling == GREEDY and app.settings.max_tokens == 8  # not applied
+        await fill(pilot, temperature="0.7", top_k="12", top_p="0.9", min_p="0.1",
+                   repeat_penalty="1.1", max_tokens="", ctx_size=str(engine.info.n_ctx),
+                   seed="42")
+        await pilot.click("#apply")
+        await wait_until(pilot, lambda: not isinstance(app.screen, ParamsScreen))
+        expected = SamplingParams(temperature=0.7, top_k=12, top_p=0.9, min_p=0.1,
+                                  repeat_penalty=1.1, seed=42)
+        assert app.settings.sampling == expected and app.settings.max_tokens is None
+        assert app.engine is engine and app._reloading is None  # same context: no reload
+        stored = app.store.get_conversation(app.conversation.id).params
+        assert stored["temperature"] == 0.7 and stored["seed"] == 42 and stored["top_k"] == 12
+        # the next reply runs with them, and keeps them
+        await open_screen(pilot, "f6", ParamsScreen)
+        await fill(pilot, max_tokens="6")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: not isinstance(app.screen, ParamsScreen))
+        await send(pilot, "Tell me a story.")
+        await wait_until(pilot, lambda: len(app.history) == 4 and not app._generating)
+        assert app.entries[-1].stats.completion_tokens <= 6
+        reply = app.store.messages(app.conversation.id)[-1]
+        assert reply.params["temperature"] == 0.7 and reply.params["max_tokens"] == 6
+        await open_screen(pilot, "f6", ParamsScreen)
+        await pilot.press("escape")  # cancel changes nothing
+        await wait_until(pilot, lambda: not isinstance(app.screen, ParamsScreen))
+        assert not isinstance(app.screen, ParamsScreen) and app.settings.max_tokens == 6
+
+
+async def test_context_size_change_reloads_the_engine_without_blocking_the_ui(monkeypatch):
+    app = ChatApp(ChatSettings(ctx_size=256, threads=2, sampling=GREEDY, max_tokens=4))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: ready(app) and app.engine is not None)
+        old = app.engine
+        gate, real_load = threading.Event(), ChatSettings.load_engine
+        monkeypatch.setattr(ChatSettings, "load_engine",
+                            lambda self: gate.wait(60) and real_load(self))  # a slow load
+        await open_screen(pilot, "f6", ParamsScreen)
+        await fill(pilot, ctx_size="512")
+        await pilot.press("enter")
+        gauges = app.query_one(GaugeBar)
+        await wait_until(pilot, lambda: gauges.state.startswith("loading context 512… "))
+        await wait_until(pilot, lambda: gauges.state.endswith("1 s"))  # the count moves
+        await send(pilot, "typed while loading")  # the UI answers; nothing is sent yet
+        assert app.history == [] and "typed while loading" in app.query_one("#prompt").text
+        assert app.engine is old
+        gate.set()
+        await wait_until(pilot, lambda: ready(app))
+        assert app.engine is not old and app.engine.info.n_ctx == 512
+        assert app.settings.ctx_size == 512 and "ctx 512" in str(app.query_one("#title").render())
+        app.query_one("#prompt").clear()
+        await send(pilot, "Hi")
+        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        assert app.entries[-1].stats.context_capacity == 512
+        assert app.store.get_conversation(app.conversation.id).params["ctx_size"] == 512
+
+
+async def test_palette_opens_the_parameters_panel_and_the_model_picker(engine):
+    app = ChatApp(ChatSettings(sampling=GREEDY), engine=engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: ready(app))
+        for title, screen in (("Parameters", ParamsScreen), ("Choose model", ModelPickerScreen)):
+            await pilot.press("ctrl+p")
+            await pilot.pause(0.2)
+            await pilot.press(*title)
+            await pilot.pause(0.3)
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: isinstance(app.screen, screen))
+            await pilot.press("escape")
+            await wait_until(pilot, lambda: not isinstance(app.screen, screen))
+
+
+def test_check_values_uses_the_set_rules_and_reports_every_bad_field():
+    texts = {"temperature": "0.5", "top_k": "40", "top_p": "0.95", "min_p": "0.05",
+             "repeat_penalty": "1.0", "max_tokens": "", "ctx_size": "1024", "seed": ""}
+    values, errs = check_values(texts, SamplingParams(), None, 1024)
+    assert errs == {} and values.sampling.temperature == 0.5 and values.ctx_size is None
+    values, errs = check_values({**texts, "ctx_size": "0"}, SamplingParams(), None, 1024)
+    assert values.ctx_size == 0  # the model's full context
+    values, errs = check_values({**texts, "top_k": "1.5", "min_p": "2", "temperature": "0 .5",
+                                 "ctx_size": "big"}, SamplingParams(), None, 1024)
+    assert values is None and set(errs) == {"top_k", "min_p", "temperature", "ctx_size"}
+    assert "whole number" in errs["top_k"] and "min-p must be in [0, 1]" in errs["min_p"]
+
+
+def test_new_actions_are_documented_rebindable_and_in_the_palette():
+    from localchat.tui.help import help_markdown
+
+    for action in ("parameters", "pick_model", "toggle_speculation"):
+        assert parse_keymap({"keys": {action: "f9"}}) == {action: "f9"}
+        assert any(a == action for _, _, a in PALETTE_ACTIONS)
+    assert all(key in help_markdown() for key in ("| F6 |", "| F7 |", "| F8 |"))
+
+
+# -- the model picker and speculation ---------------------------------------------------
+
+
+@pytest.fixture
+def local_copy(tmp_path):
+    """A second model file (the bundled one, copied), remembered like a used local file."""
+    from localchat.models import bundled_model_path, resolve_model
+
+    target = tmp_path / "models" / "smollm2-copy.gguf"
+    target.parent.mkdir()
+    try:
+        os.link(bundled_model_path(), target)
+    except OSError:
+        shutil.copyfile(bundled_model_path(), target)
+    resolve_model(str(target))
+    return target
+
+
+async def test_model_picker_lists_models_and_switches_model_and_draft_live(local_copy):
+    app = ChatApp(ChatSettings(ctx_size=256, threads=2, sampling=GREEDY, max_tokens=12))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: ready(app) and app.engine is not None)
+        await send(pilot, "Hello")
+        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+
+        picker = await open_screen(pilot, "f7", ModelPickerScreen)
+        assert isinstance(picker, ModelPickerScreen)
+        await wait_until(pilot, lambda: len(picker.rows) >= 2)
+        specs = [r.entry.spec for r in picker.rows]
+        assert specs[0] == "default" and str(local_copy) in specs
+        bundled = picker.rows[0]
+        assert bundled.fits is True and bundled.ctx == 256
+        assert bundled.kv_bytes_per_token == 23040  # SmolLM2: 30 layers, 3 KV heads, 64 dims
+        table = picker.query_one(DataTable)
+        assert [str(c) for c in table.get_row_at(0)][2:] == [
+            "Q4_1", "93.8 MiB", "8192", "22.5 KiB", "yes"]
+        detail = str(picker.query_one("#model-detail").render())
+        assert "at ctx 256" in detail and "fits in" in detail
+
+        # n: prompt lookup as the draft, loaded live
+        await pilot.press("n")
+        await wait_until(pilot, lambda: ready(app) and app.settings.draft == "ngram")
+        assert "draft ngram" in str(app.query_one("#title").render())
+        await send(pilot, "Repeat exactly: the quick brown fox jumps over the lazy dog.")
+        await wait_until(pilot, lambda: len(app.history) == 4 and not app._generating)
+        assert app.entries[-1].stats.draft is not None
+
+        # F8: speculation off, and back on with the same draft
+        await pilot.press("f8")
+        await wait_until(pilot, lambda: ready(app) and app.settings.draft is None)
+        assert "draft" not in str(app.query_one("#title").render())
+        await pilot.press("f8")
+        await wait_until(pilot, lambda: ready(app) and app.settings.draft == "ngram")
+
+        # Enter on the other file: the model switches, the conversation records it
+        picker = await open_screen(pilot, "f7", ModelPickerScreen)
+        await wait_until(pilot, lambda: len(picker.rows) >= 2)
+        picker.query_one(DataTable).move_cursor(row=specs.index(str(local_copy)))
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: ready(app) and app.settings.model == str(local_copy))
+        assert app.engine.info.path == str(local_copy) and app.engine.info.n_ctx == 256
+        assert app.store.get_conversation(app.conversation.id).model == str(local_copy)
+        await send(pilot, "Hi again")
+        await wait_until(pilot, lambda: len(app.history) == 6 and not app._generating)
+        assert app.entries[-1].content
+
+        # d: the bundled file as a draft model for the copy
+        picker = await open_screen(pilot, "f7", ModelPickerScreen)
+        await wait_until(pilot, lambda: len(picker.rows) >= 2)
+        picker.query_one(DataTable).move_cursor(row=0)
+        await pilot.press("d")
+        await wait_until(pilot, lambda: ready(app) and app.settings.draft == "default")
+        await send(pilot, "Say one word.")
+        await wait_until(pilot, lambda: len(app.history) == 8 and not app._generating)
+        assert app.entries[-1].stats.draft is not None
+
+
+async def test_a_model_that_fails_to_load_keeps_the_old_one(engine, tmp_path):
+    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=4), engine=engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: ready(app))
+        from dataclasses import replace
+
+        assert app.switch_engine(replace(app.settings, model=str(tmp_path / "gone.gguf")), "gone")
+        await wait_until(pilot, lambda: ready(app))
+        assert app.engine is engine and app.settings.model == "default"
+        assert "could not load gone" in app.last_error
+        await send(pilot, "Hi")
+        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+
+
+def test_picker_rows_use_plan_arithmetic():
+    from localchat.models import list_models
+
+    entry = next(e for e in list_models() if e.spec == "default")
+    assert load_context(None, 8192) == 4096 and load_context(0, 8192) == 8192
+    row = model_row(entry, None, memory=10 * 2**30)
+    assert row.fits and row.ctx == 4096 and row.needs_bytes == row.weights_bytes + 4096 * 23040
+    assert model_row(entry, 8192, memory=row.weights_bytes + 8191 * 23040).fits is False
+
+
+# -- gauges ------------------------------------------------------------------------------
+
+
+async def test_sparkline_and_prefill_decode_rates_while_streaming(engine):
+    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=64), engine=engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: ready(app))
+        spark = app.query_one(RateSparkline)
+        seen = []
+        spark.watch(spark, "data", lambda d: seen.append((len(d or []), app._generating)),
+                    init=False)
+        await send(pilot, "Write a long story about a dragon.")
+        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        assert any(n >= 2 and generating for n, generating in seen), "no live samples"
+        assert spark.display and len(spark.samples) >= 2 and all(r > 0 for r in spark.samples)
+        gauges = app.query_one(GaugeBar)
+        assert gauges.stats.prefill_tok_s > 0 and gauges.stats.decode_tok_s > 0
+        line = str(gauges.render())
+        assert cell_len(line) <= gauges.content_size.width  # fits beside the sparkline at 80
+        assert "pp " in line or "prefill " in line
+    wide = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=8), engine=engine)
+    async with wide.run_test(size=(160, 30)) as pilot:
+        await wait_until(pilot, lambda: ready(wide))
+        await send(pilot, "Hi")
+        await wait_until(pilot, lambda: len(wide.history) == 2 and not wide._generating)
+        assert "prefill " in str(wide.query_one(GaugeBar).render())
+        assert " · decode " in str(wide.query_one(GaugeBar).render())
+
+
+def test_live_rate_and_prefill_in_the_gauge_line():
+    s = lambda n, t: Stats(completion_tokens=n, elapsed_s=t)  # noqa: E731
+    rate, mark = live_rate(None, s(1, 0.5))  # first token: its interval is the prefill
+    assert rate is None and mark == (1, 0.5)
+    rate, mark = live_rate(mark, s(5, 0.6))
+    assert rate == pytest.approx(40.0) and mark == (5, 0.6)
+    assert live_rate(mark, s(5, 0.7)) == (None, (5, 0.6))  # no new tokens: keep the mark
+    stats = Stats(prompt_tokens=500, completion_tokens=300, ttft_s=0.125, prefill_tok_s=312.4,
+                  decode_tok_s=61.3, kv_cache_bytes=900 * 23040,
+                  kv_cache_capacity_bytes=4096 * 23040, context_tokens=900,
+                  context_capacity=4096)
+    full = format_gauges(stats, "generating")
+    assert "prefill 312 · decode 61.3 tok/s" in full
+    for width in (78, 66, 52, 40):  # 80 columns, then beside the sparkline, the sidebar
+        line = format_gauges(stats, "generating", width=width)
+        assert cell_len(line) <= width and "61.3 tok/s" in line
+    assert "pp 312 · 61.3 tok/s" in format_gauges(stats, "generating", width=66)
+    no_prefill = format_gauges(Stats(decode_tok_s=42.0), "ready")
+    assert "prefill" not in no_prefill and "42.0 tok/s" in no_prefill
