@@ -128,10 +128,13 @@ def tensor_totals(directory: Path) -> tuple[int, int]:
 
 
 def quant_type(config: dict[str, Any], headers: list[dict[str, Any]]) -> str:
-    """NF4 for bitsandbytes 4-bit checkpoints, INT8 / INT4-G128 for localchat's, else the float type holding the most bytes."""
+    """NF4 for bitsandbytes 4-bit checkpoints, INT8 / INT4-G128 for localchat's, GPTQ-INT4-G128
+    for GPTQ's, else the float type holding the most bytes."""
     q = config.get("quantization_config")
     if isinstance(q, dict) and q.get("quant_method") == "bitsandbytes" and q.get("load_in_4bit"):
         return str(q.get("bnb_4bit_quant_type", "fp4")).upper()
+    if isinstance(q, dict) and q.get("quant_method") == "gptq":
+        return f"GPTQ-INT{q.get('bits')}-G{q.get('group_size')}"
     if isinstance(q, dict) and q.get("quant_method") == "localchat-int":
         group = q.get("group_size")
         return f"INT{q.get('bits')}" + (f"-G{group}" if group else "")

@@ -41,13 +41,17 @@ def _protocol(args) -> Protocol:
 
 
 def _write_dir(src: Path, out: Path, type_name: str, group_size: int | None,
-               double_quant: bool) -> None:
+               double_quant: bool, gptq: bool = False, calibration: str | None = None) -> None:
     from quantize.export_hf import export_gguf_to_hf
     from quantize.int_hf import quantize_hf_dir_to_int
     from quantize.nf4_hf import quantize_hf_dir_to_nf4
 
     def write(hf: Path) -> None:
-        if type_name == "nf4":
+        if gptq:
+            from quantize.gptq_model import quantize_hf_dir_to_gptq
+
+            quantize_hf_dir_to_gptq(hf, out, group_size or 128, calibration)
+        elif type_name == "nf4":
             quantize_hf_dir_to_nf4(hf, out, double_quant=double_quant)
         elif type_name == "int8":
             quantize_hf_dir_to_int(hf, out, 8, None)
@@ -66,9 +70,10 @@ def cmd_quantize(args) -> int:
     from quantize.gguf_quantize import quantize_gguf
 
     type_name = _type_name(args.type)
-    if args.method == "gptq":
-        raise UsageError("--method gptq: the algorithm is in quantize/gptq.py, but writing "
-                         "GPTQ models is not implemented yet (use --method rtn)")
+    if args.method == "gptq" and type_name != "int4":
+        raise UsageError("--method gptq writes int4 only (--type int4)")
+    if args.calibration is not None and args.method != "gptq":
+        raise UsageError("--calibration applies to --method gptq only")
     if args.group_size is not None and type_name != "int4":
         raise UsageError("--group-size applies to --type int4 only")
     if args.double_quant and type_name != "nf4":
@@ -88,7 +93,12 @@ def cmd_quantize(args) -> int:
             else:
                 quantize_gguf(src, out, type_name, threads)
         else:
-            _write_dir(src, out, type_name, args.group_size, args.double_quant)
+            if args.method == "gptq":
+                import torch
+
+                torch.set_num_threads(threads)
+            _write_dir(src, out, type_name, args.group_size, args.double_quant,
+                       args.method == "gptq", args.calibration)
     except OSError as e:  # atomic_directory / temp files: already cleaned up
         raise OutputError(f"cannot write {out}: {e.strerror or e}; nothing was written") from None
     facts = validate_model_path(out)

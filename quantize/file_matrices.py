@@ -1,7 +1,7 @@
 """A model file's block projections as float32, by Hugging Face name and layout, and
 the bits it stores per projection weight.
 
-GGUF, float safetensors, NF4 and localchat INT8/INT4 all come out alike (Llama GGUF
+GGUF, float safetensors, NF4, localchat INT8/INT4 and GPTQ all come out alike (Llama GGUF
 Q/K rows un-permuted), so any two files of one model can be compared matrix by matrix.
 """
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from localchat.engine.torch.gptq_weights import dequantize_gptq, gptq_config, gptq_matrices
 from localchat.engine.torch.intq import QUANT_METHOD, SCALE_SUFFIX, dequantize_int, load_int
 from localchat.engine.torch.nf4 import QUANT_STATE_KEY, dequantize, load_nf4
 from localchat.gguf_reader import read_gguf
@@ -53,10 +54,17 @@ def _gguf(path: Path) -> tuple[dict[str, torch.Tensor], float]:
 def _hf(directory: Path) -> tuple[dict[str, torch.Tensor], float]:
     q = read_json(directory / "config.json").get("quantization_config")
     is_int = isinstance(q, dict) and q.get("quant_method") == QUANT_METHOD
+    gptq = gptq_config(q, directory.name) if isinstance(q, dict) and \
+        q.get("quant_method") == "gptq" else None
     out, bits, numel = {}, 0, 0
     for shard in safetensors_files(directory):
         with safe_open(str(shard), framework="pt") as f:
             keys = set(f.keys())
+            for name, m, stored in gptq_matrices(keys, f.get_tensor, gptq) if gptq else ():
+                if QUANTIZED.fullmatch(name):
+                    out[name] = dequantize_gptq(m)
+                    bits += sum(8 * _nbytes(f, k) for k in stored)
+                    numel += m.codes.numel()
             for name in sorted(k for k in keys if QUANTIZED.fullmatch(k)):
                 stored = [k for k in keys if k == name or k.startswith(name + ".")
                           or k == name + SCALE_SUFFIX]

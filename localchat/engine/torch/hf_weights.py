@@ -4,7 +4,8 @@ transformers' Llama and Qwen2 checkpoints keep Q/K rows in their natural order a
 halves of each head (llama.cpp's converter permutes Llama's rows into pairs instead), so
 these load with rope_neox=True and no permutation. Float weights become float32
 DenseLinear layers; bitsandbytes NF4 weights stay packed in NF4Linear layers; localchat's
-INT8/INT4 weights (engine/torch/intq.py) run on PyTorch's int kernels. Every tensor
+INT8/INT4 weights (engine/torch/intq.py) and GPTQ checkpoints (engine/torch/
+gptq_weights.py) run on PyTorch's int kernels. Every tensor
 is checked against config.json before use, so a wrong or truncated file is a one-line
 EngineError naming the tensor, never a shape error mid-forward.
 """
@@ -17,6 +18,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from localchat.engine.torch.gptq_weights import (QUANT_METHOD as GPTQ_METHOD, GPTQMatrix,
+                                                 dequantize_gptq, gptq_config, gptq_linear,
+                                                 load_gptq)
 from localchat.engine.torch.intq import (QUANT_METHOD, SCALE_SUFFIX, IntMatrix, dequantize_int,
                                         int_linear, load_int)
 from localchat.engine.torch.nf4 import QUANT_STATE_KEY, NF4Linear, dequantize, load_nf4, stack_nf4
@@ -81,9 +85,10 @@ class _Tensors:
     """Every tensor of the directory's safetensors files, by name, read on demand."""
 
     def __init__(self, directory: Path, stack: ExitStack, int_bits: int | None = None,
-                 int_group: int | None = None) -> None:
+                 int_group: int | None = None, gptq=None) -> None:
         self.name = directory.name
         self.int_bits, self.int_group = int_bits, int_group  # localchat-int files
+        self.gptq = gptq  # GPTQConfig for GPTQ checkpoints
         self.where: dict[str, object] = {}
         for path in safetensors_files(directory):
             try:
@@ -112,8 +117,11 @@ class _Tensors:
 
     def matrix(self, key: str, shape: tuple[int, int]):
         """A weight as an NF4Matrix (if stored as NF4 with whole-row blocks), an IntMatrix
-        (localchat INT8/INT4) or float32."""
-        if self.int_bits and key + SCALE_SUFFIX in self.where:
+        (localchat INT8/INT4), a GPTQMatrix or float32."""
+        prefix = key.removesuffix("weight")
+        if self.gptq is not None and prefix + "qweight" in self.where:
+            m = load_gptq(self.get, prefix, self.gptq)
+        elif self.int_bits and key + SCALE_SUFFIX in self.where:
             m = load_int(self.get, key, self.int_bits, self.int_group)
         elif key + "." + QUANT_STATE_KEY not in self.where:
             return self.dense(key, shape)
@@ -130,11 +138,14 @@ class _Tensors:
         parts = [self.matrix(k + ".weight", s) for k, s in zip(keys, shapes)]
         if all(isinstance(p, IntMatrix) for p in parts):
             return int_linear(parts)
-        if all(not isinstance(p, (torch.Tensor, IntMatrix)) for p in parts):
+        if all(isinstance(p, GPTQMatrix) for p in parts):
+            return gptq_linear(parts)
+        if all(not isinstance(p, (torch.Tensor, IntMatrix, GPTQMatrix)) for p in parts):
             return NF4Linear(stack_nf4(parts))
         return DenseLinear(torch.cat([
             p if isinstance(p, torch.Tensor) else
-            dequantize_int(p) if isinstance(p, IntMatrix) else dequantize(p) for p in parts]))
+            dequantize_int(p) if isinstance(p, IntMatrix) else
+            dequantize_gptq(p) if isinstance(p, GPTQMatrix) else dequantize(p) for p in parts]))
 
 
 def load_hf_weights(directory: Path) -> ModelWeights:
@@ -149,8 +160,10 @@ def load_hf_weights(directory: Path) -> ModelWeights:
     if is_int and (int_bits not in (4, 8) or not (int_group is None or
                                                   type(int_group) is int and int_group > 0)):
         raise EngineError(f"{directory.name}: bad {QUANT_METHOD} quantization_config {q}")
+    gptq = gptq_config(q, directory.name) if isinstance(q, dict) and \
+        q.get("quant_method") == GPTQ_METHOD else None
     with ExitStack() as stack:
-        t = _Tensors(directory, stack, int_bits, int_group)
+        t = _Tensors(directory, stack, int_bits, int_group, gptq)
         with_bias = c.arch == "qwen2" or bool(cfg.get("attention_bias"))
 
         def layer(i: int) -> LayerWeights:

@@ -1,0 +1,163 @@
+"""GPTQ checkpoints (AutoGPTQ / transformers' GPTQConfig layout) for the torch engine.
+
+The format (config.json's quantization_config: {"quant_method": "gptq", "bits",
+"group_size", "desc_act", "sym", "checkpoint_format": "gptq" | "gptq_v2", ...}): for
+each quantized Linear with prefix P (out × in),
+
+  P.qweight  int32 [in·bits/32, out]   codes along the INPUT dimension, 32/bits per
+                                       int32, the lowest bits holding the first
+  P.qzeros   int32 [groups, out·bits/32]  zero points along the OUTPUT dimension, packed
+                                       the same way; v1 ("gptq") stores zero − 1, v2
+                                       stores the zero itself
+  P.scales   float16 [groups, out]
+  P.g_idx    int32 [in]                the group of each input column
+
+w[o, i] = scales[g_idx[i], o] · (code[o, i] − zero[g_idx[i], o]).
+
+4-bit matrices whose g_idx is sequential (g_idx[i] = i // group_size: no act-order, or
+act-order with static groups, as quantize/gptq_model.py writes) run on PyTorch's int4
+kernel (qlinear.Int4Linear) as they are: the kernel's w = (q − 8)·s + z takes
+z = (8 − zero)·s, and a group size the kernel cannot run on this row width runs as a
+smaller kernel group with its scale repeated (576 = 4½ × 128 runs as groups of 64).
+Any other g_idx (act-order without static groups: each column's group is arbitrary)
+and 2/8-bit matrices are dequantized to float32 DenseLinear layers; no input permutation
+is attempted. Every packed layer is checked against dequantize-then-matmul when built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from localchat.engine.torch.qlinear import DenseLinear, Int4Linear
+from localchat.errors import EngineError
+
+QUANT_METHOD = "gptq"
+SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
+BITS = (2, 4, 8)
+KERNEL_GROUPS = (32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class GPTQConfig:
+    bits: int
+    group_size: int  # -1: one group per row
+    zero_offset: int  # 1 for v1 checkpoints (zero − 1 stored), 0 for v2
+
+
+def gptq_config(q: dict, name: str) -> GPTQConfig:
+    """config.json's quantization_config (quant_method gptq), checked."""
+    bits, group = q.get("bits"), q.get("group_size", -1)
+    fmt = q.get("checkpoint_format", "gptq")
+    if bits not in BITS or type(group) is not int or not (group == -1 or group > 0) \
+            or fmt not in ("gptq", "gptq_v2"):
+        raise EngineError(f"{name}: unsupported GPTQ quantization_config (bits {bits!r}, "
+                          f"group_size {group!r}, checkpoint_format {fmt!r}; supported: bits "
+                          f"{'/'.join(map(str, BITS))}, checkpoint_format gptq or gptq_v2)")
+    return GPTQConfig(bits, group, 1 if fmt == "gptq" else 0)
+
+
+@dataclass
+class GPTQMatrix:
+    codes: torch.Tensor  # int32 [out, in], 0..2^bits − 1
+    scales: torch.Tensor  # float32 [groups, out]
+    zeros: torch.Tensor  # int32 [groups, out], the real zero points
+    g_idx: torch.Tensor  # int64 [in]
+    bits: int
+    group_size: int  # from quantization_config (in features when it says -1)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)
+
+
+def unpack(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """int32 words -> int32 codes, 32/bits per word along `dim`, lowest bits first."""
+    per = 32 // bits
+    words = packed.view(torch.uint32).to(torch.int64) if packed.dtype == torch.int32 else packed.to(torch.int64)
+    words = words.movedim(dim, -1)
+    codes = torch.stack([(words >> (bits * i)) & (2 ** bits - 1) for i in range(per)], dim=-1)
+    return codes.reshape(*words.shape[:-1], -1).to(torch.int32).movedim(-1, dim)
+
+
+def load_gptq(get: Callable[[str], torch.Tensor | None], prefix: str,
+              config: GPTQConfig) -> GPTQMatrix:
+    """The matrix stored under `prefix` ("model.layers.0.self_attn.q_proj."), checked."""
+    qweight, qzeros, scales, g_idx = (get(prefix + s) for s in SUFFIXES)
+    label = prefix.rstrip(".")
+    if qweight is None or qzeros is None or scales is None:
+        raise EngineError(f"{label}: GPTQ weight lacks its qweight, qzeros or scales")
+    per = 32 // config.bits
+    if qweight.dtype != torch.int32 or qzeros.dtype != torch.int32 or qweight.dim() != 2 \
+            or qzeros.dim() != 2 or scales.dim() != 2 or not scales.dtype.is_floating_point:
+        raise EngineError(f"{label}: GPTQ tensors have the wrong types or ranks")
+    n_in, n_out = qweight.shape[0] * per, qweight.shape[1]
+    if g_idx is None:  # older checkpoints without act-order omit it
+        g_idx = torch.arange(n_in) // (n_in if config.group_size == -1 else config.group_size)
+    g_idx = g_idx.to(torch.int64)
+    groups = scales.shape[0]
+    if tuple(scales.shape) != (groups, n_out) or tuple(qzeros.shape) != (groups, n_out // per) \
+            or n_out % per or tuple(g_idx.shape) != (n_in,) \
+            or bool((g_idx < 0).any() or (g_idx >= groups).any()):
+        raise EngineError(f"{label}: GPTQ shapes do not fit (qweight {list(qweight.shape)}, "
+                          f"qzeros {list(qzeros.shape)}, scales {list(scales.shape)}, "
+                          f"g_idx {list(g_idx.shape)}, {config.bits} bits)")
+    codes = unpack(qweight, config.bits, 0).t().contiguous()  # [out, in]
+    # v1: a stored 2^bits − 1 reads as zero 2^bits, as in every v1 loader (the writers
+    # cannot store a zero of 0; quantize/gptq.py never produces one)
+    zeros = unpack(qzeros, config.bits, 1) + config.zero_offset
+    return GPTQMatrix(codes, scales.float(), zeros, g_idx, config.bits,
+                      n_in if config.group_size == -1 else config.group_size)
+
+
+def dequantize_gptq(m: GPTQMatrix) -> torch.Tensor:
+    """float32 [out, in]."""
+    s, z = m.scales[m.g_idx].t(), m.zeros[m.g_idx].t()
+    return s * (m.codes - z).float()
+
+
+def sequential_group(m: GPTQMatrix) -> int | None:
+    """The group size when g_idx is i // group_size for every column, else None."""
+    if torch.equal(m.g_idx, torch.arange(m.shape[1]) // m.group_size):
+        return m.group_size
+    return None
+
+
+def gptq_linear(parts: list[GPTQMatrix],
+                device: torch.device = torch.device("cpu")) -> torch.nn.Module:
+    """One layer for matrices stacked by rows (fused q/k/v, gate/up)."""
+    m = GPTQMatrix(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts], 1),
+                   torch.cat([p.zeros for p in parts], 1), parts[0].g_idx, parts[0].bits,
+                   parts[0].group_size)
+    if any(p.bits != m.bits or p.shape[1] != m.shape[1] or not torch.equal(p.g_idx, m.g_idx)
+           for p in parts):
+        raise EngineError("GPTQ matrices to fuse differ in bits, width or groups")
+    dense = dequantize_gptq(m)
+    group = sequential_group(m)
+    kernel = next((g for g in reversed(KERNEL_GROUPS)
+                   if group and m.shape[1] % g == 0 and group % g == 0), None)
+    if m.bits != 4 or kernel is None or device.type != "cpu":
+        return DenseLinear(dense.to(device))
+    starts = torch.arange(0, m.shape[1], kernel)
+    scales = m.scales[starts // group].t()  # [out, in / kernel]
+    zeros = (8 - m.zeros[starts // group].t()).float() * scales
+    try:
+        layer = Int4Linear(m.codes, scales.contiguous(), zeros.contiguous(), device, group=kernel)
+        x = torch.randn(2, m.shape[1], generator=torch.Generator().manual_seed(0))
+        expected = x @ dense.t()
+        err = (layer(x) - expected).abs().max().item()
+    except (RuntimeError, NotImplementedError):
+        return DenseLinear(dense)  # a PyTorch build without the kernel
+    if err > 2e-2 * max(1.0, expected.abs().max().item()):
+        raise EngineError(f"GPTQ int4 kernel check failed (max error {err:.3g})")
+    return layer
+
+
+def gptq_matrices(keys, get: Callable[[str], torch.Tensor | None], config: GPTQConfig):
+    """(weight name, GPTQMatrix, stored tensor names) for every GPTQ Linear among `keys`."""
+    for key in sorted(k for k in keys if k.endswith(".qweight")):
+        prefix = key[: -len("qweight")]
+        yield prefix + "weight", load_gptq(get, prefix, config), \
+            [prefix + s for s in SUFFIXES if prefix + s in keys]
