@@ -347,6 +347,17 @@ def test_queue_full_is_503_and_disconnects_cancel(client, server):
     assert state["cancelled"] == before + 2  # neither ran to its 900 tokens
 
 
+def test_a_client_giving_up_on_a_whole_response_cancels_it(client, server):
+    before = health(client)["cancelled"]
+    with httpx2.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"},
+                       timeout=httpx2.Timeout(30, read=0.5)) as impatient:
+        with pytest.raises(httpx2.ReadTimeout):
+            impatient.post("/v1/completions", json={"prompt": COUNTING, "temperature": 0,
+                                                    "max_tokens": 900})
+    state = wait_for(lambda: idle(client), timeout=20)
+    assert state and state["cancelled"] == before + 1
+
+
 def test_disconnect_frees_the_torch_engines_kv_cache(torch_client):
     baseline = health(torch_client)["memory"]["kv_cache_bytes"]
     t0 = time.monotonic()
@@ -394,9 +405,20 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path):
     assert done.stderr.count("\n") == 1 and "in use" in done.stderr
 
 
-def test_sigterm_stops_cleanly(server):
-    assert server.stop(signal.SIGTERM) == 0
-    assert "Traceback" not in server.stderr()
+def test_sigterm_mid_stream_ends_the_stream_and_exits_cleanly(server, client):
+    with long_stream(client) as stream:
+        lines = stream.iter_lines()
+        first_text_chunk(lines)
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        rest = [json.loads(line[6:]) if line.startswith("data: {") else line
+                for line in lines if line]
+    # the reply is cut short: an error event, never finish_reason "cancelled" or [DONE]
+    assert rest[-1]["error"]["code"] == "server_shutting_down"
+    assert all(c["choices"][0]["finish_reason"] is None for c in rest[:-1])
+    assert server.stop(timeout=30) == 0
+    assert time.monotonic() - t0 < 10
+    assert "Traceback" not in server.stderr() and "ERROR" not in server.stderr()
 
 
 def test_ctrl_c_stops_cleanly(torch_server):

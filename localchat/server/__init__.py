@@ -11,14 +11,11 @@ from __future__ import annotations
 import argparse
 import errno
 import os
-import signal
 import socket
-import sys
 
 from localchat.errors import LocalchatError, UsageError
 
 API_KEY_ENV = "LOCALCHAT_API_KEY"
-GRACEFUL_SHUTDOWN_S = 5  # running requests get this long to finish before they are cut
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -35,7 +32,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          f"--api-key KEY (or ${API_KEY_ENV}); or bind 127.0.0.1")
     sock = bind(family, address, args.host)
     try:
-        return _serve(args, sock, loopback, api_key)
+        from localchat.server.run import serve  # uvicorn and the engines: only now
+
+        return serve(args, sock, loopback=loopback, api_key=api_key)
     finally:
         sock.close()
 
@@ -68,45 +67,3 @@ def bind(family: int, address: tuple, host: str) -> socket.socket:
                                  ) from None
         raise LocalchatError(f"cannot listen on {host} port {address[1]}: {exc.strerror}") from None
     return sock
-
-
-def _engine_settings(args: argparse.Namespace):
-    """ChatSettings from the serve flags: the sampling flags it lacks (requests bring
-    their own) take their defaults, and --api-key is this server's, not an endpoint's."""
-    from localchat.cli import _sampling_flags
-    from localchat.settings import ChatSettings
-
-    defaults = vars(_sampling_flags().parse_args([]))
-    return ChatSettings.from_args(argparse.Namespace(
-        **{**defaults, **vars(args), "endpoint": None, "api_key": None}))
-
-
-def _serve(args: argparse.Namespace, sock: socket.socket, loopback: bool,
-           api_key: str | None) -> int:
-    import uvicorn
-
-    from localchat.server.app import Server
-
-    engine = _engine_settings(args).load_engine()
-    server = Server(engine, max_queue=args.max_queue)
-    try:
-        config = uvicorn.Config(server.build(loopback=loopback, api_key=api_key),
-                                log_level="warning", access_log=False, lifespan="on",
-                                server_header=False,
-                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
-        host, port = sock.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
-        print(f"localchat: serving {engine.info.name} on http://{shown}:{port}/v1 "
-              f"(engine {engine.name})", file=sys.stderr, flush=True)
-        # uvicorn handles SIGTERM/SIGINT while it runs, then re-raises the signal under
-        # the handler found before: for SIGTERM, this one, so a stop is a clean exit 0.
-        previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
-        try:
-            uvicorn.Server(config).run(sockets=[sock])
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-    finally:
-        server.jobs.cancel_all()
-        server.jobs.join(10.0)
-        engine.close()
-    return 0

@@ -7,6 +7,7 @@ first event, so a prompt that does not fit is still a plain 400, not a broken st
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -22,7 +23,7 @@ from starlette.types import ASGIApp
 from localchat.engine.base import Engine, Request as EngineRequest, Result
 from localchat.errors import ContextOverflowError, EngineError, LocalchatError
 from localchat.server.errors import ApiError, internal_error
-from localchat.server.jobs import Job, Jobs
+from localchat.server.jobs import Jobs, shutting_down
 from localchat.server.responses import Reply
 from localchat.server.schema import CompletionBody, parse_chat, parse_json, parse_text
 from localchat.server.security import Guard, read_body
@@ -39,6 +40,7 @@ class Server:
         self.engine = engine
         self.jobs = Jobs(engine, max_queue)
         self.started = int(time.time())
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def build(self, *, loopback: bool, api_key: str | None) -> ASGIApp:
         routes = [
@@ -52,8 +54,15 @@ class Server:
             ApiError: _api_error, HTTPException: _http_error, Exception: _server_error})
         return Guard(app, loopback=loopback, api_key=api_key)
 
+    def stop_soon(self) -> None:
+        """From the signal handler: cancel every request (on the event loop, not inside
+        whatever the handler interrupted), so streams end now, not at uvicorn's timeout."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.jobs.cancel_all)
+
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette):
+        self._loop = asyncio.get_running_loop()
         yield
         self.jobs.cancel_all()  # requests still running at shutdown stop at the next token
         await anyio.to_thread.run_sync(self.jobs.join, SHUTDOWN_WAIT_S)
@@ -66,7 +75,8 @@ class Server:
                       if isinstance(v, (int, float))}
         except Exception:  # the engine is closing; health must still answer
             memory = {}
-        return JSONResponse({"status": "ok", "model": self.engine.info.name,
+        return JSONResponse({"status": "stopping" if self.jobs.closing else "ok",
+                             "model": self.engine.info.name,
                              "engine": self.engine.name, **self.jobs.counts(),
                              "memory": memory})
 
@@ -109,11 +119,15 @@ class Server:
             if body.stream:
                 first = await job.next_or_disconnect(request.receive)
             else:
-                return JSONResponse(reply.body(await job.result(request.receive)))
+                first = await job.result(request.receive)
         except LocalchatError as exc:
             raise _engine_error(exc, self.engine.info.n_ctx, chat) from None
         if first is None:
             raise internal_error()
+        if isinstance(first, Result) and first.finish_reason == "cancelled":
+            raise shutting_down()  # or the client is gone, and reads nothing
+        if not body.stream:
+            return JSONResponse(reply.body(first))
         return JobStream(job, reply, first, body.include_usage)
 
     async def _engine_request(self, body: CompletionBody) -> EngineRequest:

@@ -34,10 +34,13 @@ class Jobs:
         self._lock = threading.Lock()
         self._jobs: set[Job] = set()
         self.totals = {"completed": 0, "cancelled": 0, "failed": 0}
+        self.closing = False  # the server is stopping: running jobs are cancelled
 
     def admit(self) -> "Job":
         """A slot for one request, or 503 when --max-queue requests are in flight."""
         with self._lock:
+            if self.closing:
+                raise shutting_down()
             if len(self._jobs) >= self.max_queue:
                 raise ApiError(503, f"the server is busy ({self.max_queue} requests in "
                                     "flight); retry shortly", code="queue_full",
@@ -54,7 +57,9 @@ class Jobs:
                     "max_queue": self.max_queue, **self.totals}
 
     def cancel_all(self) -> None:
+        """Stop everything (at the next token): the server is shutting down."""
         with self._lock:
+            self.closing = True
             jobs = list(self._jobs)
         for job in jobs:
             job.cancel.set()
@@ -145,6 +150,10 @@ class Job:
                     return event
         finally:
             watcher.cancel()
+
+
+def shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down", code="server_shutting_down")
 
 
 async def watch_disconnect(receive: Receive, cancel: threading.Event) -> None:

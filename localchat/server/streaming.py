@@ -2,7 +2,8 @@
 
 The response cancels its job however it ends: a client that disconnects mid-stream
 (Starlette stops the body iterator) must not leave the engine generating, and holding
-KV cache, for nobody.
+KV cache, for nobody. A stream cut short by the server stopping ends with an error
+event instead of a finish_reason: a connected client never reads "cancelled".
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from localchat.engine.base import Delta, Event, Result
-from localchat.errors import LocalchatError
 from localchat.server.errors import internal_error
-from localchat.server.jobs import Job
+from localchat.server.jobs import Job, shutting_down
 from localchat.server.responses import SSE_DONE, SSE_HEADERS, Reply, sse
 
 log = logging.getLogger("localchat.server")
@@ -45,6 +45,9 @@ async def _chunks(job: Job, reply: Reply, first: Event,
     event: Event | None = first
     while event is not None:
         if isinstance(event, Result):
+            if event.finish_reason == "cancelled" and job.jobs.closing:
+                yield sse(shutting_down().body())  # cut short: no finish, no [DONE]
+                return
             yield sse(reply.chunk(finish=event))
             if include_usage:
                 yield sse(reply.usage_chunk(event))
@@ -54,11 +57,7 @@ async def _chunks(job: Job, reply: Reply, first: Event,
             yield sse(reply.chunk(text=event.text))
         try:
             event = await job.next()
-        except LocalchatError as exc:  # headers are sent: the error goes in the stream
-            log.warning("generation failed mid-stream: %s", exc)
-            yield sse(internal_error().body())
-            return
-        except Exception:
+        except Exception:  # the headers are sent: the error goes in the stream
             log.exception("generation failed mid-stream")
             yield sse(internal_error().body())
             return

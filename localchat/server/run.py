@@ -1,0 +1,70 @@
+"""Running the server: the engine loaded, uvicorn on the bound socket, a clean stop.
+
+uvicorn handles SIGTERM and SIGINT while it runs. On either, running requests are
+cancelled at once (their streams end with an error event), uvicorn waits for the
+connections to finish, the worker threads are joined and the engine is closed. Then
+uvicorn re-raises the signal under the handler found before it started: Ctrl+C gives
+the CLI's exit 130, and SIGTERM, with the no-op handler installed here, a clean exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sys
+
+import uvicorn
+
+from localchat.server.app import Server
+
+GRACEFUL_SHUTDOWN_S = 5  # for responses still being sent after their jobs are cancelled
+JOIN_WORKERS_S = 10.0
+
+
+class Uvicorn(uvicorn.Server):
+    """uvicorn's server, telling ours when a stop signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, server: Server) -> None:
+        super().__init__(config)
+        self.server = server
+
+    def handle_exit(self, sig: int, frame) -> None:
+        super().handle_exit(sig, frame)
+        self.server.stop_soon()
+
+
+def engine_settings(args: argparse.Namespace):
+    """ChatSettings from the serve flags: the sampling flags it lacks (requests bring
+    their own) take their defaults, and --api-key is this server's, not an endpoint's."""
+    from localchat.cli import _sampling_flags
+    from localchat.settings import ChatSettings
+
+    defaults = vars(_sampling_flags().parse_args([]))
+    return ChatSettings.from_args(argparse.Namespace(
+        **{**defaults, **vars(args), "endpoint": None, "api_key": None}))
+
+
+def serve(args: argparse.Namespace, sock: socket.socket, *, loopback: bool,
+          api_key: str | None) -> int:
+    engine = engine_settings(args).load_engine()
+    server = Server(engine, max_queue=args.max_queue)
+    try:
+        config = uvicorn.Config(server.build(loopback=loopback, api_key=api_key),
+                                log_level="warning", access_log=False, lifespan="on",
+                                server_header=False,
+                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        print(f"localchat: serving {engine.info.name} on http://{shown}:{port}/v1 "
+              f"(engine {engine.name})", file=sys.stderr, flush=True)
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        try:
+            Uvicorn(config, server).run(sockets=[sock])
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    finally:
+        server.jobs.cancel_all()
+        server.jobs.join(JOIN_WORKERS_S)
+        engine.close()
+    return 0
