@@ -1,0 +1,270 @@
+"""The remote engine against real OpenAI-compatible servers on loopback:
+llama-cpp-python's own server on the bundled model (started once for the module), and
+a few lines of stdlib HTTP for what a real server will not do on request (drop the
+connection mid-reply)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from localchat.engine.base import Delta, Message, Request, Result, SamplingParams
+from localchat.engine.remote import RemoteEngine
+from localchat.engine.remote_http import split_endpoint
+from localchat.engine.sse import sse_data
+from localchat.errors import ContextOverflowError, EngineError, ModelNotFoundError, UsageError
+
+KEY = "test-key"
+GREEDY = SamplingParams(temperature=0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(url: str, proc: subprocess.Popen, log, timeout: float = 60) -> None:
+    import httpx2
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
+        try:
+            httpx2.get(url, timeout=1)
+            return
+        except httpx2.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError(f"server at {url} did not come up")
+
+
+@pytest.fixture(scope="module")
+def server_url(tmp_path_factory):
+    """llama-cpp-python's server on the bundled GGUF, with an API key, 2048 context."""
+    from localchat.models import bundled_model_path
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("llama-server") / "log.txt"
+    with open(log, "w") as out:  # a file, not a pipe: llama.cpp's load log would fill it
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llama_cpp.server", "--model", str(bundled_model_path()),
+             "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
+             "--n_threads", "2", "--api_key", KEY],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(f"http://127.0.0.1:{port}/v1/models", proc, log)
+        yield f"http://127.0.0.1:{port}"  # no /v1: the engine adds it
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def remote(server_url):
+    eng = RemoteEngine(server_url, api_key=KEY, ctx_size=2048)
+    yield eng
+    eng.close()
+
+
+def ask(text: str, **options) -> Request:
+    return Request(messages=[Message("user", text)], **{"sampling": GREEDY, **options})
+
+
+def test_streams_deltas_then_a_result_with_stats(remote):
+    events = list(remote.generate(ask("What is the capital of France?", max_tokens=12)))
+    deltas, result = events[:-1], events[-1]
+    assert isinstance(result, Result) and all(isinstance(d, Delta) for d in deltas)
+    assert result.text == "".join(d.text for d in deltas) and result.text.strip()
+    assert result.finish_reason in ("stop", "length")
+    s = result.stats
+    assert s.completion_tokens == len(deltas) <= 12
+    assert s.ttft_s > 0 and s.decode_tok_s > 0 and s.elapsed_s >= s.ttft_s
+    assert s.prompt_tokens > 0 and s.context_tokens == s.prompt_tokens + s.completion_tokens
+    assert s.context_capacity == 2048
+    assert deltas[-1].stats.completion_tokens == len(deltas)
+    assert remote.info.n_ctx == 2048 and remote.info.name.endswith(".gguf")
+    assert remote.name == "remote"
+
+
+def test_greedy_is_stable_and_matches_the_local_llama_cpp_engine(remote, engine):
+    request = ask("Name three colors.", max_tokens=16)
+    first, second = remote.complete(request), remote.complete(request)
+    assert first.text.strip() and first.text == second.text
+    assert first.text == engine.complete(request).text
+
+
+def test_cancel_mid_stream_ends_promptly_and_the_engine_goes_on(remote):
+    cancel = threading.Event()
+    deltas = 0
+    start = time.monotonic()
+    for event in remote.generate(ask("Write a long essay about rivers.", max_tokens=1000),
+                                 cancel):
+        if isinstance(event, Delta):
+            deltas += 1
+            if deltas == 3:
+                cancel.set()
+    assert isinstance(event, Result) and event.finish_reason == "cancelled"
+    assert event.stats.completion_tokens == 3
+    assert time.monotonic() - start < 15
+    assert remote.complete(ask("Hi", max_tokens=4)).text  # the server serves the next one
+
+
+def test_cancel_before_the_first_token_returns_at_once(remote):
+    cancel = threading.Event()
+    cancel.set()
+    result = remote.complete(ask("Hi", max_tokens=4), cancel)
+    assert result.finish_reason == "cancelled" and result.text == ""
+
+
+def test_too_long_prompt_is_a_context_overflow(remote):
+    with pytest.raises(ContextOverflowError, match="2048"):
+        remote.complete(ask("hello " * 3000, max_tokens=4))
+    assert remote.complete(ask("Hi", max_tokens=2)).text  # and the connection recovers
+
+
+def test_count_prompt_tokens_uses_the_server_tokenizer(remote):
+    short = remote.count_prompt_tokens([Message("user", "Hi")])
+    longer = remote.count_prompt_tokens([Message("system", "Be brief."),
+                                         Message("user", "hello " * 100)])
+    assert 0 < short < 12
+    assert 100 <= longer - short <= 115  # "hello" x100 is 100 tokens, plus one message
+
+
+def test_bad_key_and_unknown_model_are_typed_errors(server_url):
+    with pytest.raises(UsageError, match="401"):
+        RemoteEngine(server_url + "/v1/", api_key="wrong")
+    with pytest.raises(ModelNotFoundError, match="no model 'nope'"):
+        RemoteEngine(server_url, model="nope", api_key=KEY)
+
+
+def localchat(*args, env_extra=None):
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "localchat", *args], input="",
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def assert_one_line_error(proc, needle: str) -> None:
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("localchat: error: "), proc.stderr
+    assert needle in lines[0], lines[0]
+
+
+def test_cli_run_through_the_endpoint_equals_the_local_engine(server_url, engine):
+    prompt = "What is the capital of France?"
+    proc = localchat("run", "--endpoint", server_url + "/v1", "--temp", "0", "-n", "8",
+                     "--json", prompt, env_extra={"LOCALCHAT_API_KEY": KEY})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["engine"] == "remote" and out["completion_tokens"] <= 8
+    assert out["text"] == engine.complete(ask(prompt, max_tokens=8)).text
+
+
+def test_cli_errors_are_one_line(server_url):
+    assert_one_line_error(localchat("run", "--endpoint", "http://127.0.0.1:1/v1", "hi"),
+                          "cannot reach http://127.0.0.1:1/v1")
+    proc = localchat("run", "--endpoint", server_url, "--api-key", "wrong", "hi")
+    assert_one_line_error(proc, "401")
+    assert proc.returncode == 2
+    assert_one_line_error(localchat("run", "--endpoint", "127.0.0.1:1", "hi"),
+                          "http:// or https://")
+
+
+# --- a scripted server for what a real one will not do on request --------------------
+
+class Scripted(BaseHTTPRequestHandler):
+    chunks: list[str] = []  # SSE data lines sent before the connection is dropped
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        if self.path != "/v1/models":
+            self.send_error(404)
+            return
+        body = json.dumps({"data": [{"id": "scripted", "max_model_len": 512}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for data in self.chunks:
+            self.wfile.write(f"data: {data}\n\n".encode())
+        self.wfile.flush()  # and close: no finish_reason, no [DONE]
+
+
+@pytest.fixture()
+def scripted():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def chunk(**delta) -> str:
+    return json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+
+
+def test_a_dropped_connection_mid_reply_is_an_engine_error(scripted, monkeypatch):
+    monkeypatch.setattr(Scripted, "chunks", [chunk(role="assistant"), chunk(content="Hel")])
+    eng = RemoteEngine(scripted)
+    assert eng.info.n_ctx == 512 and eng.info.name == "scripted"  # vLLM's max_model_len
+    # no tokenize endpoint: counted by the documented estimate
+    assert eng.count_prompt_tokens([Message("user", "x" * 30)]) == 10 + 5 + 3
+    with pytest.raises(EngineError, match="closed mid-reply"):
+        list(eng.generate(ask("Hi")))
+    eng.close()
+
+
+def test_usage_and_an_error_event_in_the_stream(scripted, monkeypatch):
+    usage = {"prompt_tokens": 21, "completion_tokens": 2,
+             "prompt_tokens_details": {"cached_tokens": 7}}
+    monkeypatch.setattr(Scripted, "chunks", [
+        chunk(content="A"), chunk(content="B"),
+        json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}),
+        json.dumps({"choices": [], "usage": usage}), "[DONE]"])
+    eng = RemoteEngine(scripted)
+    result = eng.complete(ask("Hi"))
+    assert (result.text, result.finish_reason) == ("AB", "length")
+    s = result.stats
+    assert (s.prompt_tokens, s.cached_tokens, s.completion_tokens) == (21, 7, 2)
+    monkeypatch.setattr(Scripted, "chunks", [json.dumps(
+        {"error": {"message": "the request exceeds the available context size",
+                   "type": "exceed_context_size_error"}})])
+    with pytest.raises(ContextOverflowError):
+        eng.complete(ask("Hi"))
+    eng.close()
+
+
+@pytest.mark.parametrize("url, base, root", [
+    ("http://h:1", "http://h:1/v1", "http://h:1"),
+    ("http://h:1/", "http://h:1/v1", "http://h:1"),
+    ("http://h:1/v1/", "http://h:1/v1", "http://h:1"),
+    ("https://h/openai/v1", "https://h/openai/v1", "https://h/openai"),
+])
+def test_endpoint_urls_with_or_without_v1(url, base, root):
+    assert split_endpoint(url) == (base, root)
+
+
+def test_sse_parsing():
+    lines = [": comment", "event: x", "data: a", "data:b", "", "", "data: [DONE]", ""]
+    assert list(sse_data(lines)) == ["a\nb", "[DONE]"]
