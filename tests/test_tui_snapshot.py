@@ -96,3 +96,73 @@ async def _chat_then_colour_drafts(pilot):
 def test_draft_colours_80x24(snap_compare):
     assert snap_compare(make_app(DraftScriptedEngine), terminal_size=(80, 24),
                         run_before=_chat_then_colour_drafts)
+
+
+# -- the parameters panel, the model picker, the live gauges ---------------------------
+
+
+async def _chat_then_bad_parameters(pilot):
+    from textual.widgets import Input
+
+    await _chat_once(pilot)
+    await pilot.press("f6")
+    await pilot.pause(0.2)
+    screen = pilot.app.screen
+    screen.query_one("#param-temperature", Input).value = "0.7"
+    screen.query_one("#param-top_p", Input).value = "1.5"  # out of (0, 1]
+    screen.query_one("#param-seed", Input).value = "-1"
+    await pilot.press("enter")  # stays open: the errors replace the fields' hints
+    await pilot.pause(0.2)
+
+
+def test_parameters_panel_with_errors_80x24(snap_compare):
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=_chat_then_bad_parameters)
+
+
+async def _open_model_picker(pilot):
+    await _chat_once(pilot)
+    await pilot.press("f7")
+    for _ in range(200):  # the files are read in a worker
+        await pilot.pause(0.05)
+        if getattr(pilot.app.screen, "rows", None):
+            break
+    await pilot.pause(0.1)
+
+
+def test_model_picker_80x24(snap_compare, monkeypatch, tmp_path):
+    """The bundled model only (an empty hub cache), judged against a fixed 8 GiB."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr("localchat.tui.picker.available_memory", lambda: 8 * 2**30)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=_open_model_picker)
+
+
+# token i's engine clock (elapsed_s): decode rates between updates of 20..50 tok/s
+TIMES = [0.20, 0.24, 0.265, 0.29, 0.33, 0.35, 0.375, 0.41, 0.43]
+
+
+class PacedEngine(ScriptedEngine):
+    """Tokens at a fixed pace in wall time (each its own UI update) with engine-clock
+    times from TIMES, so the sparkline's rates do not depend on the machine."""
+
+    def generate(self, request, cancel=None):
+        import time
+
+        prompt = self.count_prompt_tokens(request.messages)
+        text = ""
+        for i, t in enumerate(TIMES, 1):
+            time.sleep(0.15)  # > the UI interval: no two tokens merge
+            piece = f"word{i} "
+            text += piece
+            stats = Stats(prompt_tokens=prompt, completion_tokens=i, ttft_s=TIMES[0],
+                          prefill_tok_s=prompt / TIMES[0], decode_tok_s=(i - 1) / (t - TIMES[0]) if i > 1 else 0.0,
+                          elapsed_s=t, kv_cache_bytes=(prompt + i) * 23040,
+                          kv_cache_capacity_bytes=4096 * 23040, context_tokens=prompt + i,
+                          context_capacity=4096)
+            yield Delta(text=piece, token_ids=(i,), stats=stats)
+        yield Result(text=text, finish_reason="stop", stats=stats)
+
+
+def test_gauges_with_rate_sparkline_80x24(snap_compare):
+    assert snap_compare(make_app(PacedEngine), terminal_size=(80, 24), run_before=_chat_once)

@@ -69,7 +69,7 @@ class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMi
                 id="toggle_draft_colours"),
         # priority: the input box (a TextArea) has its own F6 and F7 (select line / all)
         Binding("f6", "parameters", "Params", priority=True, id="parameters"),
-        Binding("f7", "pick_model", "Model", priority=True, id="pick_model"),
+        Binding("f7", "pick_model", "Model", show=False, priority=True, id="pick_model"),
         Binding("f8", "toggle_speculation", "Draft on/off", show=False, priority=True,
                 id="toggle_speculation"),
         Binding("ctrl+t", "toggle_dark", "Theme", show=False, id="toggle_theme"),
