@@ -374,6 +374,19 @@ def test_disconnect_frees_the_torch_engines_kv_cache(torch_client):
     assert time.monotonic() - t0 < 20
 
 
+def test_concurrent_requests_each_get_their_own_reply(torch_client):
+    """Worker threads call generate() at once (the torch engine batches them)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    request = {"messages": CHAT, "temperature": 0, "max_tokens": 8}
+    with ThreadPoolExecutor(3) as pool:
+        bodies = list(pool.map(lambda _: torch_client.post("/v1/chat/completions",
+                                                           json=request).json(), range(3)))
+    assert len({b["choices"][0]["message"]["content"] for b in bodies}) == 1
+    assert all(b["usage"]["completion_tokens"] == 8 for b in bodies)
+    assert len({b["id"] for b in bodies}) == 3
+
+
 def test_torch_server_without_key_needs_no_authorization(torch_client, torch_server):
     assert torch_server.engine == "torch"
     assert torch_client.get("/v1/models").json()["data"][0]["meta"]["engine"] == "torch"

@@ -20,6 +20,9 @@ from localchat.server.app import Server
 
 GRACEFUL_SHUTDOWN_S = 5  # for responses still being sent after their jobs are cancelled
 JOIN_WORKERS_S = 10.0
+# Connections beyond the admitted requests (health probes, requests being refused):
+# past this, uvicorn itself answers 503, so a flood of idle connections cannot pile up.
+EXTRA_CONNECTIONS = 64
 
 
 class Uvicorn(uvicorn.Server):
@@ -53,6 +56,7 @@ def serve(args: argparse.Namespace, sock: socket.socket, *, loopback: bool,
         config = uvicorn.Config(server.build(loopback=loopback, api_key=api_key),
                                 log_level="warning", access_log=False, lifespan="on",
                                 server_header=False,
+                                limit_concurrency=args.max_queue + EXTRA_CONNECTIONS,
                                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host

@@ -18,7 +18,7 @@ import hmac
 import ipaddress
 import re
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from localchat.server.errors import ApiError
@@ -110,9 +110,12 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     if declared.isdigit() and int(declared) > limit:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone mid-upload: nobody to answer, and not a server error
+        raise ApiError(400, "the client disconnected while sending the body") from None
     return b"".join(chunks)
