@@ -268,3 +268,48 @@ def test_endpoint_urls_with_or_without_v1(url, base, root):
 def test_sse_parsing():
     lines = [": comment", "event: x", "data: a", "data:b", "", "", "data: [DONE]", ""]
     assert list(sse_data(lines)) == ["a\nb", "[DONE]"]
+
+
+# --- localchat's own server ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def serve_url(tmp_path_factory):
+    """`localchat serve` on the bundled model (llama.cpp, 1024 context), no key."""
+    log = tmp_path_factory.mktemp("serve") / "log.txt"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "localchat", "serve", "-m", "default", "--port", "0",
+             "-c", "1024", "--threads", "2"],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            env={k: v for k, v in os.environ.items() if k != "LOCALCHAT_API_KEY"})
+    try:
+        deadline = time.monotonic() + 60
+        while "serving" not in log.read_text():  # it prints its URL once it listens
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        url = log.read_text().split(" on ", 1)[1].split()[0]
+        wait_for(url + "/models", proc, log)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_against_localchat_serve(serve_url, engine):
+    eng = RemoteEngine(serve_url)
+    try:
+        assert eng.info.n_ctx == 1024  # from the model card's meta
+        request = ask("What is the capital of France?", max_tokens=8)
+        result, local = eng.complete(request), engine.complete(request)
+        assert result.text == local.text and result.text.strip()
+        assert result.stats.prompt_tokens == local.stats.prompt_tokens  # usage from the server
+        assert result.stats.completion_tokens == local.stats.completion_tokens
+        cancel = threading.Event()
+        for event in eng.generate(ask("Write a long essay about rivers.", max_tokens=500),
+                                  cancel):
+            cancel.set()
+        assert event.finish_reason == "cancelled"
+        with pytest.raises(ContextOverflowError):
+            eng.complete(ask("hello " * 1500, max_tokens=4))
+    finally:
+        eng.close()

@@ -63,6 +63,7 @@ class RemoteEngine(Engine):
                                  (f"{self.root}/tokenize", "content")]  # llama.cpp's server
         try:
             card = self._model_card(model)
+            meta = card.get("meta") if isinstance(card.get("meta"), dict) else {}
             self.model = card["id"]
             n_ctx_server = self._server_context(card)
         except BaseException:
@@ -72,7 +73,7 @@ class RemoteEngine(Engine):
         name = self.model.rsplit("/", 1)[-1] if self.model.startswith("/") else self.model
         self.info = ModelInfo(
             name=name, path=self.base, architecture="remote", quant_type="remote",
-            file_size=0, n_ctx_train=_int(card.get("meta", {}).get("n_ctx_train")) or n_ctx,
+            file_size=0, n_ctx_train=_int(meta.get("n_ctx_train")) or n_ctx,
             n_ctx=n_ctx, n_layers=0, n_kv_heads=0, head_dim=0, kv_bytes_per_token=0,
         )
 
@@ -105,9 +106,11 @@ class RemoteEngine(Engine):
         raise ModelNotFoundError(f"{self.base} has no model {model!r} (it serves: {names})")
 
     def _server_context(self, card: dict) -> int:
-        """The context the server runs with, where it says: vLLM's max_model_len in the
-        model card, llama.cpp's /props; llama-cpp-python reports none."""
-        found = _int(card.get("max_model_len")) or _int(card.get("context_length"))
+        """The context the server runs with, where it says: localchat serve's meta.n_ctx
+        or vLLM's max_model_len in the model card, llama.cpp's /props; llama-cpp-python
+        reports none."""
+        meta = card.get("meta") if isinstance(card.get("meta"), dict) else {}
+        found = _int(meta.get("n_ctx")) or _int(card.get("max_model_len"))
         if found:
             return found
         try:
