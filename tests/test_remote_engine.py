@@ -313,3 +313,28 @@ def test_against_localchat_serve(serve_url, engine):
             eng.complete(ask("hello " * 1500, max_tokens=4))
     finally:
         eng.close()
+
+
+async def test_the_chat_ui_runs_on_the_endpoint(server_url):
+    """The TUI loads the remote engine from its settings and streams a reply."""
+    from localchat.settings import ChatSettings
+    from localchat.tui.app import ChatApp
+    from localchat.tui.widgets import GaugeBar, PromptInput
+
+    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=16, endpoint=server_url,
+                               api_key=KEY, ctx_size=2048))
+    async with app.run_test(size=(100, 30)) as pilot:
+        deadline = time.monotonic() + 30
+        while app.query_one(GaugeBar).state != "ready":
+            assert time.monotonic() < deadline
+            await pilot.pause(0.05)
+        assert app.engine.name == "remote"
+        prompt = app.query_one(PromptInput)
+        prompt.text = "Which city is the capital of France?"
+        prompt.focus()
+        await pilot.press("enter")
+        while len(app.history) < 2 or app._generating:
+            assert time.monotonic() < deadline + 30
+            await pilot.pause(0.05)
+        assert app.history[-1].content.strip()
+        assert "/2048" in str(app.query_one(GaugeBar).render())
