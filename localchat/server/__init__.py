@@ -19,7 +19,7 @@ API_KEY_ENV = "LOCALCHAT_API_KEY"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    api_key = args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
     if api_key is not None and not api_key.strip():
         raise UsageError("--api-key must not be empty")
     if args.max_queue < 1:
