@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Union
+import time
 
 from starlette.types import Receive
 
@@ -22,7 +22,6 @@ from localchat.engine.base import Engine, Event, Request, Result
 from localchat.server.errors import ApiError
 
 _END = object()  # the worker thread is done; nothing more will come
-Item = Union[Event, BaseException]
 
 
 class Jobs:
@@ -66,10 +65,11 @@ class Jobs:
 
     def join(self, timeout: float) -> None:
         """Wait (up to `timeout` seconds in all) for the worker threads to end."""
+        deadline = time.monotonic() + timeout
         with self._lock:
             threads = [job.thread for job in self._jobs if job.thread is not None]
         for thread in threads:
-            thread.join(timeout)
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _finish(self, job: "Job", outcome: str | None) -> None:
         with self._lock:
