@@ -182,6 +182,14 @@ def test_stop_strings_end_the_reply_with_finish_reason_stop(client):
     assert choice["finish_reason"] == "stop"
 
 
+def test_max_completion_tokens_n_1_and_a_single_stop_string(client):
+    body = client.post("/v1/completions", json={
+        "prompt": COUNTING, "temperature": 0, "max_completion_tokens": 3, "n": 1,
+        "stop": "zzz", "model": "anything", "frequency_penalty": 0.5, "user": "ignored"})
+    assert body.status_code == 200, body.text
+    assert body.json()["usage"]["completion_tokens"] == 3
+
+
 def chat_reply(client: httpx2.Client, content, **params) -> str:
     body = client.post("/v1/chat/completions", json={
         "messages": [{"role": "user", "content": content}], "max_tokens": 6, **params})
