@@ -193,13 +193,17 @@ def _run_all(engine, lines: list[Line], *, verbose: bool) -> int:
                 future = pool.submit(_run_one, engine, line, cancel)
                 future.add_done_callback(advanced)
                 futures.append(future)
-        for item in _in_order(futures):
-            if item is None:
-                continue  # cancelled before it started: not written
-            _write(item)
-            written += 1
-            failed += "error" in item
-            tokens += item.get("stats", {}).get("completion_tokens", 0)
+        try:
+            for item in _in_order(futures):
+                if item is None:
+                    continue  # cancelled before it started: not written
+                _write(item)
+                written += 1
+                failed += "error" in item
+                tokens += item.get("stats", {}).get("completion_tokens", 0)
+        except BaseException:  # a bug, a closed stdout, a second Ctrl+C: stop the others
+            cancel.set()
+            raise
     progress.close()
     elapsed = time.perf_counter() - start
     if verbose:
