@@ -116,6 +116,9 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int = 4, group_size: i
     h[dead, dead] = 1
     w[:, dead] = 0
     groups = [_grid_v1(w[:, g:g + group_size], maxq) for g in range(0, cols, group_size)]  # static
+    # scales as float16 holds them (the file's type), so the weights GPTQ sees are the
+    # weights the file gives back; never below float16's smallest normal number
+    groups = [(s.clamp(min=2.0 ** -14).half().double(), z) for s, z in groups]
     perm = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(cols)
     w, h = w[:, perm], h[perm][:, perm]
     hinv, damp = _inverse_cholesky(h, percdamp)

@@ -69,3 +69,164 @@ def test_damping_is_raised_until_cholesky_succeeds():
     assert damp > 1e-4
     with pytest.raises(ValueError, match="not positive definite"):
         _inverse_cholesky(-torch.eye(4, dtype=torch.float64), percdamp=1e-6, retries=2)
+
+
+# -- the GPTQ v1 file layout and the torch engine's loader -----------------------------
+
+def _loaded(packed: dict, prefix: str = "p."):
+    from localchat.engine.torch.gptq_weights import GPTQConfig, load_gptq
+
+    return load_gptq(lambda k: packed.get(k.removeprefix(prefix)), prefix, GPTQConfig(4, 128, 1))
+
+
+def test_v1_round_trip_through_the_loader(layer):
+    """pack_v1 -> the loader gives back the codes, zeros, scales and g_idx GPTQ chose, and
+    exactly the weights GPTQ computed with (scales are float16 already in the algorithm)."""
+    from localchat.engine.torch.gptq_weights import dequantize_gptq, sequential_group
+
+    w, calib, _ = layer
+    r = gptq_quantize(w, hessian(calib), bits=4, group_size=128)
+    p = pack_v1(r)
+    assert {k: (v.dtype, tuple(v.shape)) for k, v in p.items()} == {
+        "qweight": (torch.int32, (72, 576)), "qzeros": (torch.int32, (5, 72)),
+        "scales": (torch.float16, (5, 576)), "g_idx": (torch.int32, (576,))}
+    m = _loaded(p)
+    assert torch.equal(m.codes, r.codes) and torch.equal(m.zeros, r.zeros)
+    assert torch.equal(m.scales, r.scales) and torch.equal(m.g_idx, r.g_idx.long())
+    assert int(r.zeros.min()) >= 1  # v1 cannot store a zero of 0
+    assert torch.equal(dequantize_gptq(m), r.dequantized)
+    assert sequential_group(m) == 128  # static groups: no reordering needed
+
+
+def test_zero_points_stay_storable_when_a_group_has_no_negative_weight(layer):
+    """All-positive groups would get zero 0 on the min/max grid (stored as −1: 15, read
+    back as 16 by v1 loaders); the grid moves to zero 1 and still spans the weights."""
+    from localchat.engine.torch.gptq_weights import dequantize_gptq
+
+    w, calib, _ = layer
+    r = gptq_quantize(w.abs(), hessian(calib), bits=4, group_size=128)
+    assert int(r.zeros.min()) == 1
+    assert torch.equal(dequantize_gptq(_loaded(pack_v1(r))), r.dequantized)
+    assert (r.dequantized - w.abs()).abs().max() < 2 * r.scales.max()
+
+
+def test_int4_kernel_layer_matches_the_dequantized_weights(layer):
+    """q/k/v fused into one Int4Linear (groups of 128 over rows of 576 run as kernel
+    groups of 64) computes x @ Ŵᵀ; a permuted g_idx (act-order without static groups)
+    falls back to a dense layer with the same weights."""
+    from localchat.engine.torch.gptq_weights import dequantize_gptq, gptq_linear
+    from localchat.engine.torch.qlinear import DenseLinear, Int4Linear
+
+    w, calib, held_out = layer
+    h = hessian(calib)
+    parts = [_loaded(pack_v1(gptq_quantize(m, h, 4, 128))) for m in (w, w[:192], w[192:384])]
+    fused = gptq_linear(parts)
+    assert isinstance(fused, Int4Linear) and fused.group == 64
+    dense = torch.cat([dequantize_gptq(m) for m in parts])
+    x = held_out[:16].float()
+    assert torch.allclose(fused(x), x @ dense.t(), atol=0.05 * (x @ dense.t()).abs().max().item())
+    shuffled = parts[0]
+    shuffled.g_idx = shuffled.g_idx[torch.randperm(576, generator=torch.Generator().manual_seed(0))]
+    assert isinstance(gptq_linear([shuffled]), DenseLinear)
+
+
+@pytest.fixture(scope="module")
+def gptq_two_layers(hf_dir, tmp_path_factory):
+    """The bundled model's first 2 blocks, GPTQ on 4 × 128 tokens of calibration text."""
+    from quantize.gptq_model import quantize_hf_dir_to_gptq
+
+    torch.set_num_threads(2)
+    return quantize_hf_dir_to_gptq(hf_dir, tmp_path_factory.mktemp("gptq") / "two-layers", 128,
+                                   segments=4, seq_len=128, layers=2)
+
+
+def test_written_directory_has_the_gptq_layout(gptq_two_layers):
+    import json
+
+    from safetensors import safe_open
+
+    cfg = json.loads((gptq_two_layers / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 2
+    assert cfg["quantization_config"] | {"desc_act": True} == {
+        "quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True, "sym": False,
+        "static_groups": True, "true_sequential": True, "damp_percent": 0.01,
+        "checkpoint_format": "gptq"}
+    assert (gptq_two_layers / "tokenizer.json").is_file()
+    with safe_open(str(gptq_two_layers / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        p = "model.layers.1.mlp.down_proj."
+        assert {p + s for s in ("qweight", "qzeros", "scales", "g_idx")} <= keys
+        assert p + "weight" not in keys
+        assert tuple(f.get_tensor(p + "qweight").shape) == (1536 // 8, 576)
+        assert tuple(f.get_tensor("model.layers.0.self_attn.k_proj.qzeros").shape) == (5, 192 // 8)
+        # embeddings and norms stay float (the embedding is tied: no lm_head)
+        assert f.get_tensor("model.embed_tokens.weight").dtype == torch.float32
+        assert "model.layers.0.input_layernorm.weight" in keys
+        assert not any(k.startswith("model.layers.2.") for k in keys)
+    from localchat.models import validate_model_path
+
+    assert validate_model_path(gptq_two_layers).quant_type == "GPTQ-INT4-G128"
+
+
+def test_written_model_loads_on_int4_kernels_and_generates(gptq_two_layers):
+    from localchat.engine import load_engine
+    from localchat.engine.base import Message, Request, SamplingParams
+    from localchat.engine.torch.hf_weights import load_hf_weights
+    from localchat.engine.torch.qlinear import Int4Linear
+
+    w = load_hf_weights(gptq_two_layers)
+    assert all(isinstance(getattr(layer, f), Int4Linear) for layer in w.layers
+               for f in ("wqkv", "wo", "w_gate_up", "w_down"))
+    eng = load_engine(str(gptq_two_layers), engine="torch", ctx_size=256, threads=2,
+                      kv_memory=512 * 23040)
+    try:
+        reply = eng.complete(Request(messages=[Message("user", "What is the capital of France?")],
+                                     sampling=SamplingParams(temperature=0.0), max_tokens=8))
+    finally:
+        eng.close()
+    assert reply.stats.completion_tokens > 0  # two blocks of 30: text, not sense
+
+
+def test_eval_reads_gptq_matrices(gptq_two_layers, hf_dir):
+    """quantize/file_matrices (eval's matrix errors) dequantizes GPTQ files."""
+    from localchat.models import validate_model_path
+    from quantize.file_matrices import projection_matrices
+
+    matrices, bits = projection_matrices(validate_model_path(gptq_two_layers))
+    assert len(matrices) == 14 and 4.1 < bits < 4.5  # codes + float16 scales + zeros + g_idx
+    ref, _ = projection_matrices(validate_model_path(hf_dir))
+    name = "model.layers.1.mlp.down_proj.weight"
+    assert (matrices[name] - ref[name]).norm() / ref[name].norm() < 0.25
+
+
+def test_quantize_cli_refuses_gptq_for_other_types(tmp_path, capsys):
+    from localchat.cli import main
+
+    assert main(["quantize", "default", "-o", str(tmp_path / "x"), "--type", "nf4",
+                 "--method", "gptq"]) != 0
+    assert "--type int4" in capsys.readouterr().err
+    assert main(["quantize", "default", "-o", str(tmp_path / "x"), "--type", "int4",
+                 "--calibration", "notes.txt"]) != 0
+    assert "--method gptq" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_calibration_text_is_disjoint_from_the_eval_text():
+    from quantize.gptq_model import SEGMENT_TOKENS, SEGMENTS, calibration_text
+    from quantize.quality import default_text
+
+    text, calib = default_text(), calibration_text()
+    # eval scores the start; 32 segments of 512 tokens need < 4 chars a token of the tail
+    assert text.endswith(calib) and len(text) - len(calib) > 250_000
+    assert len(calib) > 4 * SEGMENTS * SEGMENT_TOKENS
+
+
+@pytest.mark.slow
+def test_gptq_whole_bundled_model_through_the_cli(tmp_path):
+    """~2 min here: the full `localchat quantize default --type int4 --method gptq`."""
+    from localchat.cli import main
+    from localchat.engine.torch.hf_weights import load_hf_weights
+
+    out = tmp_path / "gptq"
+    assert main(["quantize", "default", "-o", str(out), "--type", "int4", "--method", "gptq"]) == 0
+    assert len(load_hf_weights(out).layers) == 30
