@@ -184,6 +184,8 @@ def test_cli_errors_are_one_line(server_url):
 
 class Scripted(BaseHTTPRequestHandler):
     chunks: list[str] = []  # SSE data lines sent before the connection is dropped
+    refuse_extensions = False
+    bodies: list[dict] = []  # the chat completion requests the client sent
 
     def log_message(self, *args) -> None:
         pass
@@ -200,7 +202,19 @@ class Scripted(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path.endswith("/chat/completions"):
+            Scripted.bodies.append(body)
+        if self.refuse_extensions and "top_k" in body:  # as OpenAI's own API does
+            error = json.dumps({"error": {
+                "message": "Unrecognized request argument supplied: top_k",
+                "type": "invalid_request_error"}}).encode()
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(error)))
+            self.end_headers()
+            self.wfile.write(error)
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
@@ -252,6 +266,20 @@ def test_usage_and_an_error_event_in_the_stream(scripted, monkeypatch):
                    "type": "exceed_context_size_error"}})])
     with pytest.raises(ContextOverflowError):
         eng.complete(ask("Hi"))
+    eng.close()
+
+
+def test_sampling_extensions_are_dropped_for_a_server_that_refuses_them(scripted,
+                                                                         monkeypatch):
+    monkeypatch.setattr(Scripted, "refuse_extensions", True)
+    monkeypatch.setattr(Scripted, "bodies", [])
+    monkeypatch.setattr(Scripted, "chunks", [chunk(content="ok"), json.dumps(
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}), "[DONE]"])
+    eng = RemoteEngine(scripted)
+    assert eng.complete(ask("Hi")).text == "ok"
+    assert eng.complete(ask("Hi")).text == "ok"
+    assert ["top_k" in b for b in Scripted.bodies] == [True, False, False]  # asked once
+    assert Scripted.bodies[-1]["temperature"] == 0 and Scripted.bodies[-1]["stream"] is True
     eng.close()
 
 

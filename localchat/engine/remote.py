@@ -19,8 +19,8 @@ import time
 from typing import Iterator, Sequence
 
 from localchat.engine.base import Delta, Engine, Event, Message, ModelInfo, Request, Result, Stats
-from localchat.engine.remote_http import (server_message, split_endpoint, status_error,
-                                          stream_error, transport_errors)
+from localchat.engine.remote_http import (ConnectionLost, server_message, split_endpoint,
+                                          status_error, stream_error, transport_errors)
 from localchat.engine.sse import BackgroundStream, Cancelled, sse_data
 from localchat.errors import EngineError, ModelNotFoundError, UsageError
 
@@ -156,7 +156,7 @@ class RemoteEngine(Engine):
                     content = response.read()
                     message, _ = server_message(content)
                     if (response.status_code in (400, 422) and self._send_extensions
-                            and any(name in message for name in _EXTENSIONS)):
+                            and _refuses_extensions(message)):
                         self._send_extensions = False
                         continue
                     raise status_error(response.status_code, content, base=self.base,
@@ -191,7 +191,7 @@ class RemoteEngine(Engine):
                 except Cancelled:
                     yield Result("".join(pieces), "cancelled", stats())
                     return
-                except EngineError:
+                except ConnectionLost:
                     if not times:  # llama-cpp-python drops a refused stream: learn why
                         self._explain_empty_stream(request)
                     raise
@@ -297,6 +297,15 @@ def _parse_chunk(data: str, base: str) -> dict:
     if not isinstance(chunk, dict):
         raise EngineError(f"{base} sent an unexpected event: {data[:80]!r}")
     return chunk
+
+
+def _refuses_extensions(message: str) -> bool:
+    """'Unrecognized request argument supplied: top_k' (OpenAI) and the like; not a
+    complaint about a value (those cannot happen: SamplingParams checked them)."""
+    lowered = message.lower()
+    return any(name in message for name in _EXTENSIONS) and any(
+        word in lowered for word in ("unrecognized", "unknown", "extra", "not permitted",
+                                     "unexpected", "not supported"))
 
 
 def _int(value) -> int:

@@ -88,6 +88,10 @@ def stream_error(payload: dict, *, base: str) -> LocalchatError:
     return EngineError(f"{base} failed mid-reply: {message}")
 
 
+class ConnectionLost(EngineError):
+    """The connection broke after it was made (the server dropped or reset it)."""
+
+
 @contextmanager
 def transport_errors(base: str) -> Iterator[None]:
     """Network failures as one-line EngineErrors."""
@@ -103,5 +107,5 @@ def transport_errors(base: str) -> Iterator[None]:
     except httpx2.TimeoutException:
         raise EngineError(f"{base} did not answer in time") from None
     except httpx2.HTTPError as exc:
-        raise EngineError(f"the connection to {base} broke: "
+        raise ConnectionLost(f"the connection to {base} broke: "
                           f"{one_line(exc) or type(exc).__name__}") from None
