@@ -131,6 +131,11 @@ def test_too_long_prompt_is_a_context_overflow(remote):
     assert remote.complete(ask("Hi", max_tokens=2)).text  # and the connection recovers
 
 
+def test_continuing_a_reply_is_refused_not_garbled(remote):
+    with pytest.raises(UsageError, match="continuing a stopped reply"):
+        remote.complete(ask("Hi", assistant_prefix="Hello"))
+
+
 def test_count_prompt_tokens_uses_the_server_tokenizer(remote):
     short = remote.count_prompt_tokens([Message("user", "Hi")])
     longer = remote.count_prompt_tokens([Message("system", "Be brief."),

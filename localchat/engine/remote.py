@@ -141,8 +141,6 @@ class RemoteEngine(Engine):
         if request.prompt_tokens is not None:
             return "/completions", {**body, "prompt": list(request.prompt_tokens)}
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
-        if request.assistant_prefix:  # servers continue a final assistant message (llama.cpp)
-            messages.append({"role": "assistant", "content": request.assistant_prefix})
         return "/chat/completions", {**body, "messages": messages}
 
     def _post(self, request: Request, *, stream: bool, stopped=None):
@@ -171,6 +169,11 @@ class RemoteEngine(Engine):
                 return
 
     def generate(self, request: Request, cancel: threading.Event | None = None) -> Iterator[Event]:
+        if request.assistant_prefix:
+            # Most servers (llama-cpp-python, localchat serve) answer a final assistant
+            # message with a new reply rather than continuing it: refuse, not garble.
+            raise UsageError("continuing a stopped reply is not supported with --endpoint: "
+                             "the server would start a new reply instead")
         cancel = cancel or threading.Event()
         start = time.perf_counter()
         stream = BackgroundStream(lambda stopped: self._post(request, stream=True,
