@@ -33,7 +33,10 @@ def test_streams_a_reply_with_measured_stats(torch_engine):
     s = result.stats
     assert s.ttft_s > 0 and s.prefill_tok_s > 0 and s.decode_tok_s > 0
     assert s.kv_cache_capacity_bytes == 2 * 1024 * 23040  # the pool: 2 contexts of 16-token blocks
-    assert s.kv_cache_bytes > 0 and s.kv_cache_bytes % (16 * 23040) == 0
+    streaming = max(e.stats.kv_cache_bytes for e in events[:-1])  # blocks in use mid-reply
+    assert streaming > 0 and streaming % (16 * 23040) == 0
+    # finished: its blocks are back in the pool at once, full ones kept as cached prefixes
+    assert s.kv_cache_bytes == 0 and s.kv_cache_cached_bytes > 0
     # tokens whose KV is in the cache: the last sampled token is never fed back
     in_cache = s.prompt_tokens + s.completion_tokens - (result.finish_reason == "length")
     assert s.context_tokens == in_cache

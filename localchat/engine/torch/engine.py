@@ -118,7 +118,7 @@ class TorchEngine(VocabMixin, Engine):
             detokenize=self._detokenize,
             is_end_of_generation=self.is_end_of_generation,
             prompt_evaluated=lambda: len(prompt) - (seq.cached_tokens or 0),
-            memory=lambda: {**self.memory(), "context_tokens": len(seq.tokens),
+            memory=lambda: {**self.memory(), "context_tokens": seq.computed,
                             "preemptions": seq.preemptions,
                             "recomputed_tokens": seq.recomputed_tokens},
         )

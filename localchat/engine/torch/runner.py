@@ -132,9 +132,11 @@ class BatchRunner:
         s: _Sampling = seq.payload
         token = sample(logits, s.params, seq.completion, s.generator)
         seq.tokens.append(token)
-        s.out.put(token)
-        if self._is_end(token) or len(seq.tokens) - seq.n_prompt >= s.budget:
+        done = self._is_end(token) or len(seq.tokens) - seq.n_prompt >= s.budget
+        if done:  # blocks back first, so the caller's final stats see them freed
             self.scheduler.finish(seq)
+        s.out.put(token)
+        if done:
             s.out.put(_DONE)
 
     def _batch(self, chunks: list[ScheduledChunk]) -> Batch:
