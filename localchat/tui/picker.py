@@ -73,6 +73,11 @@ def model_rows(ctx_size: int | None, memory: int | None = None) -> tuple[list[Mo
     return [model_row(e, ctx_size, memory) for e in list_models()], memory
 
 
+def _name(entry: ModelEntry) -> str:
+    """A local file by its name (the detail line has the rest), others by their SPEC."""
+    return _short(entry.path.name if entry.source == "local" else entry.spec)
+
+
 def _short(spec: str, width: int = 26) -> str:
     return spec if len(spec) <= width else spec[: width // 2 - 1] + "…" + spec[-(width // 2):]
 
@@ -127,10 +132,10 @@ class ModelPickerScreen(ModalScreen["Choice | None"]):
             mark = "●" if self._is_current(row) else ("◆" if row.entry.spec == self.draft else "")
             f = row.entry.facts
             if f is None or row.problem:
-                cells = [mark, _short(row.entry.spec), "–", "–", "–", "–", Text("error", "red")]
+                cells = [mark, _name(row.entry), "–", "–", "–", "–", Text("error", "red")]
             else:
                 fits = Text("yes", "green") if row.fits else Text("no", "bold red")
-                cells = [mark, _short(row.entry.spec), f.quant_type, human_bytes(f.file_size),
+                cells = [mark, _name(row.entry), f.quant_type, human_bytes(f.file_size),
                          str(f.context_length), human_bytes(row.kv_bytes_per_token), fits]
             table.add_row(*cells, key=str(i))
         if not rows:
@@ -150,7 +155,8 @@ class ModelPickerScreen(ModalScreen["Choice | None"]):
             text = f"{row.entry.spec}: {row.problem}"
         else:
             verdict = "fits" if row.fits else "does NOT fit"
-            text = (f"{f.name} · {f.architecture} · {row.entry.source} · at ctx {row.ctx}: "
+            where = row.entry.source if row.entry.source != "local" else str(row.entry.path)
+            text = (f"{f.name} · {f.architecture} · {where} · at ctx {row.ctx}: "
                     f"weights {human_bytes(row.weights_bytes)} + KV "
                     f"{human_bytes(row.ctx * row.kv_bytes_per_token)} = "
                     f"{human_bytes(row.needs_bytes)}, {verdict} in "
