@@ -208,14 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "run":
-        from localchat.run_command import cmd_run
-
-        return cmd_run(args)
     if args.command == "run" and args.batch is not None:
         from localchat.batch_command import cmd_batch
 
         return cmd_batch(args)
+    if args.command == "run":
+        from localchat.run_command import cmd_run
+
+        return cmd_run(args)
     if args.command == "serve":
         from localchat.server import cmd_serve
 

@@ -110,8 +110,7 @@ class TorchEngine(VocabMixin, Engine):
             yield from self._generate_speculative(request, cancel)
             return
         t_start = time.perf_counter()
-        with self._vocab_lock:
-            prompt, budget = self.prompt_and_budget(request)
+        prompt, budget = self.prompt_and_budget(request)
         sp = request.sampling
         seq = self.runner.submit(prompt, sp, budget, _generator(sp))
         hooks = EngineHooks(
@@ -124,6 +123,14 @@ class TorchEngine(VocabMixin, Engine):
         )
         yield from stream_events(request, prompt, self.runner.tokens(seq), hooks, budget,
                                  cancel or threading.Event(), t_start)
+
+    def tokenize_messages(self, messages) -> list[int]:
+        with self._vocab_lock:  # callers on several threads share one vocabulary
+            return super().tokenize_messages(messages)
+
+    def tokenize_text(self, text: str) -> list[int]:
+        with self._vocab_lock:
+            return super().tokenize_text(text)
 
     def _detokenize(self, token: int) -> bytes:
         with self._vocab_lock:

@@ -11,6 +11,7 @@ next step frees its blocks.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import queue
 import threading
@@ -66,6 +67,7 @@ class BatchRunner:
                 self._thread = threading.Thread(target=self._loop, name="torch-batcher",
                                                 daemon=True)
                 self._thread.start()
+                atexit.register(self.close)  # a script that never closes the engine
             self._wake.notify()
         return seq
 

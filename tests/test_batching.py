@@ -1,0 +1,182 @@
+"""Continuous batching in the torch engine, on the real bundled model: many requests at
+once give exactly what each gives alone, a cache too small for all of them preempts
+and still completes everything, and the nano-vllm edge cases of prefix caching."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from localchat.engine import load_engine
+from localchat.engine.base import Message, Request, SamplingParams
+from localchat.engine.torch.blocks import BlockPool
+from localchat.engine.torch.scheduler import RUNNING, WAITING, Scheduler, SequenceState
+
+KV_BYTES_PER_BLOCK = 16 * 23040  # SmolLM2-135M, f16 cache
+
+PROMPTS = [
+    ("What is the capital of France?", SamplingParams(temperature=0.0), 20),
+    ("Write a haiku about rain.", SamplingParams(temperature=0.8, seed=7), 40),
+    ("Count from 1 to 20, one number per line.", SamplingParams(temperature=0.0), 60),
+    ("Name three colors.", SamplingParams(temperature=1.0, top_k=20, seed=3), 12),
+    ("Explain what a KV cache is in one paragraph.",
+     SamplingParams(temperature=0.7, top_p=0.9, min_p=0.1, repeat_penalty=1.1, seed=11), 50),
+    ("Hi", SamplingParams(temperature=0.0, repeat_penalty=1.3), 30),
+]
+
+
+def _request(prompt: str, sp: SamplingParams, n: int) -> Request:
+    return Request(messages=[Message("user", prompt)], sampling=sp, max_tokens=n)
+
+
+def _together(engine, requests: list[Request]) -> list:
+    results: list = [None] * len(requests)
+
+    def work(i: int) -> None:
+        results[i] = engine.complete(requests[i])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    return results
+
+
+@pytest.fixture(scope="module")
+def batching_engine():
+    engine = load_engine("default", engine="torch", ctx_size=128, threads=2,
+                         kv_memory=8 * KV_BYTES_PER_BLOCK)  # 8 blocks: one 128-token context
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def alone(batching_engine):
+    """Each request's tokens, run by itself (the cache always has room for one)."""
+    return [batching_engine.complete(_request(*p)) for p in PROMPTS]
+
+
+def test_concurrent_requests_give_what_each_gives_alone(batching_engine, alone):
+    runner = batching_engine.runner
+    steps_before = len(runner.batch_sizes)
+    together = _together(batching_engine, [_request(*p) for p in PROMPTS])
+    assert [r.text for r in together] == [r.text for r in alone]
+    assert [r.finish_reason for r in together] == [r.finish_reason for r in alone]
+    assert max(runner.batch_sizes[steps_before:]) > 1  # they really ran in one batch
+
+
+def test_a_cache_too_small_for_all_preempts_and_still_completes_them(batching_engine, alone):
+    """8 blocks for twelve requests of up to ~100 tokens: decoding runs out of blocks, the
+    least-advanced request is preempted, recomputed later, and nothing is lost."""
+    scheduler = batching_engine.runner.scheduler
+    before = scheduler.preemptions
+    together = _together(batching_engine, [_request(*p) for p in PROMPTS] * 2)
+    assert [r.text for r in together] == [r.text for r in alone] * 2
+    assert scheduler.preemptions > before
+    assert sum(r.stats.preemptions for r in together) == scheduler.preemptions - before
+    assert sum(r.stats.recomputed_tokens for r in together) > 0
+    batching_engine.pool.check_invariants()
+    assert batching_engine.pool.usage().used == 0  # everything given back
+
+
+def test_chunked_prefill_with_a_prefix_hit(batching_engine, alone):
+    """A prompt prefilled 16 tokens per step, after the same prompt left its blocks in
+    the prefix cache: cached tokens counted, the same reply."""
+    scheduler = batching_engine.runner.scheduler
+    scheduler.max_tokens_per_step = 16
+    try:
+        again = batching_engine.complete(_request(*PROMPTS[4]))
+        fresh = batching_engine.complete(_request("Something unrelated, then: " + PROMPTS[4][0],
+                                                  SamplingParams(temperature=0.0), 8))
+    finally:
+        scheduler.max_tokens_per_step = 512
+    assert again.text == alone[4].text
+    assert again.stats.cached_tokens >= 16
+    assert fresh.stats.cached_tokens < fresh.stats.prompt_tokens
+    assert fresh.text
+
+
+def test_full_hit_on_an_exact_block_multiple(batching_engine):
+    """A prompt of exactly 32 tokens, run twice: the second run shares both blocks and
+    recomputes only the last token (whose KV is already in the shared block)."""
+    engine = batching_engine
+    tokens = engine.tokenize_text(" the quick brown fox jumps over the lazy dog" * 6)[:32]
+    request = Request(prompt_tokens=tokens, sampling=SamplingParams(temperature=0.0),
+                      max_tokens=8)
+    first, second = engine.complete(request), engine.complete(request)
+    assert second.stats.cached_tokens == 31
+    assert second.text == first.text
+    engine.pool.check_invariants()
+
+
+def test_cancelling_frees_blocks_at_once(batching_engine):
+    engine = batching_engine
+    cancel = threading.Event()
+    stream = engine.generate(_request("Tell me a long story.", SamplingParams(temperature=0.0),
+                                      60), cancel)
+    used_mid_reply = 0
+    for i, event in enumerate(stream):
+        used_mid_reply = max(used_mid_reply, engine.pool.usage().used)
+        if i == 3:
+            cancel.set()
+    assert event.finish_reason == "cancelled"
+    assert used_mid_reply > 0
+    for _ in range(200):  # the runner frees them on its next step
+        if engine.pool.usage().used == 0:
+            break
+        threading.Event().wait(0.01)
+    assert engine.pool.usage().used == 0
+
+
+# ---- the scheduler alone (bookkeeping, no model) -------------------------------------
+
+
+def _seq(seq_id: int, n: int) -> SequenceState:
+    return SequenceState(seq_id, list(range(100 * seq_id, 100 * seq_id + n)), n)
+
+
+def _decode_once(scheduler: Scheduler) -> list:
+    """One step as the runner does it: schedule, commit, 'sample' token 7 where due."""
+    chunks = scheduler.schedule()
+    scheduler.after_step(chunks)
+    for chunk in chunks:
+        if chunk.samples:
+            chunk.seq.tokens.append(7)
+    return chunks
+
+
+def test_preemption_takes_the_least_advanced_and_admits_nothing_that_step():
+    pool = BlockPool(5, 4)
+    scheduler = Scheduler(pool, max_tokens_per_step=64)
+    a, b = _seq(1, 8), _seq(2, 4)  # a: 2 blocks; b: 1 block; 2 left
+    scheduler.add(a)
+    scheduler.add(b)
+    _decode_once(scheduler)
+    assert a.status == b.status == RUNNING
+    late = _seq(3, 4)  # would fit, but not with a block of headroom for each running one
+    scheduler.add(late)
+    # decode until blocks run out; b has computed less, so it goes, to the queue's head
+    for _ in range(12):
+        chunks = _decode_once(scheduler)
+        if scheduler.preemptions:
+            break
+    assert scheduler.preemptions == 1 and b.status == WAITING and a.status == RUNNING
+    assert scheduler.waiting[0] is b
+    assert all(c.seq is not late for c in chunks)  # nothing admitted in that step
+    pool.check_invariants()
+
+
+def test_preempted_sequence_comes_back_through_a_prefix_hit():
+    pool = BlockPool(8, 4)
+    scheduler = Scheduler(pool, max_tokens_per_step=64)
+    seq = _seq(1, 9)
+    scheduler.add(seq)
+    _decode_once(scheduler)
+    _decode_once(scheduler)  # 10 tokens computed: two full blocks committed and cached
+    scheduler._preempt(seq)
+    chunks = scheduler.schedule()
+    assert chunks[0].seq is seq and chunks[0].start == 8  # two blocks found again
+    assert seq.recomputed_tokens == 2  # it had computed 10; 8 came back from the cache
+    pool.check_invariants()
