@@ -233,3 +233,18 @@ def test_gptq_whole_bundled_model_through_the_cli(tmp_path):
     out = tmp_path / "gptq"
     assert main(["quantize", "default", "-o", str(out), "--type", "int4", "--method", "gptq"]) == 0
     assert len(load_hf_weights(out).layers) == 30
+
+
+def test_calibration_file_is_tokenized_into_segments(hf_dir, tmp_path):
+    from localchat.errors import UsageError
+    from quantize.gptq_model import calibration_tokens
+
+    text = tmp_path / "calib.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 200, encoding="utf-8")
+    tokens = calibration_tokens(hf_dir, str(text), segments=4, seq_len=256)
+    assert tokens.shape == (4, 256) and tokens.dtype == torch.int64
+    text.write_text("too short", encoding="utf-8")
+    with pytest.raises(UsageError, match="calibration text has"):
+        calibration_tokens(hf_dir, str(text))
+    with pytest.raises(UsageError, match="cannot read --calibration"):
+        calibration_tokens(hf_dir, str(tmp_path / "missing.txt"))
