@@ -73,6 +73,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if min(args.prompt_tokens, args.gen_tokens, args.repeats) < 1:
         raise UsageError("prompt tokens, gen tokens and repeats must each be >= 1")
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    levels = None
+    if args.concurrency:
+        from localchat.bench_concurrency import parse_levels
+
+        levels = parse_levels(args.concurrency)
     report: dict = {"model": None, "threads": args.threads, "prompt_tokens": args.prompt_tokens,
                     "gen_tokens": args.gen_tokens, "repeats": args.repeats, "engines": {}}
     draft = None if args.no_draft else (args.draft_model or args.draft)
@@ -94,14 +99,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                 threads=args.threads, draft=draft,
                                 num_draft_tokens=args.num_draft_tokens)
         report["speculative"] = bench_speculative(settings, args.gen_tokens)
+    if levels is not None:
+        from localchat.bench_concurrency import bench_concurrency, knees
+
+        settings = ChatSettings(model=args.model, ctx_size=args.ctx_size, threads=args.threads)
+        report["concurrency"] = bench_concurrency(settings, levels)
+        report["concurrency_knee"] = knees(report["concurrency"])
     if args.json:
         print(json.dumps(report))
     else:
-        print(format_table(report))
+        if report["engines"]:
+            print(format_table(report))
         if "speculative" in report:
             from localchat.bench_speculative import format_speculative
 
             print("\n" + format_speculative(report["speculative"]))
+        if "concurrency" in report:
+            from localchat.bench_concurrency import format_concurrency
+
+            print("\n" + format_concurrency(report["concurrency"]))
     return 0
 
 

@@ -147,3 +147,33 @@ def test_bench_json_has_both_engines_side_by_side():
                     "weights_bytes", "kv_bytes_per_token"):
             assert figures[key] > 0, key
         assert figures["kv_bytes_per_token"] == 23040
+
+
+def test_bench_concurrency_section_compares_batching_with_one_at_a_time():
+    proc = localchat("bench", "--engines", "", "-c", "512", "--concurrency", "1,3", "--json",
+                     timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert set(report["concurrency"]) == {"1", "3"}
+    for level in report["concurrency"].values():
+        assert set(level) == {"torch", "llama.cpp"}
+        for figures in level.values():
+            assert figures["aggregate_tok_s"] > 0
+            assert 0 < figures["p50_latency_s"] <= figures["p95_latency_s"]
+    assert set(report["concurrency_knee"]) == {"torch", "llama.cpp"}
+
+
+def test_bench_concurrency_levels_are_checked():
+    proc = localchat("bench", "--concurrency", "4,x")
+    assert proc.returncode == 2 and "--concurrency takes numbers" in proc.stderr
+
+
+def test_knee_is_where_throughput_stops_growing_but_latency_does_not():
+    from localchat.bench_concurrency import knee
+
+    def row(tok_s, p50):
+        return {"torch": {"aggregate_tok_s": tok_s, "p50_latency_s": p50}}
+
+    table = {"1": row(60, 1.0), "4": row(200, 1.3), "16": row(220, 4.0), "64": row(225, 15.0)}
+    assert knee(table, "torch") == 4
+    assert knee({"1": row(60, 1.0), "4": row(200, 1.3)}, "torch") is None

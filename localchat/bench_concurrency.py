@@ -1,0 +1,131 @@
+"""`localchat bench --concurrency 1,4,16`: many requests at once.
+
+At each level N, N different prompts each ask for 64 tokens (greedy). The torch engine
+gets them all at the same moment and batches them continuously; the llama.cpp engine
+serves the same requests one after another, as a single-sequence server would. For
+each: aggregate tokens/s (all completion tokens over the wall time) and each request's
+latency from the moment all were submitted to its last token (p50, p95).
+
+Decode is memory-bound, so a batch reads the weights once for every sequence in it:
+aggregate throughput grows with N until the step turns compute-bound, past which it
+flattens while latency keeps rising (the knee, reported).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import threading
+import time
+
+from localchat.engine.base import Message, Request, SamplingParams
+from localchat.errors import UsageError
+from localchat.settings import ChatSettings
+
+GEN_TOKENS = 64
+PROMPT = ("Request {i}: write a long, detailed essay about the history of the number {i}, "
+          "its uses in science, art and daily life, and why it matters.")
+GREEDY = SamplingParams(temperature=0.0)
+KNEE_GAIN = 1.15  # a level that adds less than 15% aggregate throughput is past the knee
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise UsageError(f"--concurrency takes numbers like 1,4,16, got {text!r}") from None
+    if not levels or levels[0] < 1 or levels[-1] > 256:
+        raise UsageError(f"--concurrency levels must be 1..256, got {text!r}")
+    return levels
+
+
+def _requests(engine, n: int, offset: int) -> list[Request]:
+    return [Request(messages=[Message("user", PROMPT.format(i=offset + i))],
+                    sampling=GREEDY, max_tokens=GEN_TOKENS) for i in range(n)]
+
+
+def _summary(tokens: int, wall: float, latencies: list[float]) -> dict:
+    ordered = sorted(latencies)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return {"aggregate_tok_s": tokens / wall, "p50_latency_s": statistics.median(ordered),
+            "p95_latency_s": p95, "completion_tokens": tokens, "wall_s": wall}
+
+
+def run_concurrent(engine, requests: list[Request]) -> dict:
+    """All at once, each on its own thread (the torch engine batches them)."""
+    latencies: list[float] = [0.0] * len(requests)
+    tokens = [0] * len(requests)
+    start = time.perf_counter()
+
+    def work(i: int) -> None:
+        tokens[i] = engine.complete(requests[i]).stats.completion_tokens
+        latencies[i] = time.perf_counter() - start
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return _summary(sum(tokens), time.perf_counter() - start, latencies)
+
+
+def run_sequential(engine, requests: list[Request]) -> dict:
+    """One after another: a request's latency includes waiting for those before it."""
+    latencies, total = [], 0
+    start = time.perf_counter()
+    for request in requests:
+        total += engine.complete(request).stats.completion_tokens
+        latencies.append(time.perf_counter() - start)
+    return _summary(total, time.perf_counter() - start, latencies)
+
+
+def bench_concurrency(settings: ChatSettings, levels: list[int]) -> dict:
+    """{"N": {"torch": {...}, "llama.cpp": {...}}, ...}"""
+    from dataclasses import replace
+
+    table: dict[str, dict] = {str(n): {} for n in levels}
+    for name, runner in (("torch", run_concurrent), ("llama.cpp", run_sequential)):
+        engine = replace(settings, engine=name, draft=None).load_engine()
+        try:
+            engine.complete(Request(messages=[Message("user", "Hi")], sampling=GREEDY,
+                                    max_tokens=4))
+            for n in levels:
+                print(f"concurrency {n}: {name}…", file=sys.stderr)
+                # fresh prompts per level: no prefix-cache hits from the level before
+                table[str(n)][name] = runner(engine, _requests(engine, n, offset=1000 * n))
+        finally:
+            engine.close()
+    return table
+
+
+def knees(table: dict[str, dict]) -> dict[str, int | None]:
+    return {name: knee(table, name) for name in ("torch", "llama.cpp")}
+
+
+def knee(table: dict[str, dict], engine: str) -> int | None:
+    """The first level whose successor adds < 15% aggregate throughput while its p50
+    latency still rises; None if throughput kept growing at every measured level."""
+    levels = sorted(table, key=int)
+    for a, b in zip(levels, levels[1:]):
+        x, y = table[a][engine], table[b][engine]
+        if y["aggregate_tok_s"] < KNEE_GAIN * x["aggregate_tok_s"] and \
+                y["p50_latency_s"] > x["p50_latency_s"]:
+            return int(a)
+    return None
+
+
+def format_concurrency(table: dict[str, dict]) -> str:
+    lines = [f"{GEN_TOKENS} tokens per request; torch batching vs llama.cpp one at a time",
+             f"{'N':>4} {'torch tok/s':>12} {'p50 s':>7} {'p95 s':>7}   "
+             f"{'llama.cpp tok/s':>15} {'p50 s':>7} {'p95 s':>7} {'torch/llama':>12}"]
+    for n, row in sorted(table.items(), key=lambda kv: int(kv[0])):
+        t, c = row["torch"], row["llama.cpp"]
+        lines.append(f"{n:>4} {t['aggregate_tok_s']:>12.1f} {t['p50_latency_s']:>7.2f} "
+                     f"{t['p95_latency_s']:>7.2f}   {c['aggregate_tok_s']:>15.1f} "
+                     f"{c['p50_latency_s']:>7.2f} {c['p95_latency_s']:>7.2f} "
+                     f"{t['aggregate_tok_s'] / max(c['aggregate_tok_s'], 1e-9):>11.2f}x")
+    for name, level in knees(table).items():
+        lines.append(f"knee ({name}): " + (
+            f"past {level} concurrent requests throughput grows < 15% while latency rises"
+            if level is not None else "none within the measured levels"))
+    return "\n".join(lines)
