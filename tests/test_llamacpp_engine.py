@@ -137,3 +137,13 @@ def test_long_token_pieces_are_not_lost(engine):
     text = "def f():\n" + " " * 40 + "return 1\n" + "-" * 64 + "\n" + "=" * 80
     tokens = engine.tokenize_text(text)
     assert b"".join(engine.vocab.detokenize(t) for t in tokens) == text.encode()
+
+
+def test_a_request_cancelled_while_queued_computes_nothing(engine):
+    """A server client that left while waiting for the model: no prefill, no token."""
+    cancel = threading.Event()
+    cancel.set()
+    events = list(engine.generate(Request(messages=[Message("user", "Hello")],
+                                          max_tokens=8), cancel))
+    assert len(events) == 1 and events[0].finish_reason == "cancelled"
+    assert events[0].text == "" and events[0].stats.completion_tokens == 0

@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 import llama_cpp
 
 from localchat.chat.template import render_chat
-from localchat.engine.base import Engine, Event, Message, ModelInfo, Request
+from localchat.engine.base import Engine, Event, Message, ModelInfo, Request, Result, Stats
 from localchat.engine.streaming import EngineHooks, stream_events
 from localchat.engine.vocab import VocabMixin
 from localchat.errors import EngineError
@@ -160,6 +160,10 @@ class LlamaCppEngine(VocabMixin, Engine):
         t_start = time.perf_counter()
         with self._lock:
             prompt, budget = self.prompt_and_budget(request)
+            if cancel is not None and cancel.is_set():  # given up while queued for the lock
+                yield Result(text="", finish_reason="cancelled",
+                             stats=Stats(prompt_tokens=len(prompt), **self.memory()))
+                return
             llm, sp = self._llm, request.sampling
             llm.set_seed(sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little"))
             ctx = llm._ctx.ctx
