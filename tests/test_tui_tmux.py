@@ -5,6 +5,7 @@ XDG_DATA_HOME (the platform default path, LOCALCHAT_HOME unset)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -66,10 +67,11 @@ def test_a_person_chats_stops_a_reply_and_quits(tmux, tmp_path):
     assert "You" in screen and "Say hello in three words." in screen
     assert "tok/s" in screen and "ctx " in screen  # the gauge bar
 
-    tmux("send-keys", "-t", "chat", "-l", "Write a very long story about a dragon and a knight.")
+    # greedy, this one runs to the 300-token limit (~6 s here): Escape must cut it short
+    tmux("send-keys", "-t", "chat", "-l", "Write a 1000-word essay about the history of Rome.")
     tmux("send-keys", "-t", "chat", "Enter")
-    tmux.wait_for(lambda s: "generating" in s, "the second reply to start", timeout=60)
-    time.sleep(0.5)  # some tokens
+    tmux.wait_for(lambda s: re.search(r"generating .*\d\.\d tok/s", s),  # decoding now
+                  "the second reply to stream", timeout=60)
     tmux("send-keys", "-t", "chat", "Escape")
     tmux.wait_for(lambda s: "stopped" in s and "generating" not in s, "the reply to stop")
 
