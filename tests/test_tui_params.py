@@ -233,7 +233,14 @@ async def test_model_picker_lists_models_and_switches_model_and_draft_live(local
         await pilot.press("d")
         await wait_until(pilot, lambda: ready(app) and app.settings.draft == "default")
         await send(pilot, "Say one word.")
-        await wait_until(pilot, lambda: len(app.history) == 8 and not app._generating)
+        try:
+            await wait_until(pilot, lambda: len(app.history) == 8 and not app._generating,
+                             timeout=90)
+        except AssertionError:
+            raise AssertionError(
+                f"no reply with the draft model: {app.query_one(GaugeBar).state!r}, "
+                f"{[(e.role, e.status, e.content[:40]) for e in app.entries]}, "
+                f"{app.last_error!r}") from None
         assert app.entries[-1].stats.draft is not None
 
         # o: speculation off from the picker
