@@ -323,3 +323,39 @@ def test_live_rate_and_prefill_in_the_gauge_line():
     assert "pp 312 · 61.3 tok/s" in format_gauges(stats, "generating", width=66)
     no_prefill = format_gauges(Stats(decode_tok_s=42.0), "ready")
     assert "prefill" not in no_prefill and "42.0 tok/s" in no_prefill
+
+
+async def test_model_slash_command_switches_the_model_and_refuses_a_bad_one(local_copy, tmp_path):
+    app = ChatApp(ChatSettings(ctx_size=256, threads=2, sampling=GREEDY, max_tokens=8))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: ready(app) and app.engine is not None)
+        await send(pilot, f"/model {tmp_path / 'missing.gguf'}")
+        await wait_until(pilot, lambda: ready(app) and app.last_error is not None)
+        assert "missing.gguf" in app.last_error and app.settings.model == "default"
+        await send(pilot, f"/model {local_copy}")
+        await wait_until(pilot, lambda: ready(app) and app.settings.model == str(local_copy))
+        assert app.engine.info.path == str(local_copy)
+        await send(pilot, "Hello")
+        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        assert app.entries[-1].content
+        await send(pilot, "/model")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelPickerScreen))
+
+
+async def test_reopening_a_conversation_goes_back_to_its_model(local_copy):
+    app = ChatApp(ChatSettings(ctx_size=256, threads=2, sampling=GREEDY, max_tokens=6))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: ready(app) and app.engine is not None)
+        await send(pilot, "Hello")
+        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        first = app.conversation.id
+        await app.action_new_conversation()
+        await send(pilot, f"/model {local_copy}")
+        await wait_until(pilot, lambda: ready(app) and app.settings.model == str(local_copy))
+        await send(pilot, "Hi")
+        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        assert app.conversation.id != first
+        assert app.store.get_conversation(app.conversation.id).model == str(local_copy)
+        await app.open_conversation(first)
+        await wait_until(pilot, lambda: ready(app) and app.settings.model == "default")
+        assert app.engine.info.path != str(local_copy) and app.engine.info.n_ctx == 256

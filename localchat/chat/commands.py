@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "system": ("TEXT", "set this conversation's system prompt (no TEXT: clear it)"),
     "set": ("NAME VALUE", "temp, top_k, top_p, min_p, repeat_penalty, max_tokens, seed "
                           "(`none` clears max_tokens and seed)"),
+    "model": ("[SPEC]", "switch to model SPEC (default, a .gguf path, OWNER/REPO:QUANT); "
+                        "no SPEC: the model picker"),
     "regen": ("", "generate the last reply again"),
     "edit": ("", "edit the last message you sent, then Enter resends it"),
     "continue": ("", "keep generating a stopped reply"),

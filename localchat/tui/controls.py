@@ -61,6 +61,13 @@ class ControlsMixin:
             self.settings = replace(self.settings, sampling=sampling, max_tokens=max_tokens)
             self._save_settings()
             self._info(f"{field} = {'default' if value is None else value}")
+        elif name == "model":
+            if not arg:
+                self.action_pick_model()
+            elif arg == self.settings.model:
+                self._info(f"{arg} is the model in use")
+            else:
+                self.switch_engine(replace(self.settings, model=arg), arg)
         elif name in ("clear", "new"):
             await self.action_new_conversation()
         elif name == "regen":

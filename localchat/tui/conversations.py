@@ -113,11 +113,25 @@ class ConversationsMixin:
             self.entries.append(entry)
             if m.role == "assistant":
                 self._show_status(entry)
-        if conv.model and conv.model != self.settings.model:
-            self._notice(f"this conversation used model {conv.model}; it continues with "
-                         f"{self.settings.model} (start with -m {conv.model} to use it)")
+        self._use_conversation_model(conv)
         await self._refresh_sidebar()
         return True
+
+    def _use_conversation_model(self, conv) -> None:
+        """A reopened conversation goes on with the model and context size it used,
+        loaded live; while the first model is still loading, it only says so."""
+        ctx_size = conv.params.get("ctx_size", self.settings.ctx_size)
+        if not isinstance(ctx_size, int) or ctx_size < 16:  # a damaged record: ignore it
+            ctx_size = self.settings.ctx_size
+        model = conv.model or self.settings.model
+        if (model, ctx_size) == (self.settings.model, self.settings.ctx_size):
+            return
+        if self.engine is None or self._reloading is not None or self._generating:
+            self._notice(f"this conversation used model {model}; it continues with "
+                         f"{self.settings.model} (F7 or /model {model} switches)")
+            return
+        self.switch_engine(replace(self.settings, model=model, ctx_size=ctx_size),
+                           f"{model} (this conversation's model)")
 
     async def _reset_chat(self) -> None:
         self.entries = []
