@@ -359,3 +359,15 @@ async def test_reopening_a_conversation_goes_back_to_its_model(local_copy):
         await app.open_conversation(first)
         await wait_until(pilot, lambda: ready(app) and app.settings.model == "default")
         assert app.engine.info.path != str(local_copy) and app.engine.info.n_ctx == 256
+
+
+async def test_model_picker_is_refused_on_a_remote_endpoint(engine):
+    """With --endpoint the server serves the model: local files are not choices."""
+    settings = ChatSettings(endpoint="http://127.0.0.1:9/v1", sampling=GREEDY)
+    app = ChatApp(settings, engine=engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: ready(app))
+        await pilot.press("f7")
+        await wait_until(pilot, lambda: app.last_error is not None)
+        assert "/model NAME" in app.last_error
+        assert not isinstance(app.screen, ModelPickerScreen)

@@ -78,6 +78,10 @@ class SwitchingMixin:
     def action_pick_model(self) -> None:
         self._on_chat_screen()
         s = self.settings
+        if s.endpoint:  # the picker lists files here; a server knows its own models
+            self._error(f"the model picker lists local files, but {s.endpoint} serves the "
+                        "model: use /model NAME with a model it serves")
+            return
         path = self.engine.info.path if self.engine is not None else None
         self.push_screen(ModelPickerScreen(s.model, s.draft, s.ctx_size, path), self._picked)
 
