@@ -23,6 +23,7 @@ import llama_cpp
 
 from localchat.chat.template import render_chat
 from localchat.engine.base import Engine, Event, Message, ModelInfo, Request, Result, Stats
+from localchat.engine.compute_thread import COMPUTE
 from localchat.engine.streaming import EngineHooks, stream_events
 from localchat.engine.vocab import VocabMixin
 from localchat.errors import EngineError
@@ -181,8 +182,9 @@ class LlamaCppEngine(VocabMixin, Engine):
                 prompt_evaluated=prompt_evaluated,
                 memory=self.memory,
             )
-            tokens = llm.generate(prompt, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p,
-                                  temp=sp.temperature, repeat_penalty=sp.repeat_penalty)
+            tokens = COMPUTE.iterate(llm.generate(  # compute_thread.py says why
+                prompt, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, temp=sp.temperature,
+                repeat_penalty=sp.repeat_penalty))
             yield from stream_events(request, prompt, tokens, hooks, budget,
                                      cancel or threading.Event(), t_start)
 

@@ -46,6 +46,7 @@ class ModelDraft:
 
     def begin(self, seq: int, prompt: Sequence[int]) -> None:
         self._sequence = PagedSequence(self.model, self.kv, self.pool, seq, prompt)
+        self._n_prompt = len(prompt)
 
     def end(self) -> None:
         if self._sequence is not None:
@@ -58,6 +59,8 @@ class ModelDraft:
         """γ draft tokens after `context`, and their distributions ([γ, vocab]; None at
         temperature 0, where only the tokens matter)."""
         seq = self._sequence
+        if seq.computed < self._n_prompt:  # the prompt in one chunk, as the target runs it
+            seq.forward(context[seq.computed:self._n_prompt], seq.computed)
         logits = seq.forward(context[seq.computed:], seq.computed)
         drafts: list[int] = []
         dists: list[torch.Tensor] = []

@@ -26,6 +26,7 @@ from localchat.engine.base import Engine, Event, ModelInfo, Request
 from localchat.engine.llamacpp import LlamaCppVocabulary
 from localchat.engine.streaming import EngineHooks, stream_events
 from localchat.engine.torch.blocks import BlockPool
+from localchat.engine.compute_thread import COMPUTE
 from localchat.engine.torch.model import KVStore, LlamaModel
 from localchat.engine.torch.decode import Speculation, decode
 from localchat.engine.torch.device import pick_device
@@ -83,12 +84,9 @@ class TorchEngine(VocabMixin, Engine):
                  num_draft_tokens: int | None = None, device: str | None = None) -> None:
         """draft: a draft model's facts, or "ngram" (prompt lookup); num_draft_tokens
         fixes γ (default: adaptive); device: auto (CUDA, else MPS, else CPU), or one."""
-        torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
         self.facts = facts
         self.device = pick_device(device)
-        weights, self.vocab = open_model(facts, self.device)
-        self.config = weights.config
-        self.model = LlamaModel(weights, max_positions=n_ctx)
+        weights = COMPUTE.call(self._load_target, threads, n_ctx)
         n_blocks = kv_blocks(self.config, n_ctx, kv_memory)
         self.kv = KVStore(self.config, n_blocks * BLOCK_SIZE, dtype=KV_DTYPE, device=self.device)
         cache_key = hashlib.blake2b(f"{facts.path}:{facts.file_size}:{KV_DTYPE}".encode()).digest()
@@ -98,12 +96,20 @@ class TorchEngine(VocabMixin, Engine):
         self._vocab_lock = threading.Lock()
         self.num_draft_tokens = num_draft_tokens
         self.draft = None if draft is None else (
-            NgramDraft() if draft == "ngram" else self._load_draft(draft, n_ctx))
+            NgramDraft() if draft == "ngram" else COMPUTE.call(self._load_draft, draft, n_ctx))
         self.runner = None if self.draft is not None else BatchRunner(
             self.model, self.kv, self.pool, self.is_end_of_generation)
         self.info = ModelInfo.from_facts(facts, n_ctx=n_ctx,
                                          kv_bytes_per_token=self.kv.bytes_per_token,
                                          weights_bytes=weights.nbytes())
+
+    def _load_target(self, threads: int | None, n_ctx: int):
+        """On the compute thread, like every torch call (compute_thread.py says why)."""
+        torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
+        weights, self.vocab = open_model(self.facts, self.device)
+        self.config = weights.config
+        self.model = LlamaModel(weights, max_positions=n_ctx)
+        return weights
 
     def generate(self, request: Request, cancel: threading.Event | None = None) -> Iterator[Event]:
         if self.runner is None:
@@ -152,8 +158,8 @@ class TorchEngine(VocabMixin, Engine):
                     memory=lambda: self.memory(speculation),
                 )
                 sp = request.sampling
-                tokens = decode(sequence, prompt, sp, _generator(sp), self.info.n_ctx,
-                                speculation)
+                tokens = COMPUTE.iterate(decode(sequence, prompt, sp, _generator(sp),
+                                                self.info.n_ctx, speculation))
                 yield from stream_events(request, prompt, tokens, hooks, budget,
                                          cancel or threading.Event(), t_start)
             finally:

@@ -63,14 +63,19 @@ class LlamaModel:
 
     def _decode_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                           valid: torch.Tensor) -> torch.Tensor:
-        """One new token for each of B sequences at once, their contexts padded to one
-        length. q: [B, H, D]; keys/values: [B, L, KV, D]; valid: [B, L]."""
+        """B single-token queries at once (see _AttentionPlan), their contexts padded to one
+        length. q: [B, H, D]; keys/values: [B, L, KV, D] (any float dtype); valid: [B, L].
+
+        K/V are copied to [B, KV, L, D] first: matmul over the permuted view took a
+        different path for B = 1 than for B > 1, and so different bits."""
         c = self.config
         b, group = q.shape[0], c.n_heads // c.n_kv_heads
         qg = q.view(b, c.n_kv_heads, group, c.head_dim)
-        scores = torch.matmul(qg, keys.permute(0, 2, 3, 1)) * (c.head_dim ** -0.5)  # [B,KV,g,L]
+        keys, values = (t.transpose(1, 2).to(q.dtype, memory_format=torch.contiguous_format)
+                        for t in (keys, values))
+        scores = torch.matmul(qg, keys.transpose(-1, -2)) * (c.head_dim ** -0.5)  # [B,KV,g,L]
         scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-        out = torch.matmul(scores.softmax(-1), values.transpose(1, 2))  # [B, KV, g, D]
+        out = torch.matmul(scores.softmax(-1), values)  # [B, KV, g, D]
         return out.reshape(b, c.n_heads * c.head_dim)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -144,49 +149,63 @@ class Batch:
 
 
 class _AttentionPlan:
-    """Index tensors built once per forward pass and reused by every layer: sequences
-    adding one token are gathered into one padded batch; longer ones (prefill chunks,
-    draft verification) run one by one with a causal mask."""
+    """Index tensors built once per forward pass and reused by every layer.
+
+    Every new token of a sequence adding at most ROW_WISE of them (decoding, draft
+    verification, short prompts) is one query over its own context, and such queries
+    are gathered into padded batches, one per context length rounded up to PAD_TO. A
+    token's attention then runs on the same shapes whoever shares the step and however
+    many tokens its sequence adds, so it computes the same bits alone, batched, or
+    verified as a draft. (Padding to the longest context in the step did not: the
+    reductions over the padded length changed order, and a last-bit change, rounded to
+    bfloat16 before the next int4 matmul, moved logits by up to 0.2.) Longer chunks
+    (prefills) run one sequence at a time with a causal mask."""
+
+    PAD_TO = 64
+    ROW_WISE = 16
 
     def __init__(self, batch: Batch, dev: torch.device) -> None:
-        starts, offset = [], 0
-        for n, _ in batch.seqs:
-            starts.append(offset)
-            offset += n
-        single = [i for i, (n, _) in enumerate(batch.seqs) if n == 1]
-        self.single_rows = torch.tensor([starts[i] for i in single], device=dev)
-        self.all_single = len(single) == len(batch.seqs)
-        if single:
-            lengths = torch.tensor([batch.seqs[i][1].shape[0] for i in single])
-            longest = int(lengths.max())
-            padded = torch.zeros(len(single), longest, dtype=torch.long)
-            for row, i in enumerate(single):
-                padded[row, :lengths[row]] = batch.seqs[i][1]
-            self.padded = padded.to(dev)
-            self.valid = (torch.arange(longest)[None, :] < lengths[:, None]).to(dev)
+        buckets: dict[int, list[tuple[int, torch.Tensor]]] = {}
         self.multi = []  # (rows, context slots, causal mask) per longer sequence
-        positions = batch.positions
-        for i, (n, slots) in enumerate(batch.seqs):
-            if n > 1:
-                rows = slice(starts[i], starts[i] + n)
-                mask = torch.arange(slots.shape[0])[None, :] <= positions[rows][:, None]
-                self.multi.append((rows, slots.to(dev), mask.to(dev)))
+        offset = 0
+        for n, slots in batch.seqs:
+            rows = range(offset, offset + n)
+            if n <= self.ROW_WISE:
+                for row in rows:
+                    length = int(batch.positions[row]) + 1
+                    bucket = -(-length // self.PAD_TO) * self.PAD_TO
+                    buckets.setdefault(bucket, []).append((row, slots[:length]))
+            else:
+                causal = batch.positions[offset:offset + n, None]
+                mask = torch.arange(slots.shape[0])[None, :] <= causal
+                self.multi.append((slice(offset, offset + n), slots.to(dev), mask.to(dev)))
+            offset += n
+        self.singles = []  # (rows, padded context slots, valid) per padded length
+        for length, members in sorted(buckets.items()):
+            padded = torch.zeros(len(members), length, dtype=torch.long)
+            valid = torch.zeros(len(members), length, dtype=torch.bool)
+            for i, (_, slots) in enumerate(members):
+                padded[i, :slots.shape[0]] = slots
+                valid[i, :slots.shape[0]] = True
+            rows = torch.tensor([row for row, _ in members], device=dev)
+            self.singles.append((rows, padded.to(dev), valid.to(dev)))
         self.n_tokens = offset
+        self.one_batch = not self.multi and len(self.singles) == 1  # rows already in order
 
     def run(self, model: LlamaModel, q: torch.Tensor, k_cache: torch.Tensor,
             v_cache: torch.Tensor) -> torch.Tensor:
-        single_out = None
-        if self.single_rows.numel():
-            b, length = self.padded.shape
-            flat = self.padded.flatten()
-            keys = k_cache.index_select(0, flat).view(b, length, *k_cache.shape[1:]).to(q.dtype)
-            values = v_cache.index_select(0, flat).view(b, length, *v_cache.shape[1:]).to(q.dtype)
-            single_out = model._decode_attention(q[self.single_rows], keys, values, self.valid)
-            if self.all_single:
-                return single_out
+        outs = []
+        for rows, padded, valid in self.singles:
+            b, length = padded.shape
+            flat = padded.flatten()
+            keys = k_cache.index_select(0, flat).view(b, length, *k_cache.shape[1:])
+            values = v_cache.index_select(0, flat).view(b, length, *v_cache.shape[1:])
+            outs.append((rows, model._decode_attention(q[rows], keys, values, valid)))
+        if self.one_batch:
+            return outs[0][1]
         out = q.new_empty(self.n_tokens, q.shape[1] * q.shape[2])
-        if single_out is not None:
-            out[self.single_rows] = single_out
+        for rows, single_out in outs:
+            out[rows] = single_out
         for rows, slots, mask in self.multi:
             keys = k_cache.index_select(0, slots).to(q.dtype)
             values = v_cache.index_select(0, slots).to(q.dtype)

@@ -1,7 +1,7 @@
-"""The torch engine's step loop: one background thread that runs every request in
-flight together, one forward pass per step (continuous batching).
+"""The torch engine's step loop: every request in flight runs together, one forward
+pass per step (continuous batching), on the process's compute thread.
 
-Callers on any thread submit a request and read its tokens from a queue; the loop
+Callers on any thread submit a request and read its tokens from a queue; each step
 asks the scheduler what runs next, builds one batch of everyone's new tokens, runs the
 model once, samples each sequence that is due with its own generator (so a request
 samples exactly what it would alone), and hands the tokens out. A caller that stops
@@ -11,7 +11,6 @@ next step frees its blocks.
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import queue
 import threading
@@ -22,6 +21,7 @@ import torch
 
 from localchat.engine.base import SamplingParams
 from localchat.engine.torch.blocks import BlockPool
+from localchat.engine.compute_thread import COMPUTE
 from localchat.engine.torch.model import Batch, KVStore, LlamaModel
 from localchat.engine.torch.sampler import sample
 from localchat.engine.torch.scheduler import FINISHED, ScheduledChunk, Scheduler, SequenceState
@@ -47,11 +47,11 @@ class BatchRunner:
         self._is_end = is_end_of_generation
         self._ids = itertools.count(1 << 20)  # apart from the speculative path's ids
         self._inbox: list[SequenceState] = []
-        self._wake = threading.Condition()
+        self._lock = threading.Lock()
         self._closed = False
-        self._thread: threading.Thread | None = None
         self.steps = 0
         self.batch_sizes: list[int] = []  # sequences per step, for benchmarks and tests
+        COMPUTE.add(self)
 
     # ---- caller side ---------------------------------------------------------------
 
@@ -59,16 +59,11 @@ class BatchRunner:
                generator: torch.Generator) -> SequenceState:
         seq = SequenceState(next(self._ids), list(prompt), len(prompt))
         seq.payload = _Sampling(params, budget, generator, queue.SimpleQueue())
-        with self._wake:
+        with self._lock:
             if self._closed:
                 raise EngineError("the engine is closed")
             self._inbox.append(seq)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="torch-batcher",
-                                                daemon=True)
-                self._thread.start()
-                atexit.register(self.close)  # a script that never closes the engine
-            self._wake.notify()
+        COMPUTE.wake()
         return seq
 
     def tokens(self, seq: SequenceState) -> Iterator[int]:
@@ -87,40 +82,42 @@ class BatchRunner:
     def cancel(self, seq: SequenceState) -> None:
         if seq.status != FINISHED:
             seq.cancelled = True
-            with self._wake:
-                self._wake.notify()
+            COMPUTE.wake()
 
     def close(self) -> None:
-        with self._wake:
+        """Stop stepping; requests still in flight end with an error."""
+        with self._lock:
+            if self._closed:
+                return
             self._closed = True
-            self._wake.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        COMPUTE.call(self._shut_down)
 
-    # ---- the loop ------------------------------------------------------------------
-
-    def _loop(self) -> None:
-        while True:
-            with self._wake:
-                while not (self._closed or self._inbox or self.scheduler.has_work()):
-                    self._wake.wait()
-                if self._closed:
-                    break
-                for seq in self._inbox:
-                    self.scheduler.add(seq)
-                self._inbox.clear()
-            try:
-                self.step()
-            except Exception as exc:  # noqa: BLE001 -- every waiting caller must hear of it
-                self._fail_all(EngineError(f"the torch engine failed: {exc}"))
+    def _shut_down(self) -> None:
+        COMPUTE.remove(self)
         self._fail_all(EngineError("the engine was closed"))
 
-    def step(self) -> None:
+    # ---- the steps (on the compute thread) -------------------------------------------
+
+    def has_work(self) -> bool:
+        return bool(self._inbox) or self.scheduler.has_work()
+
+    def step(self) -> bool:
+        """One forward pass over what the scheduler picks; False if nothing could run
+        yet (no blocks free: cannot last, finishing requests free them)."""
+        with self._lock:
+            for seq in self._inbox:
+                self.scheduler.add(seq)
+            self._inbox.clear()
+        try:
+            return self._step()
+        except Exception as exc:  # noqa: BLE001 -- every waiting caller must hear of it
+            self._fail_all(EngineError(f"the torch engine failed: {exc}"))
+            return True
+
+    def _step(self) -> bool:
         chunks = self.scheduler.schedule()
-        if not chunks:  # nothing fits yet (cannot last: finishing requests free blocks)
-            with self._wake:
-                self._wake.wait(timeout=0.01)
-            return
+        if not chunks:
+            return False
         logits = self.model.forward_batch(self._batch(chunks), self.kv)
         self.scheduler.after_step(chunks)
         self.steps += 1
@@ -129,6 +126,7 @@ class BatchRunner:
         for chunk in chunks:
             if chunk.samples:
                 self._sample(chunk.seq, logits[next(rows)])
+        return True
 
     def _sample(self, seq: SequenceState, logits: torch.Tensor) -> None:
         s: _Sampling = seq.payload
@@ -162,7 +160,7 @@ class BatchRunner:
                      torch.tensor(logit_rows, dtype=torch.long))
 
     def _fail_all(self, error: EngineError) -> None:
-        with self._wake:
+        with self._lock:
             pending = [*self.scheduler.running, *self.scheduler.waiting, *self._inbox]
             self._inbox.clear()
         for seq in pending:

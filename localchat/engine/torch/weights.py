@@ -14,7 +14,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
-from localchat.engine.torch.qlinear import DenseLinear, int4_linear, q4_parts
+from localchat.engine.torch.qlinear import DenseLinear, head_linear, int4_linear, q4_parts
 from localchat.gguf_checks import check_model_metadata
 from localchat.gguf_reader import read_gguf
 from localchat.errors import EngineError
@@ -154,13 +154,13 @@ def load_weights(path: Path, device: torch.device = torch.device("cpu")) -> Mode
             arr = dequantize(raw.reshape(shape[:-1] + (-1,)), t.ggml_type).astype(np.float32)
         return torch.from_numpy(arr.reshape(shape)).to(device)
 
-    def linear(*names: str) -> torch.nn.Module:
+    def linear(*names: str, dense_layer=DenseLinear) -> torch.nn.Module:
         """One layer for matrices stacked by rows; 4-bit when they all are."""
         infos = [tensors[n] for n in names]
         if all(t.ggml_type in (Q.Q4_0, Q.Q4_1) for t in infos):
             return int4_linear([q4_parts(gguf_file.tensor_data(t.name), t.ggml_type,
                                          t.shape[1], t.shape[0]) for t in infos], device)
-        return DenseLinear(torch.cat([dense(n) for n in names]))
+        return dense_layer(torch.cat([dense(n) for n in names]))
 
     def biases(*names: str) -> torch.Tensor | None:
         return torch.cat([dense(n) for n in names]) if all(n in tensors for n in names) else None
@@ -179,7 +179,13 @@ def load_weights(path: Path, device: torch.device = torch.device("cpu")) -> Mode
             )
             for i in range(config.n_layers)
         ]
-        output = linear("output.weight") if "output.weight" in tensors else DenseLinear(embedding)
+        head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+        # a file that keeps its head at 16/32 bits asked for that precision; an 8-bit (or
+        # smaller) one loses nothing that matters in bfloat16
+        head_layer = DenseLinear if tensors[head].ggml_type in (Q.F32, Q.F16, Q.BF16) \
+            else head_linear
+        output = linear(head, dense_layer=head_layer) if head == "output.weight" \
+            else head_layer(embedding)
         rope_freqs = dense("rope_freqs.weight") if "rope_freqs.weight" in tensors else None
         return ModelWeights(config, embedding, layers, dense("output_norm.weight"), output,
                             rope_freqs)

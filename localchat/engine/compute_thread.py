@@ -1,0 +1,120 @@
+"""The one thread in the process that runs the engines' compute.
+
+PyTorch's CPU kernels and llama.cpp's both parallelize with OpenMP (one libgomp in the
+process), and libgomp keeps a pool of worker threads for every thread that starts
+parallel work. Once two threads have done so, the
+process has more OpenMP threads than cores and libgomp stops letting its idle workers
+spin (it throttles them to ~1000 spins), so each of the thousands of small kernels in a
+decode step waits for a futex wake-up. Measured on this project's 2-core machine with
+the bundled model: loading on the main thread and stepping on a batcher thread made a
+one-sequence decode step 30-37 ms instead of 15 ms, and a 16-sequence step 68 ms
+instead of 45 ms; the torch engine after llama.cpp had run on another thread, half its
+speed. So every torch engine in the process loads, steps and samples here, and the
+llama.cpp engine evaluates here: one-off calls (`call`), generators advanced one item
+at a time (`iterate`), and steppers (the continuous batchers) that the loop steps while
+they have work.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from concurrent.futures import Future
+from typing import Callable, Iterator, Protocol, TypeVar
+
+T = TypeVar("T")
+IDLE_POLL_S = 0.01  # a stepper that has work but could not run it (no free blocks yet)
+
+
+class Stepper(Protocol):
+    def has_work(self) -> bool: ...
+
+    def step(self) -> bool:
+        """One step; False when nothing could run (the loop then waits a little)."""
+
+
+class ComputeThread:
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._tasks: list[tuple[Callable, tuple, Future]] = []
+        self._steppers: list[Stepper] = []
+        self._thread: threading.Thread | None = None
+        self._exiting = False
+
+    def on_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def call(self, fn: Callable[..., T], *args) -> T:
+        """fn(*args) on the compute thread; its result, or its exception raised here."""
+        if self.on_thread():
+            return fn(*args)
+        future: Future = Future()
+        with self._cond:
+            if self._exiting:  # the interpreter is shutting down: the loop is gone
+                return fn(*args)
+            self._tasks.append((fn, args, future))
+            self._start()
+            self._cond.notify()
+        return future.result()
+
+    def iterate(self, items: Iterator[T]) -> Iterator[T]:
+        """items, each next() run on the compute thread; closing this closes items there."""
+        done = object()
+        try:
+            while (item := self.call(next, items, done)) is not done:
+                yield item
+        finally:
+            self.call(getattr(items, "close", lambda: None))
+
+    def add(self, stepper: Stepper) -> None:
+        with self._cond:
+            self._steppers.append(stepper)
+            self._start()
+
+    def remove(self, stepper: Stepper) -> None:
+        with self._cond:
+            if stepper in self._steppers:
+                self._steppers.remove(stepper)
+
+    def wake(self) -> None:
+        """A stepper has new work (a request, a cancel)."""
+        with self._cond:
+            self._cond.notify()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="torch-compute", daemon=True)
+            self._thread.start()
+            atexit.register(self._stop)  # not mid-kernel while the interpreter shuts down
+
+    def _stop(self) -> None:
+        with self._cond:
+            self._exiting = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        idle = False
+        while True:
+            with self._cond:
+                while not (self._exiting or self._tasks
+                           or any(s.has_work() for s in self._steppers)):
+                    self._cond.wait()
+                if self._exiting:
+                    return
+                if idle and not self._tasks:
+                    self._cond.wait(timeout=IDLE_POLL_S)
+                tasks, self._tasks = self._tasks, []
+                steppers = list(self._steppers)
+            for fn, args, future in tasks:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn(*args))
+                    except BaseException as exc:  # noqa: BLE001 -- the caller re-raises it
+                        future.set_exception(exc)
+            ran = [s.step() for s in steppers if s.has_work()]
+            idle = bool(ran) and not any(ran)
+
+
+COMPUTE = ComputeThread()  # one per process: see the module docstring

@@ -1,0 +1,83 @@
+"""The process's one compute thread (engine/compute_thread.py): calls run there and
+return or raise here, generators advance there and are closed there, and the torch
+model computes the same bits for a token alone, batched with others, or verified as a
+draft (what continuous batching and speculation promise), on the real bundled model."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from localchat.engine import load_engine
+from localchat.engine.compute_thread import COMPUTE, ComputeThread
+from localchat.engine.torch.model import Batch
+
+
+def test_calls_run_on_the_compute_thread_and_raise_in_the_caller():
+    compute = ComputeThread()
+    assert compute.call(lambda: threading.current_thread().name) == "torch-compute"
+    assert compute.call(lambda: compute.call(lambda: 5)) == 5  # from inside: runs inline
+    with pytest.raises(ZeroDivisionError):
+        compute.call(lambda: 1 / 0)
+
+
+def test_iterate_advances_there_and_closes_there():
+    compute, seen, closed = ComputeThread(), [], []
+
+    def numbers():
+        try:
+            for i in range(10):
+                seen.append(threading.current_thread().name)
+                yield i
+        finally:
+            closed.append(threading.current_thread().name)
+
+    items = compute.iterate(numbers())
+    assert [next(items) for _ in range(3)] == [0, 1, 2]
+    items.close()
+    assert set(seen) == {"torch-compute"} and closed == ["torch-compute"]
+    assert list(compute.iterate(iter([1, 2]))) == [1, 2]
+
+
+@pytest.fixture(scope="module")
+def model_and_kv():
+    engine = load_engine("default", engine="torch", ctx_size=256, threads=2,
+                         kv_memory=64 * 16 * 23040)
+    yield engine.model, engine.kv
+    engine.close()
+
+
+def _prefill(base: int, tokens: list[int]) -> Batch:
+    n = len(tokens)
+    slots = torch.arange(base, base + n)
+    return Batch(torch.tensor(tokens), torch.arange(n), slots, [(n, slots)], torch.tensor([n - 1]))
+
+
+def _decode(seqs: list[tuple[int, int, int]]) -> Batch:
+    """seqs: (first slot, tokens already cached, next token), one new token each."""
+    return Batch(torch.tensor([t for _, _, t in seqs]), torch.tensor([n for _, n, _ in seqs]),
+                 torch.tensor([base + n for base, n, _ in seqs]),
+                 [(1, torch.arange(base, base + n + 1)) for base, n, _ in seqs],
+                 torch.arange(len(seqs)))
+
+
+def test_a_token_computes_the_same_bits_alone_batched_or_verified(model_and_kv):
+    model, kv = model_and_kv
+
+    def check():
+        g = torch.Generator().manual_seed(0)
+        a, b, c = (torch.randint(0, 49000, (n,), generator=g).tolist() for n in (40, 47, 90))
+        for base, tokens in ((0, a), (256, b), (512, c)):
+            model.forward_batch(_prefill(base, tokens), kv)
+        alone = model.forward_batch(_decode([(0, 40, 5)]), kv)[0]
+        batched = model.forward_batch(_decode([(256, 47, 7), (0, 40, 5), (512, 90, 9)]), kv)
+        assert torch.equal(alone, batched[1])
+        # the same token and a guess after it, verified in one pass (as a draft is)
+        verified = model.forward_batch(Batch(
+            torch.tensor([5, 11]), torch.tensor([40, 41]), torch.tensor([40, 41]),
+            [(2, torch.arange(0, 42))], torch.tensor([0, 1])), kv)
+        assert torch.equal(alone, verified[0])
+
+    COMPUTE.call(check)
