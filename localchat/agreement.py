@@ -96,7 +96,7 @@ def _compare(a: str, b: str, la: torch.Tensor, lb: torch.Tensor) -> Comparison:
 def _llama_cpp_logits(facts: GGUFFacts, tokens: list[int], threads: int) -> torch.Tensor:
     import llama_cpp
 
-    from localchat.engine import llamacpp  # noqa: F401  (keeps llama.cpp's log off the terminal)
+    from localchat.engine.executors import llamacpp_vocab  # noqa: F401  (keeps llama.cpp's log off the terminal)
 
     llm = llama_cpp.Llama(str(facts.path), n_ctx=len(tokens), n_batch=512, logits_all=True,
                           n_threads=threads, n_threads_batch=threads, verbose=False)
@@ -109,11 +109,11 @@ def _llama_cpp_logits(facts: GGUFFacts, tokens: list[int], threads: int) -> torc
 
 def _torch_logits(engine, tokens: list[int]) -> torch.Tensor:
     """All positions in one prefill, through a KV store of its own (not the engine's pool)."""
-    from localchat.engine.torch.engine import KV_DTYPE
-    from localchat.engine.torch.model import KVStore, LlamaModel
+    from localchat.engine.executors.torch.executor import KV_DTYPE
+    from localchat.engine.executors.torch.model import KVStore, LlamaModel
 
     n = len(tokens)
-    model = LlamaModel(engine.model.w, max_positions=n)
+    model = LlamaModel(engine.executor.model.w, max_positions=n)
     kv = KVStore(model.config, n, dtype=KV_DTYPE, device=model.device)
     return model.forward(torch.tensor(tokens), torch.arange(n), torch.arange(n), torch.arange(n),
                          kv, all_logits=True)
@@ -137,12 +137,13 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
 
 def _measure_file(facts: GGUFFacts, label: str, n: int, threads: int, report: AgreementReport,
                   tokens: list[int] | None) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    from localchat.engine.llamacpp import LlamaCppEngine
-    from localchat.engine.torch.engine import TorchEngine
+    from localchat.engine.loading import load_runtime
 
-    ctx = n + 64
-    llama_engine = LlamaCppEngine(facts, n_ctx=ctx, threads=threads)
-    torch_engine = TorchEngine(facts, n_ctx=ctx, threads=threads)
+    # one sequence, and the f16 cache the torch executor keeps: only the models differ
+    options = dict(n_ctx=n + 64, threads=threads, kv_memory=None, device=None, parallel=1,
+                   draft=None, num_draft_tokens=None, exact_batching=False)
+    llama_engine = load_runtime(facts, "llama.cpp", **options)
+    torch_engine = load_runtime(facts, "torch", **options)
     try:
         tokens = tokens or varied_text_tokens(torch_engine, n)
         ours = _torch_logits(torch_engine, tokens)

@@ -1,8 +1,7 @@
 """`localchat run --batch FILE.jsonl`: many requests in, one JSON result per line out.
 
-Lines are submitted concurrently (at most MAX_IN_FLIGHT at once) so an engine that
-batches concurrent requests (the torch engine) runs them together; llama.cpp takes
-them one after another. Results are written in input order, each as soon as every
+Lines are submitted concurrently (at most MAX_IN_FLIGHT at once) so the runtime batches
+them (PARALLEL at once unless -np says otherwise). Results are written in input order, each as soon as every
 earlier line is done. A bad line becomes an error result for that line and the rest
 go on; the exit code is 0 when every line succeeded, 1 when any failed, 130 after
 Ctrl+C (in-flight lines end with finish_reason "cancelled"; lines not started yet are
@@ -26,6 +25,7 @@ from localchat.run_command import _ctrl_c_cancels
 from localchat.settings import ChatSettings
 
 MAX_IN_FLIGHT = 32
+PARALLEL = 16  # requests computed at once by default (the llama.cpp engine's KV slots)
 
 # line field -> (SamplingParams field, accepted JSON types)
 _NUMBER = (int, float)
@@ -158,6 +158,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         raise UsageError("--batch cannot be combined with --continue")
     settings = ChatSettings.from_args(args)
     lines = [parse_line(n, text, settings) for n, text in read_lines(args.batch)]
+    settings = settings.with_parallel(max(1, min(PARALLEL, len(lines))))
     if not any(line.request for line in lines):
         for line in lines:
             _write({"id": line.id, "error": line.error})

@@ -1,9 +1,10 @@
 """`localchat bench`: engines side by side on one model, llama-bench style.
 
-For each engine, in one run: prefill speed at a fixed prompt length, decode speed for a
-fixed number of tokens (batch 1), TTFT, the TTFT of turn 1 vs turn 8 of a chat (what
-prefix reuse buys), weights memory and KV bytes per token. Each measurement is repeated
-and reported as median and spread. Every repeat uses a fresh prompt (its first token
+For each engine (our runtime on each executor), in one run: prefill speed at a fixed
+prompt length, decode speed for a fixed number of tokens (batch 1), TTFT, the TTFT of
+turn 1 vs turn 8 of a chat (what prefix reuse buys), weights memory and KV bytes per
+token; beside them the kernel limit (bench_kernel.py). Each measurement is repeated and
+reported as median and spread. Every repeat uses a fresh prompt (its first token
 differs), so prefill really processes every prompt token.
 """
 
@@ -90,6 +91,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"benchmarking {name}…", file=sys.stderr)
             report["engines"][name] = bench_engine(engine, args.prompt_tokens,
                                                    args.gen_tokens, args.repeats)
+            if name == "llama.cpp":
+                print("benchmarking the kernel limit (a bare llama_decode loop)…",
+                      file=sys.stderr)
+                report["kernel_limit"] = kernel_limit(engine, args)
         finally:
             engine.close()
     if draft is not None:  # beside `engines`: the first engine with and without the draft
@@ -121,6 +126,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def kernel_limit(engine, args: argparse.Namespace) -> dict:
+    """The bare loop on the llama.cpp engine's model: the pp/tg prompt, and the 16 chat
+    prompts of the concurrency bench (64 tokens each)."""
+    from localchat.bench_concurrency import GEN_TOKENS, chat_requests
+    from localchat.bench_kernel import bench_kernel_limit
+
+    batch = [engine.tokenize_messages(r.messages) for r in chat_requests(16, offset=16000)]
+    return bench_kernel_limit(engine.facts, n_ctx=engine.info.n_ctx, threads=args.threads,
+                              single_prompt=_prompt_tokens(engine, args.prompt_tokens, -2),
+                              batch_prompts=batch, gen_tokens=args.gen_tokens,
+                              batch_tokens=min(GEN_TOKENS, args.gen_tokens), repeats=args.repeats)
+
+
 def format_table(report: dict) -> str:
     names = list(report["engines"])
     p, g = report["prompt_tokens"], report["gen_tokens"]
@@ -149,4 +167,13 @@ def format_table(report: dict) -> str:
         lines.append(f"{names[0]} / {names[1]}: prefill "
                      f"{a['prefill_tok_s'] / b['prefill_tok_s']:.2f}x, decode "
                      f"{a['decode_tok_s'] / b['decode_tok_s']:.2f}x")
+    k = report.get("kernel_limit")
+    if k:
+        ours = report["engines"].get("llama.cpp", {}).get("decode_tok_s", 0.0)
+        n = k["sequences"]
+        lines.append(f"kernel limit (bare llama_decode loop): decode tg{g} "
+                     f"{k['decode_tok_s']:.1f} tok/s (runtime on llama.cpp: "
+                     f"{ours / k['decode_tok_s']:.2f}x of it); {n} sequences in one batch: "
+                     f"{k[f'decode_{n}_tok_s']:.1f} tok/s decode, "
+                     f"{k[f'aggregate_{n}_tok_s']:.1f} tok/s with their prefill")
     return "\n".join(lines)

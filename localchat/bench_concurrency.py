@@ -1,10 +1,11 @@
 """`localchat bench --concurrency 1,4,16`: many requests at once.
 
-At each level N, N different prompts each ask for 64 tokens (greedy). The torch engine
-gets them all at the same moment and batches them continuously; the llama.cpp engine
-serves the same requests one after another, as a single-sequence server would. For
-each: aggregate tokens/s (all completion tokens over the wall time) and each request's
-latency from the moment all were submitted to its last token (p50, p95).
+At each level N, N different prompts each ask for 64 tokens (greedy). Our runtime gets
+them all at the same moment and batches them continuously, on each executor (the
+llama.cpp one with N KV slots); as the reference, the llama.cpp executor also serves
+them one after another, as a single-sequence server would. For each: aggregate tokens/s
+(all completion tokens over the wall time) and each request's latency from the moment
+all were submitted to its last token (p50, p95, max).
 
 Decode is memory-bound, so a batch reads the weights once for every sequence in it:
 aggregate throughput grows with N until the step turns compute-bound, past which it
@@ -39,7 +40,10 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
-def _requests(engine, n: int, offset: int) -> list[Request]:
+MODES = ("torch", "llama.cpp", "llama.cpp one at a time")
+
+
+def chat_requests(n: int, offset: int) -> list[Request]:
     return [Request(messages=[Message("user", PROMPT.format(i=offset + i))],
                     sampling=GREEDY, max_tokens=GEN_TOKENS) for i in range(n)]
 
@@ -48,11 +52,12 @@ def _summary(tokens: int, wall: float, latencies: list[float]) -> dict:
     ordered = sorted(latencies)
     p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
     return {"aggregate_tok_s": tokens / wall, "p50_latency_s": statistics.median(ordered),
-            "p95_latency_s": p95, "completion_tokens": tokens, "wall_s": wall}
+            "p95_latency_s": p95, "max_latency_s": ordered[-1], "completion_tokens": tokens,
+            "wall_s": wall}
 
 
 def run_concurrent(engine, requests: list[Request]) -> dict:
-    """All at once, each on its own thread (the torch engine batches them)."""
+    """All at once, each on its own thread (the runtime batches them)."""
     latencies: list[float] = [0.0] * len(requests)
     tokens = [0] * len(requests)
     start = time.perf_counter()
@@ -80,26 +85,29 @@ def run_sequential(engine, requests: list[Request]) -> dict:
 
 
 def bench_concurrency(settings: ChatSettings, levels: list[int]) -> dict:
-    """{"N": {"torch": {...}, "llama.cpp": {...}}, ...}"""
+    """{"N": {mode: {...}}} for each mode in MODES."""
     from dataclasses import replace
 
     table: dict[str, dict] = {str(n): {} for n in levels}
-    for name, runner in (("torch", run_concurrent), ("llama.cpp", run_sequential)):
-        engine = replace(settings, engine=name, draft=None).load_engine()
+    runs = (("torch", "torch", run_concurrent), ("llama.cpp", "llama.cpp", run_concurrent),
+            ("llama.cpp", "llama.cpp one at a time", run_sequential))
+    for name, mode, runner in runs:
+        engine = replace(settings, engine=name, draft=None, parallel=max(levels)).load_engine()
         try:
             engine.complete(Request(messages=[Message("user", "Hi")], sampling=GREEDY,
                                     max_tokens=4))
             for n in levels:
-                print(f"concurrency {n}: {name}…", file=sys.stderr)
-                # fresh prompts per level: no prefix-cache hits from the level before
-                table[str(n)][name] = runner(engine, _requests(engine, n, offset=1000 * n))
+                print(f"concurrency {n}: {mode}…", file=sys.stderr)
+                # fresh prompts per level and mode: no prefix-cache hits from earlier runs
+                offset = 1000 * n + 100000 * MODES.index(mode)
+                table[str(n)][mode] = runner(engine, chat_requests(n, offset))
         finally:
             engine.close()
     return table
 
 
 def knees(table: dict[str, dict]) -> dict[str, int | None]:
-    return {name: knee(table, name) for name in ("torch", "llama.cpp")}
+    return {mode: knee(table, mode) for mode in MODES}
 
 
 def knee(table: dict[str, dict], engine: str) -> int | None:
@@ -115,17 +123,14 @@ def knee(table: dict[str, dict], engine: str) -> int | None:
 
 
 def format_concurrency(table: dict[str, dict]) -> str:
-    lines = [f"{GEN_TOKENS} tokens per request; torch batching vs llama.cpp one at a time",
-             f"{'N':>4} {'torch tok/s':>12} {'p50 s':>7} {'p95 s':>7}   "
-             f"{'llama.cpp tok/s':>15} {'p50 s':>7} {'p95 s':>7} {'torch/llama':>12}"]
+    lines = [f"{GEN_TOKENS} tokens per request; aggregate tok/s, p50 / max latency (s)",
+             f"{'N':>4}" + "".join(f"{mode:>28}" for mode in MODES)]
     for n, row in sorted(table.items(), key=lambda kv: int(kv[0])):
-        t, c = row["torch"], row["llama.cpp"]
-        lines.append(f"{n:>4} {t['aggregate_tok_s']:>12.1f} {t['p50_latency_s']:>7.2f} "
-                     f"{t['p95_latency_s']:>7.2f}   {c['aggregate_tok_s']:>15.1f} "
-                     f"{c['p50_latency_s']:>7.2f} {c['p95_latency_s']:>7.2f} "
-                     f"{t['aggregate_tok_s'] / max(c['aggregate_tok_s'], 1e-9):>11.2f}x")
-    for name, level in knees(table).items():
-        lines.append(f"knee ({name}): " + (
+        cells = [f"{row[m]['aggregate_tok_s']:.1f}  {row[m]['p50_latency_s']:.2f}/"
+                 f"{row[m]['max_latency_s']:.2f}" for m in MODES]
+        lines.append(f"{n:>4}" + "".join(f"{c:>28}" for c in cells))
+    for mode, level in knees(table).items():
+        lines.append(f"knee ({mode}): " + (
             f"past {level} concurrent requests throughput grows < 15% while latency rises"
             if level is not None else "none within the measured levels"))
     return "\n".join(lines)

@@ -21,9 +21,10 @@ def _model_flags() -> argparse.ArgumentParser:
                    help="'default' (bundled SmolLM2-135M), a .gguf path, or OWNER/REPO:FILE.gguf "
                         "or OWNER/REPO:QUANT on Hugging Face (default: %(default)s)")
     g.add_argument("--engine", default="llama.cpp", choices=["llama.cpp", "torch", "auto"],
-                   help="inference engine: llama.cpp, localchat's own torch runtime "
-                        "(Llama-family models; in progress), or auto (torch where it "
-                        "supports the architecture) (default: %(default)s)")
+                   help="executor under localchat's runtime: llama.cpp's kernels (every GGUF "
+                        "architecture), localchat's torch model (Llama-family GGUF, NF4, "
+                        "INT8/INT4, GPTQ, Hugging Face directories), or auto (torch where it "
+                        "supports the model) (default: %(default)s)")
     g.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
                    help="context window in tokens (default: min(model's, 4096); 0 = model's)")
     g.add_argument("--threads", type=int, default=None, metavar="N",
@@ -34,6 +35,9 @@ def _model_flags() -> argparse.ArgumentParser:
     g.add_argument("--kv-memory", default=None, metavar="SIZE",
                    help="torch engine: memory for the paged KV cache, e.g. 2GB "
                         "(default: 10%% of available memory, at least one context)")
+    g.add_argument("-np", "--parallel", type=int, default=None, metavar="N",
+                   help="requests computed at once; the llama.cpp engine keeps a KV slot of "
+                        "one full context for each (default: 4)")
     d = p.add_argument_group("speculative decoding")
     d.add_argument("--draft-model", default=None, metavar="SPEC",
                    help="a small model (or a more quantized copy of this one) with the same "

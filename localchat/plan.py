@@ -22,8 +22,10 @@ from localchat.units import human_bytes, machine_memory, parse_memory
 # bits per weight of llama.cpp's types (block bytes × 8 / block size; K-quant mixes averaged)
 BITS_PER_WEIGHT = {"F16": 16.0, "Q8_0": 8.5, "Q6_K": 6.5625, "Q5_K_M": 5.69, "Q5_1": 6.0,
                    "Q5_0": 5.5, "Q4_K_M": 4.85, "Q4_1": 5.0, "Q4_0": 4.5, "NF4": 4.127}
-# bytes per cached value, by KV-cache type (llama.cpp's -ctk/-ctv names)
-KV_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+# bytes per cached value, by KV-cache type (llama.cpp's -ctk/-ctv names; "q8_0/f16" is
+# K as q8_0 and V as f16, the llama.cpp executor's cache on the CPU, averaged per value)
+KV_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0/f16": (34 / 32 + 2) / 2, "q8_0": 34 / 32,
+                      "q4_0": 18 / 32}
 @dataclass(frozen=True)
 class ModelSize:
     weights_bytes: int  # as stored in the file
@@ -83,7 +85,7 @@ def format_plan(plan: dict) -> str:
              f"{'users at ' + str(plan['context']) + ' tokens':>20}"]
     for budget in plan["budgets"]:
         for kv_type, fit in budget["kv"].items():
-            lines.append(f"{human_bytes(budget['memory_bytes']):>10}  {kv_type:<7} "
+            lines.append(f"{human_bytes(budget['memory_bytes']):>10}  {kv_type:<8} "
                          f"{fit['tokens']:>24,}  {fit['users_at_context']:>20,}")
     lines.append(f"(weights + KV cache only; one chat's context is capped at the model's "
                  f"{plan['model_context']:,} tokens; compute buffers are extra)")

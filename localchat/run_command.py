@@ -105,7 +105,7 @@ def _continue_settings(settings: ChatSettings, conv, args: argparse.Namespace) -
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    settings = ChatSettings.from_args(args)
+    settings = ChatSettings.from_args(args).with_parallel(1)  # one request: one KV slot
     prompt = read_prompt(args.prompt)
     store = conv = writer = None
     earlier: list[Message] = []

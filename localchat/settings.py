@@ -19,6 +19,7 @@ class ChatSettings:
     threads: int | None = None
     device: str | None = None  # auto, cpu, cuda[:N], mps
     kv_memory: int | None = None  # bytes for the torch engine's paged KV cache
+    parallel: int | None = None  # sequences at once (the llama.cpp engine's KV slots)
     draft: str | None = None  # a draft model SPEC, or "ngram" (prompt lookup)
     num_draft_tokens: int | None = None  # fixed γ; None: adaptive
     endpoint: str | None = None  # an OpenAI-compatible server URL: the remote engine
@@ -36,6 +37,7 @@ class ChatSettings:
             threads=args.threads,
             device=args.device,
             kv_memory=parse_memory(args.kv_memory) if args.kv_memory else None,
+            parallel=getattr(args, "parallel", None),
             draft=None if args.no_draft else (args.draft_model or args.draft),
             num_draft_tokens=args.num_draft_tokens,
             endpoint=getattr(args, "endpoint", None),
@@ -74,6 +76,10 @@ class ChatSettings:
     def system_messages(self) -> list[Message]:
         return [Message("system", self.system)] if self.system else []
 
+    def with_parallel(self, default: int) -> "ChatSettings":
+        """These settings with `default` requests at once unless -np/--parallel said."""
+        return self if self.parallel is not None else replace(self, parallel=default)
+
     def with_draft(self, draft: str | None, num_draft_tokens: int | None) -> "ChatSettings":
         return replace(self, draft=draft, num_draft_tokens=num_draft_tokens)
 
@@ -82,5 +88,6 @@ class ChatSettings:
 
         return load_engine(self.model, engine=self.engine, ctx_size=self.ctx_size,
                            threads=self.threads, kv_memory=self.kv_memory, draft=self.draft,
-                           device=self.device, endpoint=self.endpoint, api_key=self.api_key,
+                           device=self.device, parallel=self.parallel,
+                           endpoint=self.endpoint, api_key=self.api_key,
                            num_draft_tokens=self.num_draft_tokens)

@@ -20,8 +20,8 @@ from quantize.quality import Protocol, compare, perplexity, scored_logprobs, tar
 
 
 def _engine_weights(facts: GGUFFacts):
-    from localchat.engine.torch.hf_weights import load_hf_weights
-    from localchat.engine.torch.weights import load_weights
+    from localchat.engine.executors.torch.hf_weights import load_hf_weights
+    from localchat.engine.executors.torch.weights import load_weights
 
     return load_hf_weights(facts.path) if facts.path.is_dir() else load_weights(facts.path)
 

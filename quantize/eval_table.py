@@ -37,20 +37,18 @@ def scored_text(facts: GGUFFacts, protocol, text_file: str | None):
 
 def vocabulary(facts: GGUFFacts):
     if facts.path.is_dir():
-        from localchat.engine.hf_vocab import HFVocabulary
+        from localchat.engine.executors.torch.hf_vocab import HFVocabulary
 
         return HFVocabulary(facts.path)
-    import llama_cpp
+    from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary
 
-    from localchat.engine.llamacpp import LlamaCppVocabulary
-
-    return LlamaCppVocabulary(llama_cpp.Llama(str(facts.path), vocab_only=True, verbose=False))
+    return LlamaCppVocabulary.vocab_only(str(facts.path))
 
 
 def float32_weights(facts: GGUFFacts):
     """The model's weights as float32 DenseLinear layers (exact dequantization)."""
-    from localchat.engine.torch.hf_weights import load_hf_weights
-    from localchat.engine.torch.weights import load_weights
+    from localchat.engine.executors.torch.hf_weights import load_hf_weights
+    from localchat.engine.executors.torch.weights import load_weights
 
     if facts.path.is_dir():
         return load_hf_weights(facts.path)

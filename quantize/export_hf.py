@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 from safetensors.torch import save_file
 
-from localchat.engine.torch.weights import LlamaConfig
+from localchat.engine.executors.torch.weights import LlamaConfig
 from localchat.atomic import atomic_directory
 from localchat.errors import ModelFormatError, UsageError
 from localchat.gguf_checks import check_model_metadata

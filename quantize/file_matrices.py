@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from localchat.engine.torch.gptq_weights import dequantize_gptq, gptq_config, gptq_matrices
-from localchat.engine.torch.intq import QUANT_METHOD, SCALE_SUFFIX, dequantize_int, load_int
-from localchat.engine.torch.nf4 import QUANT_STATE_KEY, dequantize, load_nf4
+from localchat.engine.executors.torch.gptq_weights import dequantize_gptq, gptq_config, gptq_matrices
+from localchat.engine.executors.torch.intq import QUANT_METHOD, SCALE_SUFFIX, dequantize_int, load_int
+from localchat.engine.executors.torch.nf4 import QUANT_STATE_KEY, dequantize, load_nf4
 from localchat.gguf_reader import read_gguf
 from localchat.hf_model_files import read_json, safetensors_files
 from localchat.model_files import GGUFFacts

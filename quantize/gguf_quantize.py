@@ -114,7 +114,7 @@ def write_llama_cpp(src: Path, out: Path, type_name: str, threads: int | None = 
     beside `out` first (and removed afterwards, whatever happens)."""
     import llama_cpp
 
-    from localchat.engine import llamacpp  # noqa: F401  (keeps llama.cpp's log off the terminal)
+    from localchat.engine.executors import llamacpp_vocab  # noqa: F401  (keeps llama.cpp's log off the terminal)
 
     validate_model_file(src)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".localchat-quantize-") as tmp:

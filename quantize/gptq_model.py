@@ -11,7 +11,7 @@ block's output, computed with all of them quantized, is the next block's input.
 Embeddings, norms and lm_head stay float (as AutoGPTQ does).
 
 The output: per quantized Linear P, P.qweight / P.qzeros / P.scales / P.g_idx
-(engine/torch/gptq_weights.py documents and loads them), config.json's
+(engine/executors/torch/gptq_weights.py documents and loads them), config.json's
 quantization_config {"quant_method": "gptq", "bits": 4, "group_size", "desc_act",
 "sym": false, "static_groups": true, "true_sequential": true, "damp_percent",
 "checkpoint_format": "gptq"}, the tokenizer files copied; written through
@@ -64,7 +64,7 @@ def calibration_text(text_file: str | None = None) -> str:
 def calibration_tokens(directory: Path, text_file: str | None = None,
                        segments: int = SEGMENTS, seq_len: int = SEGMENT_TOKENS) -> torch.Tensor:
     """[n, seq_len] token ids: consecutive segments of the calibration text."""
-    from localchat.engine.hf_vocab import HFVocabulary
+    from localchat.engine.executors.torch.hf_vocab import HFVocabulary
 
     vocab = HFVocabulary(directory)
     text = calibration_text(text_file)
@@ -97,7 +97,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 def _rope_tables(config, rope_freqs, seq_len: int):
-    from localchat.engine.torch.rope import inverse_frequencies
+    from localchat.engine.executors.torch.rope import inverse_frequencies
 
     inv = inverse_frequencies(config.head_dim, config.rope_base)
     if rope_freqs is not None:
@@ -153,7 +153,7 @@ def gptq_model(directory: Path, tokens: torch.Tensor, group_size: int = 128,
                log=None) -> dict[str, GPTQResult]:
     """{HF weight name: GPTQResult} for every block projection of the first `layers`
     blocks (all by default), quantized sequentially on the calibration `tokens`."""
-    from localchat.engine.torch.hf_weights import hf_llama_config
+    from localchat.engine.executors.torch.hf_weights import hf_llama_config
 
     cfg = read_json(directory / "config.json")
     config, rope_freqs = hf_llama_config(cfg, directory.name)

@@ -1,5 +1,5 @@
 """A Hugging Face directory -> INT8 (per row) or INT4 (per group) safetensors, in the
-layout engine/torch/intq.py documents and loads (symmetric absmax, float32 scales)."""
+layout engine/executors/torch/intq.py documents and loads (symmetric absmax, float32 scales)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from localchat.engine.torch.intq import QUANT_METHOD, SCALE_SUFFIX, pack_int4
+from localchat.engine.executors.torch.intq import QUANT_METHOD, SCALE_SUFFIX, pack_int4
 from localchat.errors import UsageError
 from quantize.hf_rewrite import rewrite_projections
 from quantize.schemes import rtn_quantize

@@ -1,7 +1,7 @@
 """NF4 quantization in bitsandbytes' exact layout, without bitsandbytes.
 
 quantize_nf4() produces the tensors transformers saves for a 4-bit Linear (see
-localchat/engine/torch/nf4.py for the layout), so our NF4 files load in transformers +
+localchat/engine/executors/torch/nf4.py for the layout), so our NF4 files load in transformers +
 bitsandbytes and theirs load in localchat. Rounding is to the nearest NF4 level, ties to
 the lower one, as bitsandbytes' dQuantizeNF4 decision tree does (its thresholds are the
 midpoints between levels); double quantization is bitsandbytes' compress_statistics:
@@ -14,7 +14,7 @@ import json
 
 import torch
 
-from localchat.engine.torch.nf4 import NF4Matrix, QUANT_STATE_KEY, dequantize, load_nf4, nf4_table
+from localchat.engine.executors.torch.nf4 import NF4Matrix, QUANT_STATE_KEY, dequantize, load_nf4, nf4_table
 
 NESTED_BLOCKSIZE = 256
 

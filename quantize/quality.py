@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from localchat.engine.torch.speculative import expected_speedup
+from localchat.engine.runtime.speculative.adaptive import expected_speedup
 from localchat.errors import UsageError
 
 AGREEMENT_KEYS = ("if", "for", "try", "class", "with", "lambda", "assert", "import", "def")
@@ -71,7 +71,7 @@ def windows(n_scored: int, window: int, stride: int) -> list[tuple[int, int, int
 
 def scored_logprobs(weights, tokens: list[int], spans) -> torch.Tensor:
     """[n_scored, vocab] log-probabilities of the next token at every scored position."""
-    from localchat.engine.torch.model import KVStore, LlamaModel
+    from localchat.engine.executors.torch.model import KVStore, LlamaModel
 
     window = max(end - start for start, end, _ in spans)
     model = LlamaModel(weights, max_positions=window)

@@ -14,8 +14,8 @@ from dataclasses import replace
 
 import torch
 
-from localchat.engine.torch.qlinear import DenseLinear
-from localchat.engine.torch.weights import ModelWeights
+from localchat.engine.executors.torch.qlinear import DenseLinear
+from localchat.engine.executors.torch.weights import ModelWeights
 from quantize.matrix_stats import MatrixError, matrix_error
 from quantize.progress import Progress
 from quantize.schemes import simulate

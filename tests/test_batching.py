@@ -10,8 +10,9 @@ import pytest
 
 from localchat.engine import load_engine
 from localchat.engine.base import Message, Request, SamplingParams
-from localchat.engine.torch.blocks import BlockPool
-from localchat.engine.torch.scheduler import RUNNING, WAITING, Scheduler, SequenceState
+from localchat.engine.runtime.block_manager import BlockManager, KVLayout
+from localchat.engine.runtime.scheduler import Scheduler
+from localchat.engine.runtime.sequence import RUNNING, WAITING, Sequence
 
 KV_BYTES_PER_BLOCK = 16 * 23040  # SmolLM2-135M, f16 cache
 
@@ -77,8 +78,8 @@ def test_a_cache_too_small_for_all_preempts_and_still_completes_them(batching_en
     assert scheduler.preemptions > before
     assert sum(r.stats.preemptions for r in together) == scheduler.preemptions - before
     assert sum(r.stats.recomputed_tokens for r in together) > 0
-    batching_engine.pool.check_invariants()
-    assert batching_engine.pool.usage().used == 0  # everything given back
+    batching_engine.blocks.check_invariants()
+    assert batching_engine.blocks.usage().used == 0  # everything given back
 
 
 def test_chunked_prefill_with_a_prefix_hit(batching_engine, alone):
@@ -100,15 +101,15 @@ def test_chunked_prefill_with_a_prefix_hit(batching_engine, alone):
 
 def test_full_hit_on_an_exact_block_multiple(batching_engine):
     """A prompt of exactly 32 tokens, run twice: the second run shares both blocks and
-    recomputes only the last token (whose KV is already in the shared block)."""
+    runs the last block again (its KV is already in the shared block) for the logits."""
     engine = batching_engine
     tokens = engine.tokenize_text(" the quick brown fox jumps over the lazy dog" * 6)[:32]
     request = Request(prompt_tokens=tokens, sampling=SamplingParams(temperature=0.0),
                       max_tokens=8)
     first, second = engine.complete(request), engine.complete(request)
-    assert second.stats.cached_tokens == 31
+    assert second.stats.cached_tokens == 16
     assert second.text == first.text
-    engine.pool.check_invariants()
+    engine.blocks.check_invariants()
 
 
 def test_cancelling_frees_blocks_at_once(batching_engine):
@@ -118,23 +119,28 @@ def test_cancelling_frees_blocks_at_once(batching_engine):
                                       60), cancel)
     used_mid_reply = 0
     for i, event in enumerate(stream):
-        used_mid_reply = max(used_mid_reply, engine.pool.usage().used)
+        used_mid_reply = max(used_mid_reply, engine.blocks.usage().used)
         if i == 3:
             cancel.set()
     assert event.finish_reason == "cancelled"
     assert used_mid_reply > 0
     for _ in range(200):  # the runner frees them on its next step
-        if engine.pool.usage().used == 0:
+        if engine.blocks.usage().used == 0:
             break
         threading.Event().wait(0.01)
-    assert engine.pool.usage().used == 0
+    assert engine.blocks.usage().used == 0
 
 
 # ---- the scheduler alone (bookkeeping, no model) -------------------------------------
 
 
-def _seq(seq_id: int, n: int) -> SequenceState:
-    return SequenceState(seq_id, list(range(100 * seq_id, 100 * seq_id + n)), n)
+def _seq(seq_id: int, n: int) -> Sequence:
+    return Sequence(seq_id, list(range(100 * seq_id, 100 * seq_id + n)), n)
+
+
+def _blocks(n: int, block_size: int) -> BlockManager:
+    return BlockManager(KVLayout(pools=1, blocks_per_pool=n, exclusive=False, cache_key=b"t",
+                                 block_size=block_size))
 
 
 def _decode_once(scheduler: Scheduler) -> list:
@@ -148,7 +154,7 @@ def _decode_once(scheduler: Scheduler) -> list:
 
 
 def test_preemption_takes_the_least_advanced_and_admits_nothing_that_step():
-    pool = BlockPool(5, 4)
+    pool = _blocks(5, 4)
     scheduler = Scheduler(pool, max_tokens_per_step=64)
     a, b = _seq(1, 8), _seq(2, 4)  # a: 2 blocks; b: 1 block; 2 left
     scheduler.add(a)
@@ -169,7 +175,7 @@ def test_preemption_takes_the_least_advanced_and_admits_nothing_that_step():
 
 
 def test_preempted_sequence_comes_back_through_a_prefix_hit():
-    pool = BlockPool(8, 4)
+    pool = _blocks(8, 4)
     scheduler = Scheduler(pool, max_tokens_per_step=64)
     seq = _seq(1, 9)
     scheduler.add(seq)

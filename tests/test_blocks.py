@@ -13,8 +13,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from localchat.engine.torch import blocks
-from localchat.engine.torch.blocks import NO_SLOT, BlockPool, KVCacheFullError
+from localchat.engine.runtime import block_pool as blocks
+from localchat.engine.runtime.block_pool import NO_SLOT, BlockPool, KVCacheFullError
 from localchat.errors import ContextOverflowError
 
 
@@ -27,12 +27,12 @@ def committed_pool(bs: int, num_blocks: int, seq_id: int, tokens: list[int]) -> 
 
 # ---- edge cases ----------------------------------------------------------------------
 
-def test_exact_multiple_fully_cached_shares_all_blocks_and_recomputes_only_last_token():
+def test_exact_multiple_fully_cached_shares_all_blocks_and_recomputes_the_last_block():
     pool = committed_pool(4, 8, 1, list(range(8)))
-    assert pool.allocate(2, list(range(8))) == 7  # n - 1, never n
+    assert pool.allocate(2, list(range(8))) == 4  # the last block runs again, never n
     assert pool.block_table(2) == pool.block_table(1)
     assert all(pool.ref_count(b) == 2 for b in pool.block_table(2))
-    assert pool.slot_mapping(2, 7, 8) == [NO_SLOT]  # its KV is already in the shared block
+    assert pool.slot_mapping(2, 4, 8) == [NO_SLOT] * 4  # its KV is already in the shared block
     pool.append_token(2, 99)  # the next token goes into a new, private block
     assert pool.block_table(2)[:2] == pool.block_table(1) and pool.ref_count(pool.block_table(2)[2]) == 1
     pool.check_invariants()
@@ -43,7 +43,7 @@ def test_exact_multiple_fully_cached_after_free():
     table = pool.block_table(1)
     pool.free(1)
     assert pool.usage().cached == 2
-    assert pool.allocate(2, list(range(8))) == 7 and pool.block_table(2) == table
+    assert pool.allocate(2, list(range(8))) == 4 and pool.block_table(2) == table
     pool.check_invariants()
 
 
@@ -108,11 +108,14 @@ def test_eviction_picks_least_recently_used_cached_block():
         tables[sid] = pool.block_table(sid)[0]
         pool.free(sid)
     assert pool.usage() == blocks.BlockUsage(used=0, cached=3, free=0, total=3, block_size=2)
-    assert pool.allocate(4, [1, 2]) == 1  # a hit makes [1, 2] the most recently used
+    assert pool.allocate(4, [1, 2]) == 0  # a (full) hit makes [1, 2] the most recently used
     pool.free(4)
     pool.allocate(5, [9])  # no free block: evicts the LRU one, [3, 4]
     assert pool.evictions == 1 and pool.block_table(5) == [tables[2]]
-    assert pool.allocate(6, [5, 6]) == 1 and pool.allocate(7, [1, 2]) == 1  # both still cached
+    pool.allocate(6, [5, 6])
+    pool.allocate(7, [1, 2])
+    assert pool.evictions == 1 and {pool.block_table(6)[0], pool.block_table(7)[0]} == \
+        {tables[3], tables[1]}  # both still cached: shared, not recomputed into new blocks
     with pytest.raises(KVCacheFullError, match="right now"):
         pool.allocate(8, [3, 4])  # gone: it would need a new block and none is left
     pool.check_invariants()
@@ -267,7 +270,7 @@ class PoolMachine(RuleBasedStateMachine):
             assert need > self.pool.num_blocks or self.tokens  # with nothing live it must fit
             return
         hit = self.pool.num_committed(sid)
-        assert hit % self.bs == 0 and cached == min(hit, n - 1)
+        assert hit % self.bs == 0 and cached == (hit - self.bs if hit == n else hit)
         present = 0  # the longest committed full-block prefix of the prompt
         while present + self.bs <= n and tuple(prompt[:present + self.bs]) in self.prefixes:
             present += self.bs

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from localchat.engine import load_engine
-from localchat.engine.compute_thread import COMPUTE, ComputeThread
-from localchat.engine.torch.model import Batch
+from localchat.engine.runtime.compute_thread import COMPUTE, ComputeThread
+from localchat.engine.executors.torch.model import Batch
 
 
 def test_calls_run_on_the_compute_thread_and_raise_in_the_caller():
@@ -45,21 +45,21 @@ def test_iterate_advances_there_and_closes_there():
 def model_and_kv():
     engine = load_engine("default", engine="torch", ctx_size=256, threads=2,
                          kv_memory=64 * 16 * 23040)
-    yield engine.model, engine.kv
+    yield engine.executor.model, engine.executor.kv
     engine.close()
 
 
 def _prefill(base: int, tokens: list[int]) -> Batch:
     n = len(tokens)
     slots = torch.arange(base, base + n)
-    return Batch(torch.tensor(tokens), torch.arange(n), slots, [(n, slots)], torch.tensor([n - 1]))
+    return Batch(torch.tensor(tokens), torch.arange(n), slots, [(n, slots, n)], torch.tensor([n - 1]))
 
 
 def _decode(seqs: list[tuple[int, int, int]]) -> Batch:
     """seqs: (first slot, tokens already cached, next token), one new token each."""
     return Batch(torch.tensor([t for _, _, t in seqs]), torch.tensor([n for _, n, _ in seqs]),
                  torch.tensor([base + n for base, n, _ in seqs]),
-                 [(1, torch.arange(base, base + n + 1)) for base, n, _ in seqs],
+                 [(1, torch.arange(base, base + n + 1), n) for base, n, _ in seqs],
                  torch.arange(len(seqs)))
 
 
@@ -77,7 +77,7 @@ def test_a_token_computes_the_same_bits_alone_batched_or_verified(model_and_kv):
         # the same token and a guess after it, verified in one pass (as a draft is)
         verified = model.forward_batch(Batch(
             torch.tensor([5, 11]), torch.tensor([40, 41]), torch.tensor([40, 41]),
-            [(2, torch.arange(0, 42))], torch.tensor([0, 1])), kv)
+            [(2, torch.arange(0, 42), 40)], torch.tensor([0, 1])), kv)
         assert torch.equal(alone, verified[0])
 
     COMPUTE.call(check)

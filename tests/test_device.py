@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from localchat.engine.torch import qlinear
-from localchat.engine.torch.device import pick_device
+from localchat.engine.executors.torch import qlinear
+from localchat.engine.executors.torch.device import pick_device
 from localchat.errors import UsageError
 
 

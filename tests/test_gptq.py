@@ -74,7 +74,7 @@ def test_damping_is_raised_until_cholesky_succeeds():
 # -- the GPTQ v1 file layout and the torch engine's loader -----------------------------
 
 def _loaded(packed: dict, prefix: str = "p."):
-    from localchat.engine.torch.gptq_weights import GPTQConfig, load_gptq
+    from localchat.engine.executors.torch.gptq_weights import GPTQConfig, load_gptq
 
     return load_gptq(lambda k: packed.get(k.removeprefix(prefix)), prefix, GPTQConfig(4, 128, 1))
 
@@ -82,7 +82,7 @@ def _loaded(packed: dict, prefix: str = "p."):
 def test_v1_round_trip_through_the_loader(layer):
     """pack_v1 -> the loader gives back the codes, zeros, scales and g_idx GPTQ chose, and
     exactly the weights GPTQ computed with (scales are float16 already in the algorithm)."""
-    from localchat.engine.torch.gptq_weights import dequantize_gptq, sequential_group
+    from localchat.engine.executors.torch.gptq_weights import dequantize_gptq, sequential_group
 
     w, calib, _ = layer
     r = gptq_quantize(w, hessian(calib), bits=4, group_size=128)
@@ -101,7 +101,7 @@ def test_v1_round_trip_through_the_loader(layer):
 def test_zero_points_stay_storable_when_a_group_has_no_negative_weight(layer):
     """All-positive groups would get zero 0 on the min/max grid (stored as −1: 15, read
     back as 16 by v1 loaders); the grid moves to zero 1 and still spans the weights."""
-    from localchat.engine.torch.gptq_weights import dequantize_gptq
+    from localchat.engine.executors.torch.gptq_weights import dequantize_gptq
 
     w, calib, _ = layer
     r = gptq_quantize(w.abs(), hessian(calib), bits=4, group_size=128)
@@ -114,8 +114,8 @@ def test_int4_kernel_layer_matches_the_dequantized_weights(layer):
     """q/k/v fused into one Int4Linear (groups of 128 over rows of 576 run as kernel
     groups of 64) computes x @ Ŵᵀ; a permuted g_idx (act-order without static groups)
     falls back to a dense layer with the same weights."""
-    from localchat.engine.torch.gptq_weights import dequantize_gptq, gptq_linear
-    from localchat.engine.torch.qlinear import DenseLinear, Int4Linear
+    from localchat.engine.executors.torch.gptq_weights import dequantize_gptq, gptq_linear
+    from localchat.engine.executors.torch.qlinear import DenseLinear, Int4Linear
 
     w, calib, held_out = layer
     h = hessian(calib)
@@ -171,8 +171,8 @@ def test_written_directory_has_the_gptq_layout(gptq_two_layers):
 def test_written_model_loads_on_int4_kernels_and_generates(gptq_two_layers):
     from localchat.engine import load_engine
     from localchat.engine.base import Message, Request, SamplingParams
-    from localchat.engine.torch.hf_weights import load_hf_weights
-    from localchat.engine.torch.qlinear import Int4Linear
+    from localchat.engine.executors.torch.hf_weights import load_hf_weights
+    from localchat.engine.executors.torch.qlinear import Int4Linear
 
     w = load_hf_weights(gptq_two_layers)
     assert all(isinstance(getattr(layer, f), Int4Linear) for layer in w.layers
@@ -228,7 +228,7 @@ def test_calibration_text_is_disjoint_from_the_eval_text():
 def test_gptq_whole_bundled_model_through_the_cli(tmp_path):
     """~2 min here: the full `localchat quantize default --type int4 --method gptq`."""
     from localchat.cli import main
-    from localchat.engine.torch.hf_weights import load_hf_weights
+    from localchat.engine.executors.torch.hf_weights import load_hf_weights
 
     out = tmp_path / "gptq"
     assert main(["quantize", "default", "-o", str(out), "--type", "int4", "--method", "gptq"]) == 0

@@ -15,11 +15,11 @@ import torch
 from safetensors.torch import save_file
 
 from localchat.engine.base import Message
-from localchat.engine.hf_vocab import HFVocabulary
-from localchat.engine.torch.hf_weights import load_hf_weights
-from localchat.engine.torch.model import KVStore, LlamaModel
-from localchat.engine.torch.qlinear import DenseLinear
-from localchat.engine.torch.weights import LayerWeights, LlamaConfig, ModelWeights
+from localchat.engine.executors.torch.hf_vocab import HFVocabulary
+from localchat.engine.executors.torch.hf_weights import load_hf_weights
+from localchat.engine.executors.torch.model import KVStore, LlamaModel
+from localchat.engine.executors.torch.qlinear import DenseLinear
+from localchat.engine.executors.torch.weights import LayerWeights, LlamaConfig, ModelWeights
 from localchat.errors import EngineError, ModelFormatError, ModelNotFoundError, UnsafeCheckpointError
 from localchat.gguf_reader import read_gguf
 from localchat.models import resolve_model, resolve_model_facts
@@ -61,7 +61,7 @@ def test_detokenized_pieces_and_end_of_generation_equal_llama_cpps(hf_vocab, eng
     detokenize() uses 32 bytes and returns b"" for the 47 longer tokens of this vocab)."""
     import llama_cpp
 
-    vocab = engine._llm._model.vocab
+    vocab = engine.vocab.model.vocab
     buf = ctypes.create_string_buffer(256)
     n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
     for token in range(n_vocab):

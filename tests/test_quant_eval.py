@@ -15,7 +15,7 @@ from localchat.gguf_reader import read_gguf
 from localchat.models import resolve_model
 from quantize.export_hf import gguf_tensor
 from quantize.matrix_stats import matrix_error
-from localchat.engine.torch.speculative import expected_speedup as speedup
+from localchat.engine.runtime.speculative.adaptive import expected_speedup as speedup
 from quantize.quality import compare, windows
 from quantize.schemes import rtn_dequantize, rtn_quantize, simulate
 

@@ -52,7 +52,7 @@ def f32_two_layers(f32_gguf) -> Path:
 def _llama_cpp_quantize(src: Path, dst: Path, type_name: str) -> Path:
     import llama_cpp
 
-    from localchat.engine import llamacpp  # noqa: F401  (quiet log)
+    from localchat.engine.executors import llamacpp_vocab  # noqa: F401  (quiet log)
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = int(gguf.LlamaFileType[f"MOSTLY_{type_name}"])
@@ -154,9 +154,9 @@ def test_written_gguf_loads_in_both_engines(tmp_path, f32_gguf, type_name):
 
 @pytest.mark.parametrize("bits,group", [(8, None), (4, 128)])
 def test_int_safetensors_outputs_run_on_int_kernels(hf_dir, tmp_path, bits, group):
-    from localchat.engine.torch.hf_weights import load_hf_weights
-    from localchat.engine.torch.intq import Int8Linear
-    from localchat.engine.torch.qlinear import Int4Linear
+    from localchat.engine.executors.torch.hf_weights import load_hf_weights
+    from localchat.engine.executors.torch.intq import Int8Linear
+    from localchat.engine.executors.torch.qlinear import Int4Linear
     from quantize.int_hf import quantize_hf_dir_to_int
 
     out = quantize_hf_dir_to_int(hf_dir, tmp_path / "int", bits, group)
@@ -173,7 +173,7 @@ def test_int4_file_round_trip_matches_the_scheme(hf_dir, tmp_path):
     """The stored codes and scales dequantize to exactly what the int4-g64 scheme gives."""
     from safetensors import safe_open
 
-    from localchat.engine.torch.intq import dequantize_int, load_int
+    from localchat.engine.executors.torch.intq import dequantize_int, load_int
     from quantize.int_hf import quantize_hf_dir_to_int
     from quantize.schemes import simulate
 

@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 import torch
 
-from localchat.engine.torch.speculative import (AdaptiveGamma, accept_drafts, accept_greedy,
-                                                 expected_speedup)
+from localchat.engine.runtime.speculative.adaptive import AdaptiveGamma, expected_speedup
+from localchat.engine.runtime.speculative.rule import accept_drafts, accept_greedy
 
 V = 5  # a small vocabulary, so every outcome is seen many times
 

@@ -14,8 +14,8 @@ import torch
 
 from localchat.engine import load_engine
 from localchat.engine.base import Message, Request, SamplingParams
-from localchat.engine.torch.sampler import probabilities
-from localchat.engine.torch.speculative import accept_drafts
+from localchat.engine.runtime.sampler import Row, distributions
+from localchat.engine.runtime.speculative.rule import accept_drafts
 from tiny_models import write_random_model
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -80,22 +80,22 @@ def test_real_distributions_stay_exact(torch_engine, useless_draft):
     next-token distribution p and a real (poor) draft distribution q: χ² against p."""
     from test_speculative import chi_square_p_value
 
-    from localchat.engine.torch.model import KVStore
-    from localchat.engine.torch.weights import load_weights
+    from localchat.engine.executors.torch.model import KVStore
+    from localchat.engine.executors.torch.weights import load_weights
 
     prompt = torch_engine.tokenize_messages([Message("user", "Name a colour.")])
     params = SamplingParams(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)
 
     def last_logits(model_weights):
-        from localchat.engine.torch.model import LlamaModel
+        from localchat.engine.executors.torch.model import LlamaModel
 
         m = LlamaModel(model_weights, 256)
         n = len(prompt)
         return m.forward(torch.tensor(prompt), torch.arange(n), torch.arange(n), torch.arange(n),
                          KVStore(m.config, 256))
 
-    p = probabilities(last_logits(torch_engine.model.w), params, [])
-    q = probabilities(last_logits(load_weights(useless_draft)), params, [])
+    p = distributions(last_logits(torch_engine.executor.model.w)[None], [Row(params)])[0]
+    q = distributions(last_logits(load_weights(useless_draft))[None], [Row(params)])[0]
     assert (p > 0).sum() == 8 and (q > 0).sum() == 8
     g = torch.Generator().manual_seed(0)
     n = 4000
@@ -116,7 +116,7 @@ def test_llama_cpp_speculation_is_identical_and_self_draft_accepts_all(engine):
             for prompt, expected in zip(PROMPTS, plain):
                 tokens, stats = reply(eng, prompt)
                 assert tokens == expected
-                assert "sample each position from the target" in stats["rule"]
+                assert "Leviathan" in stats["rule"]
                 if draft == "default":
                     assert stats["proposed"] > 0 and stats["acceptance_rate"] == 1.0
         finally:

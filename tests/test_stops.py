@@ -1,4 +1,4 @@
-from localchat.engine.stops import StopMatcher
+from localchat.engine.runtime.stops import StopMatcher
 
 
 def stream(stops, pieces):

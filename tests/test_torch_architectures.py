@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from localchat.engine.torch.model import KVStore, LlamaModel
-from localchat.engine.torch.rope import llama3_rope_factors
-from localchat.engine.torch.weights import load_weights
+from localchat.engine.executors.torch.model import KVStore, LlamaModel
+from localchat.engine.executors.torch.rope import llama3_rope_factors
+from localchat.engine.executors.torch.weights import load_weights
 from localchat.errors import EngineError
 from tiny_models import HEAD_DIM, write_random_model
 
@@ -24,7 +24,7 @@ N = 300  # positions: long enough for RoPE scaling to matter
 def llama_cpp_logits(path, tokens) -> torch.Tensor:
     import llama_cpp
 
-    import localchat.engine.llamacpp  # noqa: F401  (captures llama.cpp's log lines)
+    import localchat.engine.executors.llamacpp_vocab  # noqa: F401  (captures llama.cpp's log lines)
 
     llm = llama_cpp.Llama(str(path), n_ctx=512, logits_all=True, n_threads=2, verbose=False)
     try:
@@ -82,7 +82,7 @@ def test_q4_0_model_matches_llama_cpp_closely(tmp_path, tokens):
 
 
 def test_unsupported_rope_scaling_points_to_llama_cpp(tmp_path):
-    from localchat.engine.torch.weights import LlamaConfig
+    from localchat.engine.executors.torch.weights import LlamaConfig
 
     meta = {"general.architecture": "llama", "llama.rope.scaling.type": "yarn"}
     with pytest.raises(EngineError, match="yarn.*--engine llama.cpp"):

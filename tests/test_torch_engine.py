@@ -56,7 +56,7 @@ def test_greedy_is_deterministic_and_seeded_sampling_repeats(torch_engine):
 def test_second_turn_reuses_cached_prefix_blocks(torch_engine):
     system = [Message("system", "You are a concise assistant. " * 4)]
     first = torch_engine.complete(Request(messages=system + HELLO, sampling=GREEDY, max_tokens=8))
-    assert torch_engine.pool.usage().cached * 16 >= first.stats.prompt_tokens // 16 * 16
+    assert torch_engine.blocks.usage().cached * 16 >= first.stats.prompt_tokens // 16 * 16
     turn2 = system + HELLO + [Message("assistant", first.text), Message("user", "And then?")]
     second = torch_engine.complete(Request(messages=turn2, sampling=GREEDY, max_tokens=8))
     full_blocks = first.stats.prompt_tokens // 16 * 16
@@ -67,12 +67,12 @@ def test_second_turn_reuses_cached_prefix_blocks(torch_engine):
     assert other.stats.cached_tokens >= 16
 
 
-def test_exact_repeat_of_a_prompt_recomputes_only_the_last_token(torch_engine):
+def test_exact_repeat_of_a_prompt_recomputes_only_its_last_block(torch_engine):
     req = Request(messages=HELLO, sampling=GREEDY, max_tokens=4)
     torch_engine.complete(req)
     again = torch_engine.complete(req)
     n = again.stats.prompt_tokens
-    assert again.stats.cached_tokens == (n - 1 if n % 16 == 0 else n // 16 * 16)
+    assert again.stats.cached_tokens == (n - 16 if n % 16 == 0 else n // 16 * 16)
 
 
 def test_cancel_and_length_and_overflow(torch_engine):
@@ -111,7 +111,7 @@ def test_kv_memory_budget_and_auto_engine():
     auto = load_engine("default", engine="auto", ctx_size=256, kv_memory=512 * 23040)
     try:
         assert auto.name == "torch"  # SmolLM2 is a llama-architecture model
-        assert auto.pool.usage().total == 512 // 16
+        assert auto.blocks.usage().total == 512 // 16
     finally:
         auto.close()
 

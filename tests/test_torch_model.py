@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from localchat.engine.torch.model import KVStore, LlamaModel
-from localchat.engine.torch.weights import LlamaConfig, load_weights
+from localchat.engine.executors.torch.model import KVStore, LlamaModel
+from localchat.engine.executors.torch.weights import LlamaConfig, load_weights
 from localchat.errors import EngineError
 from localchat.models import resolve_model
 

@@ -20,6 +20,7 @@ def load_engine(
     draft: str | None = None,
     num_draft_tokens: int | None = None,
     device: str | None = None,
+    parallel: int | None = None,
     endpoint: str | None = None,
     api_key: str | None = None,
 ) -> Engine:
@@ -28,8 +29,9 @@ def load_engine(
     ctx_size None picks min(the model's training context, 4096), like Ollama's default;
     0 means the model's full training context. engine "auto" picks torch for the
     architectures it runs and llama.cpp for everything else. draft: a draft model SPEC
-    or "ngram"; num_draft_tokens fixes how many tokens it drafts per step. endpoint: an
-    OpenAI-compatible server's URL; then nothing is loaded here (engine/remote.py).
+    or "ngram"; num_draft_tokens fixes how many tokens it drafts per step. parallel: the
+    llama.cpp executor's KV slots (sequences at once). endpoint: an OpenAI-compatible
+    server's URL; then nothing is loaded here (engine/remote.py).
     """
     from localchat.models import resolve_model_facts
 
@@ -44,6 +46,8 @@ def load_engine(
         raise UsageError(f"context size must be >= 0, got {ctx_size}")
     if threads is not None and threads < 1:
         raise UsageError(f"threads must be >= 1, got {threads}")
+    if parallel is not None and not 1 <= parallel <= 256:
+        raise UsageError(f"--parallel must be 1..256, got {parallel}")
     facts = resolve_model_facts(spec)
     if ctx_size is None:
         ctx_size = min(facts.context_length, DEFAULT_CTX)
@@ -67,23 +71,18 @@ def load_engine(
 
     hf_directory = facts.path.is_dir()  # a Hugging Face safetensors directory
     if engine == "auto":
-        from localchat.engine.torch.weights import SUPPORTED_ARCHITECTURES
+        from localchat.engine.executors.torch.weights import SUPPORTED_ARCHITECTURES
 
         engine = "torch" if hf_directory or facts.architecture in SUPPORTED_ARCHITECTURES \
             else "llama.cpp"
     if hf_directory and engine == "llama.cpp":
         raise UsageError(f"the llama.cpp engine needs a GGUF file, and {facts.path.name} is a "
                          "Hugging Face directory; use --engine torch")
-    if engine == "torch":
-        from localchat.engine.torch.engine import TorchEngine
-
-        return TorchEngine(facts, n_ctx=ctx_size, threads=threads, kv_memory=kv_memory,
-                           draft=draft_facts, num_draft_tokens=num_draft_tokens, device=device)
-    from localchat.engine.llamacpp import LlamaCppEngine
-
-    if device not in (None, "auto", "cpu"):
+    if engine == "llama.cpp" and device not in (None, "auto", "cpu"):
         raise UsageError(f"--device {device} is for the torch engine; the llama.cpp engine "
                          "offloads to the GPU its build supports (or --device cpu for none)")
-    return LlamaCppEngine(facts, n_ctx=ctx_size, threads=threads, draft=draft_facts,
-                          num_draft_tokens=num_draft_tokens,
-                          gpu_layers=0 if device == "cpu" else None)
+    from localchat.engine.loading import load_runtime
+
+    return load_runtime(facts, engine, n_ctx=ctx_size, threads=threads, kv_memory=kv_memory,
+                        device=device, parallel=parallel, draft=draft_facts,
+                        num_draft_tokens=num_draft_tokens)

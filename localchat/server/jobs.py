@@ -1,9 +1,9 @@
 """Requests in flight: admission up to --max-queue, and a worker thread per request.
 
 engine.generate() is a blocking iterator, so each request iterates it in its own
-thread and hands the events to the event loop through an asyncio queue. The engines
-decide how concurrent calls share the model (llama.cpp takes turns behind a lock; the
-torch engine batches them), so the server just calls generate() from many threads.
+thread and hands the events to the event loop through an asyncio queue. The runtime
+batches concurrent calls (up to --parallel at once on the llama.cpp executor), so the
+server just calls generate() from many threads.
 
 A request is counted until its engine stream has ended, not until its HTTP response
 has: when a client goes away its cancel Event is set, and the slot (and the KV cache

@@ -202,5 +202,6 @@ class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMi
 
 def run_tui(args: argparse.Namespace) -> int:
     continue_last = getattr(args, "continue_last", False)
-    ChatApp(ChatSettings.from_args(args), continue_last=continue_last).run()
+    # two KV slots: the chat, and the one before it stays cached when you switch back
+    ChatApp(ChatSettings.from_args(args).with_parallel(2), continue_last=continue_last).run()
     return 0

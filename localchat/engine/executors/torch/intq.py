@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from localchat.engine.torch.qlinear import DenseLinear, Int4Linear
+from localchat.engine.executors.torch.qlinear import DenseLinear, Int4Linear
 from localchat.errors import EngineError
 
 QUANT_METHOD = "localchat-int"

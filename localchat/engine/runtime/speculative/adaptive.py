@@ -1,54 +1,12 @@
-"""Speculative decoding's two decisions: which draft tokens to keep, and how many to draft.
-
-Acceptance (Leviathan, Kalman & Matias 2023): keep draft token d_i with probability
-min(1, p_i(d_i) / q_i(d_i)); at the first rejection draw the next token from
-norm(max(0, p_i − q_i)); if every draft is kept, draw a bonus token from p_{γ}. The output
-is then distributed exactly as the target's own sampling. A draft probability of 0 is a
-rejection. At temperature 0 both distributions are one-hot and the rule reduces to
-"keep while the draft equals the target's argmax" (the fast path).
-
-Adaptation: α (acceptance) and the cost ratios are measured online; γ is chosen to
-maximise the expected speedup, and speculation switches itself off, probing again now
-and then, when no γ is predicted to pay.
+"""How many tokens to draft: α (acceptance) and the cost ratios are measured online, γ
+is chosen to maximise the expected speedup, and speculation switches itself off (probing
+now and then) when no γ is predicted to pay. DraftStats is what results report.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-
-import torch
-
-from localchat.engine.torch.sampler import draw
-
-
-def accept_drafts(p: torch.Tensor, q: torch.Tensor | None, drafts: list[int],
-                  generator: torch.Generator) -> tuple[int, int]:
-    """p: [γ+1, vocab] target distributions; q: [γ, vocab] draft distributions, or None
-    for a deterministic draft (q one-hot at each draft token). Returns (number of drafts
-    kept, the token that follows them)."""
-    for i, d in enumerate(drafts):
-        q_d = 1.0 if q is None else float(q[i, d])
-        p_d = float(p[i, d])
-        if q_d > 0 and (p_d >= q_d or float(torch.rand((), generator=generator)) < p_d / q_d):
-            continue
-        residual = p[i].clone()
-        if q is None:
-            residual[d] = 0.0
-        else:
-            residual = (residual - q[i]).clamp_min_(0.0)
-        if float(residual.sum()) <= 0.0:  # p ≤ q everywhere: only rounding gets here
-            residual = p[i]
-        return i, draw(residual / residual.sum(), generator)
-    return len(drafts), draw(p[len(drafts)], generator)
-
-
-def accept_greedy(target_argmax: list[int], drafts: list[int]) -> tuple[int, int]:
-    """Temperature 0: keep drafts while they equal the target's argmax."""
-    for i, d in enumerate(drafts):
-        if target_argmax[i] != d:
-            return i, target_argmax[i]
-    return len(drafts), target_argmax[len(drafts)]
 
 
 def expected_speedup(alpha: float, gamma: int, c: float, verify_extra: float = 0.0) -> float:

@@ -4,7 +4,7 @@ transformers' Llama and Qwen2 checkpoints keep Q/K rows in their natural order a
 halves of each head (llama.cpp's converter permutes Llama's rows into pairs instead), so
 these load with rope_neox=True and no permutation. Float weights become float32
 DenseLinear layers; bitsandbytes NF4 weights stay packed in NF4Linear layers; localchat's
-INT8/INT4 weights (engine/torch/intq.py) and GPTQ checkpoints (engine/torch/
+INT8/INT4 weights (engine/executors/torch/intq.py) and GPTQ checkpoints (engine/executors/torch/
 gptq_weights.py) run on PyTorch's int kernels. Every tensor
 is checked against config.json before use, so a wrong or truncated file is a one-line
 EngineError naming the tensor, never a shape error mid-forward.
@@ -18,15 +18,15 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from localchat.engine.torch.gptq_weights import (QUANT_METHOD as GPTQ_METHOD, GPTQMatrix,
+from localchat.engine.executors.torch.gptq_weights import (QUANT_METHOD as GPTQ_METHOD, GPTQMatrix,
                                                  dequantize_gptq, gptq_config, gptq_linear,
                                                  load_gptq)
-from localchat.engine.torch.intq import (QUANT_METHOD, SCALE_SUFFIX, IntMatrix, dequantize_int,
+from localchat.engine.executors.torch.intq import (QUANT_METHOD, SCALE_SUFFIX, IntMatrix, dequantize_int,
                                         int_linear, load_int)
-from localchat.engine.torch.nf4 import QUANT_STATE_KEY, NF4Linear, dequantize, load_nf4, stack_nf4
-from localchat.engine.torch.qlinear import DenseLinear
-from localchat.engine.torch.rope import llama3_rope_factors
-from localchat.engine.torch.weights import LayerWeights, LlamaConfig, ModelWeights
+from localchat.engine.executors.torch.nf4 import QUANT_STATE_KEY, NF4Linear, dequantize, load_nf4, stack_nf4
+from localchat.engine.executors.torch.qlinear import DenseLinear
+from localchat.engine.executors.torch.rope import llama3_rope_factors
+from localchat.engine.executors.torch.weights import LayerWeights, LlamaConfig, ModelWeights
 from localchat.errors import EngineError
 from localchat.hf_model_files import HF_MODEL_TYPES, read_json, safetensors_files
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from localchat.engine.base import Delta, Event, Request, Result, Stats
-from localchat.engine.stops import StopMatcher
+from localchat.engine.runtime.stops import StopMatcher
 from localchat.errors import ContextOverflowError
 
 
@@ -97,6 +97,8 @@ def stream_events(
         close = getattr(tokens, "close", None)
         if close is not None:
             close()
+    if finish == "length" and cancel.is_set() and len(completion) < budget:
+        finish = "cancelled"  # the tokens stopped coming because of the cancel
     if not stops.stopped:
         tail = stops.feed(decoder.decode(b"", final=True)) + stops.flush()
         if tail:

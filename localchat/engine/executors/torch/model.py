@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from localchat.engine.torch.rope import RotaryEmbedding
-from localchat.engine.torch.weights import LlamaConfig, ModelWeights
+from localchat.engine.executors.torch.rope import RotaryEmbedding
+from localchat.engine.executors.torch.weights import LlamaConfig, ModelWeights
 
 
 class KVStore:
@@ -88,7 +88,9 @@ class LlamaModel:
         ([T, vocab]). new_slots: where the new tokens' K/V go (-1: already there, in a
         shared block); context_slots: every slot of the sequence in position order."""
         n = tokens.shape[0]
-        batch = Batch(tokens, positions, new_slots, [(n, context_slots.to(torch.long))],
+        row_wise_from = int(positions[0]) if n <= _AttentionPlan.ROW_WISE else int(positions[-1]) + 1
+        batch = Batch(tokens, positions, new_slots,
+                      [(n, context_slots.to(torch.long), row_wise_from)],
                       logit_rows=torch.arange(n) if all_logits else torch.tensor([n - 1]))
         logits = self.forward_batch(batch, kv)
         return logits if all_logits else logits[0]
@@ -137,48 +139,55 @@ class Batch:
     """The new tokens of several sequences, concatenated in sequence order.
 
     seqs: per sequence, (how many of the new tokens are its, every slot of its context
-    in position order, the new ones included). logit_rows: which new tokens' logits to
-    return (the last one of each sequence that samples next; all of them to verify drafts).
+    in position order, the new ones included, the first position whose attention runs
+    row-wise). logit_rows: which new tokens' logits to return (the last one of each
+    sequence that samples next; all of them to verify drafts).
     """
 
     tokens: torch.Tensor  # [N]
     positions: torch.Tensor  # [N]
     new_slots: torch.Tensor  # [N]; -1 where the K/V is already in a shared block
-    seqs: list[tuple[int, torch.Tensor]]
+    seqs: list[tuple[int, torch.Tensor, int]]
     logit_rows: torch.Tensor  # [R]
 
 
 class _AttentionPlan:
     """Index tensors built once per forward pass and reused by every layer.
 
-    Every new token of a sequence adding at most ROW_WISE of them (decoding, draft
-    verification, short prompts) is one query over its own context, and such queries
-    are gathered into padded batches, one per context length rounded up to PAD_TO. A
-    token's attention then runs on the same shapes whoever shares the step and however
-    many tokens its sequence adds, so it computes the same bits alone, batched, or
-    verified as a draft. (Padding to the longest context in the step did not: the
-    reductions over the padded length changed order, and a last-bit change, rounded to
-    bfloat16 before the next int4 matmul, moved logits by up to 0.2.) Longer chunks
-    (prefills) run one sequence at a time with a causal mask."""
+    A token at or past its sequence's row-wise position (every generated token: decoded,
+    verified as a draft, or recomputed after a preemption) is one query over its own
+    context, and such queries are gathered into padded batches, one per context length
+    rounded up to PAD_TO: a token's attention runs on the same shapes whoever shares the
+    step, so it computes the same bits alone, batched, or verified. (Padding to the
+    longest context in the step did not: a last-bit change, rounded to bfloat16 before
+    the next int4 matmul, moved logits by up to 0.2.) Earlier tokens (prompts) run one
+    16-token block at a time with a causal mask over the context up to the block's end:
+    BLAS picks its kernel by shape, so a block computes the same bits however a prefix
+    hit, a preemption or the token budget cut the prompt into steps (the scheduler cuts
+    on block boundaries)."""
 
     PAD_TO = 64
     ROW_WISE = 16
+    CAUSAL_BLOCK = 16  # the block manager's block size: prompts are cut on its boundaries
 
     def __init__(self, batch: Batch, dev: torch.device) -> None:
         buckets: dict[int, list[tuple[int, torch.Tensor]]] = {}
         self.multi = []  # (rows, context slots, causal mask) per longer sequence
         offset = 0
-        for n, slots in batch.seqs:
-            rows = range(offset, offset + n)
-            if n <= self.ROW_WISE:
-                for row in rows:
-                    length = int(batch.positions[row]) + 1
-                    bucket = -(-length // self.PAD_TO) * self.PAD_TO
-                    buckets.setdefault(bucket, []).append((row, slots[:length]))
-            else:
-                causal = batch.positions[offset:offset + n, None]
-                mask = torch.arange(slots.shape[0])[None, :] <= causal
-                self.multi.append((slice(offset, offset + n), slots.to(dev), mask.to(dev)))
+        for n, slots, row_wise_from in batch.seqs:
+            start = int(batch.positions[offset])
+            n_causal = min(n, max(0, row_wise_from - start))
+            p, end = start, start + n_causal
+            while p < end:  # one causal block at a time: shapes fixed by position
+                block_end = min((p // self.CAUSAL_BLOCK + 1) * self.CAUSAL_BLOCK, end)
+                rows = slice(offset + p - start, offset + block_end - start)
+                mask = torch.arange(block_end)[None, :] <= batch.positions[rows, None]
+                self.multi.append((rows, slots[:block_end].to(dev), mask.to(dev)))
+                p = block_end
+            for row in range(offset + n_causal, offset + n):
+                length = int(batch.positions[row]) + 1
+                bucket = -(-length // self.PAD_TO) * self.PAD_TO
+                buckets.setdefault(bucket, []).append((row, slots[:length]))
             offset += n
         self.singles = []  # (rows, padded context slots, valid) per padded length
         for length, members in sorted(buckets.items()):

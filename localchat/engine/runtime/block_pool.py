@@ -1,8 +1,7 @@
-"""Paged KV cache block pool: which physical blocks hold which sequence's tokens.
+"""One pool of paged KV blocks: which blocks hold which sequence's tokens.
 
-Pure bookkeeping, no tensors. The model runner owns the KV tensor
-``[num_blocks, block_size, ...]`` and indexes it through the block tables and slot
-mappings made here. The design follows vLLM v1's block pool and nano-vllm's
+Pure bookkeeping, no tensors (an executor owns the memory; block_manager.py puts one or
+more pools in front of it). The design follows vLLM v1's block pool and nano-vllm's
 block_manager.py:
 
 - Prefix caching. A FULL block whose tokens are all committed is registered under a
@@ -21,11 +20,11 @@ block_manager.py:
   again, so no copy-on-write is needed.
 
 Full hit on a prompt that is an exact multiple of block_size: every block is shared
-and ``allocate`` reports ``cached_tokens = n - 1``. This is vLLM's cap, kept at token
-rather than block granularity; nano-vllm instead recomputes the whole last block. The
-runner still runs the last token to get its logits, but that token's KV is already in
-the shared block. ``slot_mapping`` therefore returns NO_SLOT (-1, skip the write)
-for every committed position, and nothing is ever written into a shared block.
+and, as nano-vllm does, ``allocate`` reports the whole last block as not cached, so it
+runs again (for the last token's logits) on the same shapes as when it was first
+computed. Its KV is already in the shared block: ``slot_mapping`` returns NO_SLOT (-1,
+skip the write) for every committed position, and nothing is ever written into a
+shared block.
 """
 
 from __future__ import annotations
@@ -120,9 +119,9 @@ class BlockPool:
     def allocate(self, seq_id: int, token_ids: Sequence[int]) -> int:
         """Give a new sequence blocks for its prompt, sharing cached prefix blocks.
 
-        Returns cached_tokens, the number of prompt tokens that need no prefill. It is
-        at most n - 1 because the last token must run to produce logits. Nothing
-        changes if this raises.
+        Returns cached_tokens, the number of prompt tokens that need no prefill: a
+        multiple of block_size below n (the last token must run to produce logits).
+        Nothing changes if this raises.
         """
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} already has blocks")
@@ -147,7 +146,7 @@ class BlockPool:
         table = hits + [self._take_block() for _ in range(new)]
         hit_tokens = len(hits) * bs
         self._seqs[seq_id] = _Seq(tokens, table, committed=hit_tokens, chain=chain)
-        return min(hit_tokens, n - 1)
+        return hit_tokens - bs if hit_tokens == n else hit_tokens
 
     def blocks_needed(self, token_ids: Sequence[int]) -> tuple[int, int]:
         """(new blocks a prompt of these tokens would take now, blocks available for
@@ -201,6 +200,13 @@ class BlockPool:
         for b in reversed(seq.table[keep:]):
             self._release(b)
         del seq.table[keep:]
+
+    def drop_cached(self) -> None:
+        """Forget every cached block no sequence uses (their KV is about to be overwritten)."""
+        for b in list(self._evictable):
+            del self._evictable[b]
+            self._forget(b)
+            self._free.append(b)
 
     def free(self, seq_id: int) -> None:
         """Release a finished or preempted sequence. Its registered blocks stay findable.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Protocol, Sequence
 
 from localchat.engine.base import Message, ModelInfo, Request
-from localchat.engine.streaming import check_prompt_fits
+from localchat.engine.runtime.stream import check_prompt_fits
 from localchat.model_files import GGUFFacts
 
 

@@ -14,7 +14,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
-from localchat.engine.torch.qlinear import DenseLinear, head_linear, int4_linear, q4_parts
+from localchat.engine.executors.torch.qlinear import DenseLinear, head_linear, int4_linear, q4_parts
 from localchat.gguf_checks import check_model_metadata
 from localchat.gguf_reader import read_gguf
 from localchat.errors import EngineError
@@ -92,8 +92,8 @@ class ModelWeights:
     def to(self, device: torch.device) -> "ModelWeights":
         """Move float and NF4 layers (an HF directory loads on the CPU first); int4 layers
         are packed for their device at load and cannot move."""
-        from localchat.engine.torch.device import move_module
-        from localchat.engine.torch.qlinear import Int4Linear
+        from localchat.engine.executors.torch.device import move_module
+        from localchat.engine.executors.torch.qlinear import Int4Linear
 
         if device == self.embedding.device:
             return self

@@ -78,27 +78,29 @@ class DenseLinear(torch.nn.Module):
         return F.linear(x, self.weight)
 
 
-class BF16Linear(torch.nn.Module):
-    """The output head (vocab × dim, the largest matrix of a small model) in bfloat16,
-    float32 accumulation. Measured for SmolLM2's 49152 × 576 head on this project's
-    AVX512-BF16 CPU: 2-4 ms per step for 1-32 rows vs 7-19 ms in float32, a third of a
-    one-sequence decode step. Logits keep ~3 significant digits, as llama.cpp's own
-    8-bit activations do."""
+class HalfLinear(torch.nn.Module):
+    """The output head (vocab × dim, the largest matrix of a small model) in 16 bits:
+    bfloat16 where the CPU multiplies it natively (AVX512-BF16), else float16. Both give
+    a row the same bits whatever other rows share the call (float32's gemm does not on
+    AVX2: one row alone takes another kernel than two), and both are faster than float32
+    there; measured figures are in the README. Logits keep ~3 significant digits, as
+    llama.cpp's own 8-bit activations do."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype) -> None:
         super().__init__()
-        self.weight = weight.to(torch.bfloat16).contiguous()
+        self.weight = weight.to(dtype).contiguous()
         self.out_features, self.in_features = weight.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
+        return F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
 
 
 def head_linear(weight: torch.Tensor) -> torch.nn.Module:
-    """The output projection: bfloat16 where the CPU multiplies it natively, else as is."""
-    if weight.device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return BF16Linear(weight)
-    return DenseLinear(weight)
+    """The output projection of a head stored at 8 bits or fewer: 16 bits on the CPU."""
+    if weight.device.type != "cpu":
+        return DenseLinear(weight)
+    native_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return HalfLinear(weight, torch.bfloat16 if native_bf16 else torch.float16)
 
 
 def q4_parts(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int):

@@ -1,18 +1,8 @@
-"""The one thread in the process that runs the engines' compute.
-
-PyTorch's CPU kernels and llama.cpp's both parallelize with OpenMP (one libgomp in the
-process), and libgomp keeps a pool of worker threads for every thread that starts
-parallel work. Once two threads have done so, the
-process has more OpenMP threads than cores and libgomp stops letting its idle workers
-spin (it throttles them to ~1000 spins), so each of the thousands of small kernels in a
-decode step waits for a futex wake-up. Measured on this project's 2-core machine with
-the bundled model: loading on the main thread and stepping on a batcher thread made a
-one-sequence decode step 30-37 ms instead of 15 ms, and a 16-sequence step 68 ms
-instead of 45 ms; the torch engine after llama.cpp had run on another thread, half its
-speed. So every torch engine in the process loads, steps and samples here, and the
-llama.cpp engine evaluates here: one-off calls (`call`), generators advanced one item
-at a time (`iterate`), and steppers (the continuous batchers) that the loop steps while
-they have work.
+"""The one thread in the process that runs every executor's compute: one-off calls
+(`call`, e.g. loading), generators advanced one item at a time (`iterate`), and
+steppers (the runtime's runners) stepped while they have work. PyTorch and llama.cpp
+share one libgomp, which slows every kernel down once two threads have started
+parallel work (the README has the measurements).
 """
 
 from __future__ import annotations

@@ -1,0 +1,188 @@
+"""The llama.cpp executor: ggml's kernels through llama-cpp-python's low-level API, one
+llama_decode over every sequence of a step. It runs every architecture llama.cpp runs,
+on CPU or the GPU its build supports (Metal, CUDA).
+
+The KV cache is one stream per slot (kv_unified off): a slot holds one sequence at a
+time, the next request that shares its prefix reuses it, and no sequence's attention
+depends on what else runs. On the CPU, K is stored as q8_0 and V as float16: with
+flash attention, a K that is neither f16 nor f32 keeps ggml on one attention kernel
+whatever the number of rows or cells (its tiled and split-KV kernels round
+differently), so a sequence computes the same bits alone, batched, chunked or verifying
+drafts. The README has what this costs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+from typing import Sequence
+
+import llama_cpp
+import numpy as np
+import torch
+from llama_cpp._internals import LlamaContext, LlamaModel
+
+from localchat.engine.base import ModelInfo
+from localchat.engine.executors.base import Chunk, Executor
+from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary
+from localchat.engine.runtime.block_manager import BLOCK_SIZE, KVLayout
+from localchat.errors import EngineError
+from localchat.model_files import GGUFFacts
+
+GGML_TYPE_BF16 = 30  # ggml.h (llama-cpp-python names no constant for it)
+Q8_0_BLOCK, Q8_0_BYTES = 32, 34  # values per q8_0 block, and its bytes
+SLOT_ROUND = 256  # llama.cpp sizes each stream in multiples of 256 cells
+MAX_BATCH = 1024  # tokens per llama_decode call; larger forwards are split
+DEFAULT_PARALLEL = 4
+
+
+class _Batch:
+    """A llama_batch over numpy arrays we own (filled with slices, not per-token ctypes)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.token = np.zeros(capacity, np.int32)
+        self.pos = np.zeros(capacity, np.int32)
+        self.n_seq_id = np.ones(capacity, np.int32)
+        self.seq_id = np.zeros(capacity, np.int32)
+        self.logits = np.zeros(capacity, np.int8)
+        base = self.seq_id.ctypes.data
+        self._seq_ptrs = (ctypes.POINTER(ctypes.c_int32) * capacity)(
+            *(ctypes.cast(base + 4 * i, ctypes.POINTER(ctypes.c_int32)) for i in range(capacity)))
+        self.struct = llama_cpp.llama_batch(
+            n_tokens=0, token=_ptr(self.token, ctypes.c_int32), embd=None,
+            pos=_ptr(self.pos, ctypes.c_int32), n_seq_id=_ptr(self.n_seq_id, ctypes.c_int32),
+            seq_id=self._seq_ptrs, logits=_ptr(self.logits, ctypes.c_int8))
+
+
+def _cache_types(facts: GGUFFacts, exact: bool) -> tuple[int, int, int]:
+    """(K type, V type, KV bytes per token): q8_0 K + f16 V for exact batching on the CPU
+    (see the module docstring), f16 + bf16 where rows do not split into q8_0 blocks,
+    else (a GPU, or asked) llama.cpp's default f16 for both."""
+    f16 = llama_cpp.GGML_TYPE_F16
+    values = facts.n_layers * facts.n_kv_heads * facts.head_dim  # per token, for K and V each
+    if not exact:
+        return f16, f16, 4 * values
+    if facts.head_dim % Q8_0_BLOCK == 0:
+        return llama_cpp.GGML_TYPE_Q8_0, f16, values * Q8_0_BYTES // Q8_0_BLOCK + 2 * values
+    return f16, GGML_TYPE_BF16, 4 * values
+
+
+def _ptr(array: np.ndarray, ctype):
+    return array.ctypes.data_as(ctypes.POINTER(ctype))
+
+
+class LlamaCppExecutor(Executor):
+    name = "llama.cpp"
+
+    def __init__(self, facts: GGUFFacts, *, n_ctx: int, threads: int | None = None,
+                 gpu_layers: int | None = None, parallel: int | None = None,
+                 exact_batching: bool = True) -> None:
+        """parallel: KV slots (sequences computed at once), each holding n_ctx tokens;
+        exact_batching False: llama-cpp-python's defaults (f16 cache, no flash attention),
+        for comparing models: not batch-invariant."""
+        if gpu_layers is None:
+            gpu_layers = -1 if llama_cpp.llama_supports_gpu_offload() else 0
+        parallel = parallel or DEFAULT_PARALLEL
+        threads = threads or max(1, os.cpu_count() or 2)
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.n_gpu_layers = gpu_layers
+        slot_cells = math.ceil(n_ctx / SLOT_ROUND) * SLOT_ROUND
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = parallel * slot_cells
+        params.n_seq_max = parallel
+        params.kv_unified = False
+        params.n_batch = MAX_BATCH
+        params.n_ubatch = 512
+        params.n_threads = params.n_threads_batch = threads
+        params.swa_full = True  # sliding-window layers keep every cell, so tails can be cut
+        params.no_perf = True
+        on_cpu = gpu_layers == 0 or not llama_cpp.llama_supports_gpu_offload()
+        params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED if not exact_batching
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if on_cpu
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO)
+        params.type_k, params.type_v, kv_bytes = _cache_types(facts, on_cpu and exact_batching)
+        try:
+            self._model = LlamaModel(path_model=str(facts.path), params=model_params,
+                                     verbose=False)
+            self._ctx = LlamaContext(model=self._model, params=params, verbose=False)
+        except (ValueError, RuntimeError, OSError) as exc:
+            self.close()
+            raise EngineError(f"llama.cpp could not load {facts.path.name}: {exc}") from None
+        self._memory = llama_cpp.llama_get_memory(self._ctx.ctx)
+        self.vocab = LlamaCppVocabulary(self._model)
+        self.n_vocab = self._model.n_vocab()
+        model = self._model.model
+        self.supports_rollback = not (llama_cpp.llama_model_is_recurrent(model) or
+                                      llama_cpp.llama_model_is_hybrid(model))
+        key = hashlib.blake2b(f"llama.cpp:{facts.path}:{facts.file_size}".encode()).digest()
+        self.layout = KVLayout(pools=parallel, blocks_per_pool=slot_cells // BLOCK_SIZE,
+                               exclusive=True, cache_key=key,
+                               prefix_cache=self.supports_rollback)
+        self.info = ModelInfo.from_facts(facts, n_ctx=n_ctx,
+                                         kv_bytes_per_token=kv_bytes,
+                                         weights_bytes=self._model.size())
+        self.slot_cells = slot_cells
+        self._filled = [0] * parallel  # positions each slot's stream holds
+        self._batch = _Batch(MAX_BATCH)
+
+    def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
+        for chunk in chunks:
+            if self._filled[chunk.slot] > chunk.start:  # rollback, or a new sequence
+                self._cut(chunk.slot, chunk.start)
+            self._filled[chunk.slot] = chunk.start + len(chunk.tokens)
+        outputs: list[np.ndarray] = []
+        b, n = self._batch, 0
+        for chunk in chunks:
+            done = 0
+            while done < len(chunk.tokens):
+                take = min(len(chunk.tokens) - done, MAX_BATCH - n)
+                sl = slice(n, n + take)
+                b.token[sl] = chunk.tokens[done:done + take]
+                b.pos[sl] = np.arange(chunk.start + done, chunk.start + done + take)
+                b.seq_id[sl] = chunk.slot
+                first_logit = len(chunk.tokens) - chunk.n_logits
+                b.logits[sl] = np.arange(done, done + take) >= first_logit
+                n, done = n + take, done + take
+                if n == MAX_BATCH:
+                    outputs.append(self._decode(n))
+                    n = 0
+        if n:
+            outputs.append(self._decode(n))
+        rows = np.concatenate(outputs) if len(outputs) > 1 else outputs[0]
+        return torch.from_numpy(rows)
+
+    def _decode(self, n: int) -> np.ndarray:
+        b = self._batch
+        b.struct.n_tokens = n
+        rc = llama_cpp.llama_decode(self._ctx.ctx, b.struct)
+        if rc != 0:
+            raise EngineError(f"llama_decode failed (code {rc})")
+        n_out = int(b.logits[:n].sum())
+        if not n_out:
+            return np.zeros((0, self.n_vocab), np.float32)
+        logits = llama_cpp.llama_get_logits(self._ctx.ctx)
+        return np.ctypeslib.as_array(logits, shape=(n_out, self.n_vocab)).copy()
+
+    def _cut(self, slot: int, start: int) -> None:
+        """Drop the slot's KV from `start` on (all of it where the state cannot be cut)."""
+        if not llama_cpp.llama_memory_seq_rm(self._memory, slot, start, -1):
+            llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
+            if start:
+                raise EngineError("this model's cache cannot be cut back (recurrent state)")
+
+    def memory(self) -> dict:
+        """llama.cpp's own view: cells each slot holds, and the whole cache's size."""
+        cells = [llama_cpp.llama_memory_seq_pos_max(self._memory, s) + 1
+                 for s in range(len(self._filled))]
+        return {"cells": cells, "capacity_cells": self.slot_cells * len(self._filled),
+                "kv_bytes": self.slot_cells * len(self._filled) * self.info.kv_bytes_per_token}
+
+    def close(self) -> None:
+        for name in ("_ctx", "_model"):
+            part = getattr(self, name, None)
+            if part is not None:
+                part.close()
+                setattr(self, name, None)

@@ -1,0 +1,103 @@
+"""llama.cpp's vocabulary behind localchat's Vocabulary, and llama.cpp's log kept off the
+terminal. Prompts are rendered with localchat's sandboxed template renderer (not
+llama-cpp-python's), and text that users typed is tokenized with special-token parsing
+off, so a typed `<|im_end|>` stays plain text. Shared by both executors for GGUF files,
+so they see exactly the same token ids.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Sequence
+
+import llama_cpp
+from llama_cpp._internals import LlamaModel
+
+from localchat.chat.template import render_chat
+from localchat.engine.base import Message
+
+# llama.cpp logs to stderr by default, which would scribble over the TUI. Keep its
+# log lines in memory instead (the KV-size line is read back by tests and --verbose).
+_LOG_LINES: list[str] = []
+_LOG_LOCK = threading.Lock()
+
+
+@llama_cpp.llama_log_callback
+def _capture_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    with _LOG_LOCK:
+        _LOG_LINES.append(text.decode("utf-8", errors="replace"))
+        del _LOG_LINES[:-2000]
+
+
+llama_cpp.llama_log_set(_capture_log, ctypes.c_void_p(0))  # before any model or vocab loads
+
+
+def llama_log_text() -> str:
+    """Everything llama.cpp has logged in this process (the last 2000 pieces)."""
+    with _LOG_LOCK:
+        return "".join(_LOG_LINES)
+
+
+def render_and_tokenize(model: LlamaModel, template: str | None,
+                        messages: Sequence[Message]) -> list[int]:
+    """Render with the model's template and tokenize with llama.cpp's vocabulary: text
+    the template wrote may hold special tokens, text users typed never does."""
+
+    def token_text(token_id: int) -> str:
+        if token_id < 0:
+            return ""
+        return token_piece(model, token_id, special=True).decode("utf-8", errors="replace")
+
+    bos = model.token_bos()
+    rendered = render_chat(template, messages, bos_token=token_text(bos),
+                           eos_token=token_text(model.token_eos()))
+    tokens: list[int] = []
+    for segment in rendered.segments:
+        tokens += model.tokenize(segment.text.encode("utf-8"), False, segment.trusted)
+    adds_bos = model.tokenize(b"", True, True) == [bos]
+    if adds_bos and (not tokens or tokens[0] != bos):
+        tokens.insert(0, bos)
+    return tokens
+
+
+def token_piece(model: LlamaModel, token: int, special: bool = False) -> bytes:
+    """One token's bytes. llama-cpp-python's detokenize() uses a 32-byte buffer, so
+    longer pieces (64 dashes, a newline and 32+ spaces: 47 tokens of SmolLM2's vocabulary)
+    came back empty; llama.cpp reports the size it needs, so ask again with that."""
+    size = 64
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_token_to_piece(model.vocab, token, buf, size, 0, special)
+        if n >= 0:
+            return buf.raw[:n]
+        size = -n
+
+
+class LlamaCppVocabulary:
+    """A llama.cpp model's vocabulary as a Vocabulary. `owner` (a vocab-only Llama, say)
+    is closed with it; a model an executor runs is closed by the executor."""
+
+    def __init__(self, model: LlamaModel, owner: llama_cpp.Llama | None = None) -> None:
+        self.model, self._owner = model, owner
+
+    @classmethod
+    def vocab_only(cls, path: str) -> "LlamaCppVocabulary":
+        llm = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+        return cls(llm._model, owner=llm)
+
+    def tokenize_messages(self, template: str | None, messages: Sequence[Message]) -> list[int]:
+        return render_and_tokenize(self.model, template, messages)
+
+    def tokenize_text(self, text: str) -> list[int]:
+        return self.model.tokenize(text.encode("utf-8"), False, False)
+
+    def detokenize(self, token: int) -> bytes:
+        return token_piece(self.model, token)
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.model.vocab, token))
+
+    def close(self) -> None:
+        if self._owner is not None:
+            self._owner.close()

@@ -1,0 +1,104 @@
+"""The torch executor: our paged Llama-family model (GGUF Q4/Q8/F16, NF4, INT8/INT4, GPTQ,
+Hugging Face directories) on CPU, CUDA or MPS. One shared pool of 16-token blocks: a
+block table is the sequence's addresses in the KV store, and blocks are shared between
+sequences by reference.
+
+A GGUF file is tokenized by llama.cpp's own vocabulary (its vocab-only mode), so both
+executors see exactly the same token ids; a Hugging Face directory by its tokenizer.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from typing import Sequence
+
+import torch
+
+from localchat.engine.base import ModelInfo
+from localchat.engine.executors.base import Chunk, Executor
+from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary
+from localchat.engine.executors.torch.device import pick_device
+from localchat.engine.executors.torch.model import Batch, KVStore, LlamaModel
+from localchat.engine.executors.torch.weights import load_weights
+from localchat.engine.runtime.block_manager import BLOCK_SIZE, KVLayout
+from localchat.errors import UsageError
+from localchat.model_files import GGUFFacts
+from localchat.units import available_memory, human_bytes
+
+KV_DTYPE = torch.float16  # as llama.cpp's default cache: 2 bytes per value
+
+
+def kv_blocks(config, n_ctx: int, kv_memory: int | None) -> int:
+    """Blocks the KV pool gets: the --kv-memory budget, by default 10% of available
+    memory; never less than one full context window (that would fail mid-reply)."""
+    per_block = BLOCK_SIZE * 2 * config.n_layers * config.n_kv_heads * config.head_dim * \
+        torch.tensor([], dtype=KV_DTYPE).element_size()
+    needed = math.ceil(n_ctx / BLOCK_SIZE)
+    if kv_memory is not None:
+        if kv_memory // per_block < needed:
+            raise UsageError(
+                f"--kv-memory {human_bytes(kv_memory)} holds {kv_memory // per_block * BLOCK_SIZE}"
+                f" tokens, less than the {n_ctx}-token context; raise it or lower -c")
+        return kv_memory // per_block
+    return max(needed, available_memory() // 10 // per_block)
+
+
+def open_model(facts: GGUFFacts, device: torch.device = torch.device("cpu")):
+    """(weights on `device`, vocabulary) for a GGUF file or a Hugging Face directory."""
+    if facts.path.is_dir():
+        from localchat.engine.executors.torch.hf_vocab import HFVocabulary
+        from localchat.engine.executors.torch.hf_weights import load_hf_weights
+
+        return load_hf_weights(facts.path).to(device), HFVocabulary(facts.path)
+    return load_weights(facts.path, device), LlamaCppVocabulary.vocab_only(str(facts.path))
+
+
+class TorchExecutor(Executor):
+    name = "torch"
+
+    def __init__(self, facts: GGUFFacts, *, n_ctx: int, threads: int | None = None,
+                 kv_memory: int | None = None, device: str | None = None) -> None:
+        """Call on the compute thread (compute_thread.py says why)."""
+        self.facts = facts
+        self.device = pick_device(device)
+        torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
+        weights, self.vocab = open_model(facts, self.device)
+        self.config = weights.config
+        self.model = LlamaModel(weights, max_positions=n_ctx + 64)  # + room for drafts
+        n_blocks = kv_blocks(self.config, n_ctx, kv_memory)
+        self.kv = KVStore(self.config, n_blocks * BLOCK_SIZE, dtype=KV_DTYPE, device=self.device)
+        key = hashlib.blake2b(f"{facts.path}:{facts.file_size}:{KV_DTYPE}".encode()).digest()
+        self.layout = KVLayout(pools=1, blocks_per_pool=n_blocks, exclusive=False, cache_key=key)
+        self.info = ModelInfo.from_facts(facts, n_ctx=n_ctx,
+                                         kv_bytes_per_token=self.kv.bytes_per_token,
+                                         weights_bytes=weights.nbytes())
+
+    def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
+        bs = BLOCK_SIZE
+        tokens: list[int] = []
+        positions, new_slots, logit_rows = [], [], []
+        seqs: list[tuple[int, torch.Tensor]] = []
+        for chunk in chunks:
+            end = chunk.start + len(chunk.tokens)
+            table = torch.tensor(chunk.block_table, dtype=torch.long)
+            context = (table[:, None] * bs + torch.arange(bs)).flatten()[:end]
+            pos = torch.arange(chunk.start, end)
+            slots = context[chunk.start:end].clone()
+            slots[pos < chunk.write_from] = -1  # already in a shared block: never written
+            offset = len(tokens)
+            tokens += chunk.tokens
+            positions.append(pos)
+            new_slots.append(slots)
+            seqs.append((len(chunk.tokens), context, chunk.n_prompt))
+            logit_rows += range(offset + len(chunk.tokens) - chunk.n_logits,
+                                offset + len(chunk.tokens))
+        batch = Batch(torch.tensor(tokens), torch.cat(positions), torch.cat(new_slots), seqs,
+                      torch.tensor(logit_rows, dtype=torch.long))
+        return self.model.forward_batch(batch, self.kv)
+
+    def close(self) -> None:
+        vocab, self.vocab = getattr(self, "vocab", None), None
+        if vocab is not None:
+            vocab.close()

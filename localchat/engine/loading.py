@@ -1,0 +1,54 @@
+"""Wiring: the executor for a model file, the draft source, and the runtime over them.
+Executors load on the compute thread, where they will run."""
+
+from __future__ import annotations
+
+from localchat.engine.runtime.compute_thread import COMPUTE
+from localchat.engine.runtime.engine import RuntimeEngine
+from localchat.model_files import GGUFFacts
+
+
+def load_executor(facts: GGUFFacts, engine: str, *, n_ctx: int, threads: int | None,
+                  kv_memory: int | None, device: str | None, parallel: int | None,
+                  exact_batching: bool = True):
+    if engine == "torch":
+        from localchat.engine.executors.torch.executor import TorchExecutor
+
+        return COMPUTE.call(lambda: TorchExecutor(facts, n_ctx=n_ctx, threads=threads,
+                                                  kv_memory=kv_memory, device=device))
+    from localchat.engine.executors.llamacpp import LlamaCppExecutor
+
+    return COMPUTE.call(lambda: LlamaCppExecutor(
+        facts, n_ctx=n_ctx, threads=threads, parallel=parallel,
+        gpu_layers=0 if device == "cpu" else None, exact_batching=exact_batching))
+
+
+def load_runtime(facts: GGUFFacts, engine: str, *, n_ctx: int, threads: int | None,
+                 kv_memory: int | None, device: str | None, parallel: int | None,
+                 draft: GGUFFacts | str | None, num_draft_tokens: int | None,
+                 exact_batching: bool = True) -> RuntimeEngine:
+    """draft: a draft model's facts (vocabulary already checked), "ngram" or None;
+    exact_batching: see LlamaCppExecutor."""
+    from localchat.engine.runtime.speculative.drafts import ModelDraft, NgramDraft
+
+    options = dict(n_ctx=n_ctx, threads=threads, kv_memory=kv_memory, device=device,
+                   parallel=parallel, exact_batching=exact_batching)
+    executor = load_executor(facts, engine, **options)
+    source = None
+    try:
+        if draft == "ngram":
+            source = NgramDraft()
+        elif draft is not None:
+            if not executor.supports_rollback:
+                from localchat.errors import UsageError
+
+                raise UsageError(f"{facts.name} keeps a recurrent state that cannot be rolled "
+                                 "back, so it cannot verify drafts: run it without a draft")
+            source = ModelDraft(load_executor(draft, engine, **{**options, "kv_memory": None}),
+                                draft.name)
+        return RuntimeEngine(executor, facts, draft=source, num_draft_tokens=num_draft_tokens)
+    except BaseException:
+        if source is not None:
+            COMPUTE.call(source.close)
+        COMPUTE.call(executor.close)
+        raise

@@ -1,0 +1,151 @@
+"""The KV cache's bookkeeping for one executor: one or more pools of 16-token blocks.
+
+A shared layout (the torch executor) is one pool that every sequence draws from, with
+blocks shared between sequences by reference. An exclusive layout (llama.cpp, one KV
+stream per slot) is one pool per slot, each holding at most one live sequence; a slot
+keeps what its last sequence computed as a reusable prefix, to the token (a slot's block
+ids are bookkeeping only there), and a new sequence goes to the free slot that shares
+most of its prompt (then the least recently used).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from localchat.engine.runtime.block_pool import BlockPool, BlockUsage
+
+BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What an executor's KV memory looks like to the block manager."""
+
+    pools: int  # 1 for a shared pool; the number of slots for an exclusive layout
+    blocks_per_pool: int
+    exclusive: bool  # at most one live sequence per pool
+    cache_key: bytes  # model + KV dtype: different caches never share blocks
+    prefix_cache: bool = True  # False where the KV cannot be cut back (recurrent state)
+    block_size: int = BLOCK_SIZE
+
+
+class BlockManager:
+    def __init__(self, layout: KVLayout) -> None:
+        self.layout = layout
+        self.block_size = layout.block_size
+        self.pools = [BlockPool(layout.blocks_per_pool, layout.block_size,
+                                cache_key=layout.cache_key) for _ in range(layout.pools)]
+        self._live: list[int | None] = [None] * layout.pools  # exclusive: seq_id per pool
+        self._kept: list[list[int]] = [[] for _ in range(layout.pools)]  # exclusive: KV held
+        self._clock = itertools.count()
+        self._last_used = [0] * layout.pools
+
+    def pool(self, seq) -> BlockPool:
+        return self.pools[seq.slot]
+
+    # ---- admission -------------------------------------------------------------------
+
+    def _choose(self, tokens: list[int]) -> int | None:
+        """The pool a new sequence should go to (exclusive: the best free slot)."""
+        if not self.layout.exclusive:
+            return 0
+        free = [i for i, live in enumerate(self._live) if live is None]
+        if not free:
+            return None
+        return max(free, key=lambda i: (self._hits(i, tokens), -self._last_used[i]))
+
+    def _hits(self, pool: int, tokens: list[int]) -> int:
+        """Prompt tokens whose KV pool `pool` already holds."""
+        if not self.layout.prefix_cache:
+            return 0
+        if self.layout.exclusive:
+            return _common_prefix(self._kept[pool], tokens)
+        new, _ = self.pools[pool].blocks_needed(tokens)
+        return (-(-len(tokens) // self.block_size) - new) * self.block_size
+
+    def can_admit(self, tokens: list[int], n_running: int) -> bool:
+        """Whether a prompt of these tokens can have its blocks now. A shared pool keeps
+        one block of headroom per running sequence, so an admission does not force a
+        preemption on the very next step."""
+        pool = self._choose(tokens)
+        if pool is None:
+            return False
+        new, available = self.pools[pool].blocks_needed(tokens)
+        if self.layout.exclusive or not n_running:
+            return new <= available
+        return new + n_running <= available
+
+    def allocate(self, seq) -> int:
+        """Give seq its blocks (sets seq.slot); returns the prompt tokens already cached."""
+        slot = self._choose(seq.tokens)
+        if slot is None:
+            raise RuntimeError("no free slot: can_admit() must be asked first")
+        pool = self.pools[slot]
+        cached = pool.allocate(seq.seq_id, seq.tokens)  # 0 without a prefix cache: nothing commits
+        if self.layout.exclusive:
+            pool.drop_cached()  # the slot's KV past the hit is about to be overwritten
+            kept = min(self._hits(slot, seq.tokens), len(seq.tokens) - 1)
+            if kept > cached:  # the rest of a partly filled block is there too
+                pool.commit(seq.seq_id, kept)
+                cached = kept
+            self._live[slot] = seq.seq_id
+        self._last_used[slot] = next(self._clock)
+        seq.slot = slot
+        return cached
+
+    # ---- per-sequence operations ----------------------------------------------------------
+
+    def can_append(self, seq) -> bool:
+        return self.pool(seq).can_append(seq.seq_id)
+
+    def append_token(self, seq, token: int) -> None:
+        self.pool(seq).append_token(seq.seq_id, token)
+
+    def commit(self, seq, n_tokens: int) -> None:
+        if self.layout.prefix_cache:
+            self.pool(seq).commit(seq.seq_id, n_tokens)
+
+    def rollback(self, seq, n_tokens: int) -> None:
+        self.pool(seq).rollback(seq.seq_id, n_tokens)
+
+    def free(self, seq) -> None:
+        """Release a finished or preempted sequence; its full committed blocks stay cached."""
+        self.pool(seq).free(seq.seq_id)
+        if self.layout.exclusive:
+            self._kept[seq.slot] = seq.tokens[:seq.computed]
+            self._live[seq.slot] = None
+            self._last_used[seq.slot] = next(self._clock)
+
+    def block_table(self, seq) -> list[int]:
+        return self.pool(seq).block_table(seq.seq_id)
+
+    def num_tokens(self, seq) -> int:
+        return self.pool(seq).num_tokens(seq.seq_id)
+
+    def num_committed(self, seq) -> int:
+        return self.pool(seq).num_committed(seq.seq_id)
+
+    # ---- accounting -------------------------------------------------------------------
+
+    def usage(self) -> BlockUsage:
+        parts = [p.usage() for p in self.pools]
+        return BlockUsage(*(sum(getattr(u, f) for u in parts)
+                            for f in ("used", "cached", "free", "total")),
+                          block_size=self.block_size)
+
+    @property
+    def evictions(self) -> int:
+        return sum(p.evictions for p in self.pools)
+
+    def check_invariants(self) -> None:
+        for pool in self.pools:
+            pool.check_invariants()
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

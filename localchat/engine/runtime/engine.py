@@ -1,0 +1,109 @@
+"""The engine interface over the runtime: a request becomes a Sequence in the runner,
+its tokens become events (stream.py), and the stats come from the block manager and
+the sequence itself, the same for every executor."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Iterator
+
+import torch
+
+from localchat.engine.base import Engine, Event, Request
+from localchat.engine.executors.base import Executor
+from localchat.engine.runtime.compute_thread import COMPUTE
+from localchat.engine.runtime.runner import Runner
+from localchat.engine.runtime.sequence import Sequence
+from localchat.engine.runtime.speculative.drafts import DraftSource
+from localchat.engine.runtime.stream import EngineHooks, stream_events
+from localchat.engine.runtime.vocab import VocabMixin
+from localchat.model_files import GGUFFacts
+
+
+def request_generator(seed: int | None) -> torch.Generator:
+    """A request's own random stream: seeded, it samples the same alone or batched."""
+    return torch.Generator().manual_seed(
+        seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+
+
+class RuntimeEngine(VocabMixin, Engine):
+    def __init__(self, executor: Executor, facts: GGUFFacts, *, draft: DraftSource | None = None,
+                 num_draft_tokens: int | None = None) -> None:
+        self.executor, self.facts = executor, facts
+        self.name, self.info, self.vocab = executor.name, executor.info, executor.vocab
+        self.draft = draft
+        self._vocab_lock = threading.Lock()  # callers on several threads share one vocabulary
+        self.runner = Runner(executor, self.is_end_of_generation, n_ctx=self.info.n_ctx,
+                             draft=draft, num_draft_tokens=num_draft_tokens)
+        self.blocks = self.runner.blocks
+        self._latest: Sequence | None = None
+
+    def generate(self, request: Request, cancel: threading.Event | None = None) -> Iterator[Event]:
+        t_start = time.perf_counter()
+        prompt, budget = self.prompt_and_budget(request)
+        cancel = cancel or threading.Event()
+        if cancel.is_set():  # given up before it was submitted: compute nothing
+            yield from stream_events(request, prompt, iter(()), self._hooks(prompt, None),
+                                     budget, cancel, t_start)
+            return
+        seq = self.runner.submit(prompt, request.sampling, budget,
+                                 request_generator(request.sampling.seed))
+        self._latest = seq
+        yield from stream_events(request, prompt, self.runner.tokens(seq, cancel),
+                                 self._hooks(prompt, seq), budget, cancel, t_start)
+
+    def _hooks(self, prompt: list[int], seq: Sequence | None) -> EngineHooks:
+        return EngineHooks(
+            detokenize=self._detokenize,
+            is_end_of_generation=self.is_end_of_generation,
+            prompt_evaluated=lambda: len(prompt) - ((seq.cached_tokens or 0) if seq else 0),
+            memory=lambda: self._memory(seq),
+        )
+
+    def _memory(self, seq: Sequence | None) -> dict:
+        usage = self.blocks.usage().bytes(self.info.kv_bytes_per_token)
+        memory = dict(kv_cache_bytes=usage["used"], kv_cache_capacity_bytes=usage["total"],
+                      kv_cache_cached_bytes=usage["cached"], context_capacity=self.info.n_ctx,
+                      context_tokens=0, draft=None)
+        if seq is not None:
+            memory.update(context_tokens=seq.computed, preemptions=seq.preemptions,
+                          recomputed_tokens=seq.recomputed_tokens,
+                          draft=seq.speculation.snapshot() if seq.speculation else None)
+        return memory
+
+    def memory(self) -> dict:
+        memory = self._memory(None)
+        if self._latest is not None:  # the last request's context and draft, for the gauges
+            memory.update(context_tokens=self._latest.computed,
+                          draft=self._latest.speculation.snapshot()
+                          if self._latest.speculation else None)
+        return memory
+
+    def tokenize_messages(self, messages) -> list[int]:
+        with self._vocab_lock:
+            return super().tokenize_messages(messages)
+
+    def tokenize_text(self, text: str) -> list[int]:
+        with self._vocab_lock:
+            return super().tokenize_text(text)
+
+    def _detokenize(self, token: int) -> bytes:
+        with self._vocab_lock:
+            return self.vocab.detokenize(token)
+
+    def close(self) -> None:
+        """Requests still in flight end with an error; then the models are released."""
+        runner = getattr(self, "runner", None)
+        if runner is None:
+            return
+        self.runner = None
+        runner.close()
+        COMPUTE.call(self._release)
+
+    def _release(self) -> None:
+        if self.draft is not None:
+            self.draft.close()
+        with self._vocab_lock:
+            self.executor.close()

@@ -1,0 +1,265 @@
+"""The runtime's step loop, on the process's compute thread: every request in flight
+runs together, one executor forward pass per step (continuous batching).
+
+step(): schedule -> draft (speculating sequences) -> executor.forward(batch) -> sample
+and verify -> postprocess (commit KV, hand tokens out). Callers on any thread submit a
+Sequence and read its tokens from its queue; one that stops reading cancels it, and the
+next step frees its blocks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from typing import Callable, Iterator
+
+import torch
+
+from localchat.engine.base import SamplingParams
+from localchat.engine.executors.base import Chunk, Executor
+from localchat.engine.runtime.block_manager import BlockManager
+from localchat.engine.runtime.compute_thread import COMPUTE
+from localchat.engine.runtime.sampler import Row, distributions, penalized, sample
+from localchat.engine.runtime.scheduler import ScheduledChunk, Scheduler
+from localchat.engine.runtime.sequence import FINISHED, RUNNING, Sequence
+from localchat.engine.runtime.speculative.drafts import DraftSource
+from localchat.engine.runtime.speculative.rule import accept_drafts, accept_greedy
+from localchat.engine.runtime.speculative.state import Speculation
+from localchat.errors import EngineError
+
+_DONE = object()
+CANCEL_POLL_S = 0.05  # how often a reader waiting for a token looks at its cancel event
+FROM_DRAFT = True  # queued as (token, FROM_DRAFT) for tokens a draft proposed and the target kept
+
+
+class Runner:
+    def __init__(self, executor: Executor, is_end_of_generation: Callable[[int], bool], *,
+                 n_ctx: int, draft: DraftSource | None = None,
+                 num_draft_tokens: int | None = None, max_tokens_per_step: int = 512,
+                 max_running: int = 64) -> None:
+        self.executor = executor
+        self.blocks = BlockManager(executor.layout)
+        if executor.layout.exclusive:
+            max_running = min(max_running, executor.layout.pools)
+        self.scheduler = Scheduler(self.blocks, max_tokens_per_step, max_running)
+        self.n_ctx = n_ctx
+        self.draft, self.num_draft_tokens = draft, num_draft_tokens
+        self._is_end = is_end_of_generation
+        self._ids = itertools.count()
+        self._inbox: list[Sequence] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self.steps = 0
+        self.batch_sizes: list[int] = []  # sequences per step, for benchmarks and tests
+        COMPUTE.add(self)
+
+    # ---- caller side ---------------------------------------------------------------
+
+    def submit(self, prompt: list[int], params: SamplingParams, budget: int,
+               generator: torch.Generator) -> Sequence:
+        seq = Sequence(next(self._ids), list(prompt), len(prompt), params, budget, generator)
+        if self.draft is not None:
+            seq.speculation = Speculation(self.draft.source, self.num_draft_tokens)
+        with self._lock:
+            if self._closed:
+                raise EngineError("the engine is closed")
+            self._inbox.append(seq)
+        COMPUTE.wake()
+        return seq
+
+    def tokens(self, seq: Sequence, cancel: threading.Event | None = None
+               ) -> Iterator[int | tuple[int, bool]]:
+        """The sequence's tokens as they come; they stop when `cancel` is set (even while
+        the sequence waits for its turn), and closing this cancels it."""
+        try:
+            while True:
+                if cancel is not None and cancel.is_set():
+                    return
+                try:
+                    item = seq.out.get(timeout=CANCEL_POLL_S)
+                except queue.Empty:
+                    continue
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.cancel(seq)
+
+    def cancel(self, seq: Sequence) -> None:
+        if seq.status != FINISHED:
+            seq.cancelled = True
+            COMPUTE.wake()
+
+    def close(self) -> None:
+        """Stop stepping; requests still in flight end with an error."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        COMPUTE.call(self._shut_down)
+
+    def _shut_down(self) -> None:
+        COMPUTE.remove(self)
+        self._fail_all(EngineError("the engine was closed"))
+
+    # ---- the steps (on the compute thread) -------------------------------------------
+
+    def has_work(self) -> bool:
+        return bool(self._inbox) or self.scheduler.has_work()
+
+    def step(self) -> bool:
+        """One forward pass over what the scheduler picks; False if nothing could run
+        yet (no blocks free: cannot last, finishing requests free them)."""
+        with self._lock:
+            for seq in self._inbox:
+                self.scheduler.add(seq)
+            self._inbox.clear()
+        try:
+            return self._step()
+        except Exception as exc:  # noqa: BLE001 -- every waiting caller must hear of it
+            self._fail_all(EngineError(f"the {self.executor.name} engine failed: {exc}"))
+            return True
+
+    def _step(self) -> bool:
+        chunks = self.scheduler.schedule()
+        if not chunks:
+            return False
+        t0 = time.perf_counter()
+        speculating = self._propose(chunks) if self.draft is not None else []
+        t_drafted = time.perf_counter()
+        logits = self.executor.forward([self._executor_chunk(c) for c in chunks])
+        new_tokens = self._choose(chunks, logits)
+        for chunk in chunks:
+            if chunk.drafts:
+                self._cut_rejected(chunk, new_tokens[chunk.seq.seq_id])
+        self.scheduler.after_step(chunks)
+        step_s = time.perf_counter() - t0
+        self.steps += 1
+        self.batch_sizes.append(len(chunks))
+        for chunk in chunks:
+            if chunk.samples:
+                self._hand_out(chunk, new_tokens[chunk.seq.seq_id])
+        for chunk, proposed in speculating:
+            kept = len(chunk.drafts)
+            chunk.seq.speculation.record(proposed, kept, t_drafted - t0 if proposed else 0.0,
+                                         step_s)
+        return True
+
+    def _executor_chunk(self, chunk: ScheduledChunk) -> Chunk:
+        seq = chunk.seq
+        return Chunk(slot=seq.slot, tokens=seq.tokens[chunk.start:chunk.end] + chunk.drafts,
+                     start=chunk.start,
+                     n_logits=1 + len(chunk.drafts) if chunk.samples else 0,
+                     block_table=self.blocks.block_table(seq),
+                     write_from=self.blocks.num_committed(seq), n_prompt=seq.n_prompt)
+
+    # ---- speculation ---------------------------------------------------------------------
+
+    def _propose(self, chunks: list[ScheduledChunk]) -> list[tuple[ScheduledChunk, int]]:
+        """Draft tokens for every decoding sequence that speculates, appended to its chunk
+        (and its blocks) for the target to verify; returns (chunk, drafts proposed)."""
+        self.draft.retain({s.seq_id for s in self.scheduler.running})
+        budget = self.scheduler.max_tokens_per_step - sum(c.end - c.start for c in chunks)
+        requests, owners = [], []
+        for chunk in chunks:
+            seq = chunk.seq
+            if seq.speculation is None or not (chunk.samples and chunk.end - chunk.start == 1
+                                                and chunk.start >= seq.n_prompt):
+                continue
+            room = min(self.n_ctx - len(seq.tokens) - 1,
+                       seq.budget - len(seq.completion) - 1, budget)
+            gamma = seq.speculation.choose(room)
+            budget -= gamma
+            requests.append((seq, gamma))
+            owners.append(chunk)
+        proposals = self.draft.propose(requests) if any(g for _, g in requests) else \
+            [([], None)] * len(requests)
+        out = []
+        for chunk, (drafts, q) in zip(owners, proposals):
+            seq = chunk.seq
+            fitted = []
+            for token in drafts:
+                if not self.blocks.can_append(seq):
+                    break
+                self.blocks.append_token(seq, token)
+                fitted.append(token)
+            chunk.drafts = fitted
+            chunk.q = None if q is None else q[:len(fitted)]
+            seq.in_pool += len(fitted)
+            out.append((chunk, len(fitted)))
+        return out
+
+    def _cut_rejected(self, chunk: ScheduledChunk, new: list[int | tuple[int, bool]]) -> None:
+        kept = len(new) - 1
+        rejected = len(chunk.drafts) - kept
+        if rejected:
+            self.blocks.rollback(chunk.seq, rejected)
+            chunk.seq.in_pool -= rejected
+        chunk.drafts = chunk.drafts[:kept]
+
+    # ---- sampling ----------------------------------------------------------------------
+
+    def _choose(self, chunks: list[ScheduledChunk], logits: torch.Tensor) -> dict[int, list]:
+        """Per sampling sequence, its new tokens: kept drafts (as (token, FROM_DRAFT)),
+        then the token the target chose. Plain rows are sampled together."""
+        out: dict[int, list] = {}
+        plain_rows, plain_seqs = [], []
+        row = 0
+        for chunk in chunks:
+            if not chunk.samples:
+                continue
+            seq, n = chunk.seq, 1 + len(chunk.drafts)
+            if chunk.drafts:
+                kept, token = self._verify(seq, chunk, logits[row:row + n])
+                out[seq.seq_id] = [(d, FROM_DRAFT) for d in chunk.drafts[:kept]] + [token]
+            else:
+                plain_rows.append(row)
+                plain_seqs.append(seq)
+            row += n
+        if plain_seqs:
+            rows = [Row(s.params, s.completion, s.generator) for s in plain_seqs]
+            for seq, token in zip(plain_seqs, sample(logits[plain_rows], rows)):
+                out[seq.seq_id] = [token]
+        return out
+
+    @staticmethod
+    def _verify(seq: Sequence, chunk: ScheduledChunk, logits: torch.Tensor) -> tuple[int, int]:
+        drafts, sp = chunk.drafts, seq.params
+        rows = [Row(sp, seq.completion + drafts[:i], seq.generator) for i in range(len(drafts) + 1)]
+        if sp.temperature == 0:
+            return accept_greedy(penalized(logits, rows).argmax(-1).tolist(), drafts)
+        return accept_drafts(distributions(logits, rows), chunk.q, drafts, seq.generator)
+
+    def _hand_out(self, chunk: ScheduledChunk, new: list[int | tuple[int, bool]]) -> None:
+        """Append the new tokens and queue them; a sequence that ends (end-of-generation,
+        budget) gives its blocks back before its last token is handed out."""
+        seq = chunk.seq
+        for i, item in enumerate(new):
+            token = item[0] if isinstance(item, tuple) else item
+            seq.tokens.append(token)
+            done = self._is_end(token) or len(seq.tokens) - seq.n_prompt >= seq.budget
+            if done or i == len(new) - 1:
+                break
+        if seq.speculation is not None and self.draft is not None:
+            self.draft.settle(seq)
+        if done:
+            self.scheduler.finish(seq)
+        for item in new[:i + 1]:
+            seq.out.put(item)
+        if done:
+            seq.out.put(_DONE)
+
+    def _fail_all(self, error: EngineError) -> None:
+        with self._lock:
+            pending = [*self.scheduler.running, *self.scheduler.waiting, *self._inbox]
+            self._inbox.clear()
+        for seq in pending:
+            try:
+                self.scheduler.finish(seq)
+            except Exception:  # noqa: BLE001 -- the bookkeeping may be what failed
+                seq.status = FINISHED
+            seq.out.put(error)

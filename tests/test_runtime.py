@@ -1,0 +1,172 @@
+"""The runtime on both executors, on the real bundled model: greedy output identical
+alone, batched with 15 others and with a draft; seeded sampling the same batched as
+alone; speculative sampling distributed as plain sampling (χ²); prefix hits on llama.cpp
+KV slots; more requests than slots wait their turn."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+
+from localchat.engine import load_engine
+from localchat.engine.base import Message, Request, SamplingParams
+from tiny_models import write_random_model
+
+GREEDY = SamplingParams(temperature=0.0)
+TOPICS = ["the sea", "volcanoes", "bread", "the moon", "bees", "chess", "rain", "glass",
+          "trains", "owls", "paper", "salt", "bridges", "clocks", "maps", "copper"]
+N_TOKENS = 32
+
+
+def _request(i: int, sampling: SamplingParams = GREEDY, n: int = N_TOKENS) -> Request:
+    return Request(messages=[Message("user", f"Write three sentences about {TOPICS[i]}.")],
+                   sampling=sampling, max_tokens=n)
+
+
+def _tokens(engine, request: Request) -> list[int]:
+    tokens: list[int] = []
+    for event in engine.generate(request):
+        tokens += getattr(event, "token_ids", ())
+    return tokens
+
+
+def _together(engine, requests: list[Request]) -> list[list[int]]:
+    out: list = [None] * len(requests)
+
+    def work(i: int) -> None:
+        out[i] = _tokens(engine, requests[i])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    return out
+
+
+def _load(executor: str, **options):
+    return load_engine("default", engine=executor, ctx_size=512, threads=2, parallel=16,
+                       kv_memory=16 * 512 * 23040 if executor == "torch" else None, **options)
+
+
+@pytest.fixture(scope="module", params=["llama.cpp", "torch"])
+def runtime(request):
+    engine = _load(request.param)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def alone(runtime):
+    return [_tokens(runtime, _request(i)) for i in range(len(TOPICS))]
+
+
+def test_greedy_batched_with_15_others_is_identical_to_alone(runtime, alone):
+    steps = runtime.runner.steps
+    together = _together(runtime, [_request(i) for i in range(len(TOPICS))])
+    assert together == alone
+    assert max(runtime.runner.batch_sizes[steps:]) >= 8  # they really shared steps
+
+
+def test_seeded_sampling_batched_is_identical_to_alone(runtime):
+    hot = [SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05, seed=100 + i,
+                          repeat_penalty=1.0 + 0.05 * (i % 3)) for i in range(6)]
+    alone = [_tokens(runtime, _request(i, hot[i])) for i in range(6)]
+    assert _together(runtime, [_request(i, hot[i]) for i in range(6)]) == alone
+
+
+@pytest.mark.parametrize("draft", ["default", "ngram"])
+def test_greedy_with_a_draft_batched_is_identical(runtime, alone, draft):
+    """The target drafting for itself (every draft right) and prompt lookup, while 8
+    requests share each step: the tokens never change, only how many steps they take."""
+    engine = _load(runtime.name, draft=draft, num_draft_tokens=3)
+    try:
+        results = _together(engine, [_request(i) for i in range(8)])
+        assert results == alone[:8]
+        stats = engine.memory()["draft"]
+        assert stats["proposed"] > 0
+        if draft == "default":
+            assert stats["acceptance_rate"] == 1.0
+        assert max(engine.runner.batch_sizes) > 1  # speculation no longer serialises requests
+    finally:
+        engine.close()
+
+
+def test_speculative_sampling_is_distributed_as_plain_sampling(tmp_path):
+    """Token 3 of many seeded replies (the first a draft proposes for: token 2 times a
+    plain step), plain vs drafted by a Q4_0 copy of the model (close to it, so drafts are
+    often kept and sometimes rejected): a two-sample χ² test of homogeneity, on the
+    llama.cpp executor."""
+    from test_speculative import chi_square_p_value
+
+    from localchat.models import resolve_model
+    from quantize.gguf_quantize import quantize_gguf
+
+    draft = quantize_gguf(resolve_model("default"), tmp_path / "q4_0.gguf", "Q4_0")
+    sp = lambda seed: SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, seed=seed)
+    request = lambda seed: Request(messages=[Message("user", "Name a colour.")],
+                                   sampling=sp(seed), max_tokens=4)
+    n_requests, counts, drafts = 160, {}, []
+    for name, options in (("plain", {}), ("draft", {"draft": str(draft), "num_draft_tokens": 2})):
+        engine = load_engine("default", ctx_size=256, threads=2, parallel=16, **options)
+        try:
+            results: list = [None] * n_requests
+
+            def work(i: int) -> None:
+                events = list(engine.generate(request(i)))
+                tokens = [t for e in events for t in getattr(e, "token_ids", ())]
+                results[i] = (tokens, events[-1].stats.draft)
+
+            threads = [threading.Thread(target=work, args=(i,)) for i in range(n_requests)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=600)
+            counts[name] = Counter(tokens[2] for tokens, _ in results if len(tokens) >= 3)
+            drafts += [d for _, d in results if d]
+        finally:
+            engine.close()
+    proposed, accepted = (sum(d[k] for d in drafts) for k in ("proposed", "accepted"))
+    assert 0 < accepted < proposed  # drafts were proposed, kept, and sometimes rejected
+    assert sum(counts["draft"].values()) > n_requests * 3 // 4
+    total = counts["plain"] + counts["draft"]
+    rare = {t for t, c in total.items() if c < 10}  # pooled, so every cell expects >= 5
+    merged = {name: Counter("rare" if t in rare else t for t in c.elements())
+              for name, c in counts.items()}
+    pooled = merged["plain"] + merged["draft"]
+    expected = {t: c / sum(pooled.values()) for t, c in pooled.items()}
+    n = sum(merged["draft"].values())
+    assert chi_square_p_value(merged["draft"], expected, n) > 1e-3
+
+
+def test_llama_cpp_slots_reuse_a_chat_and_a_shared_system_prompt():
+    engine = load_engine("default", ctx_size=1024, threads=2, parallel=2)
+    try:
+        system = [Message("system", "You are a terse assistant who answers in one line.")]
+        first = engine.complete(Request(messages=system + [Message("user", "Hi")],
+                                        sampling=GREEDY, max_tokens=8))
+        turn2 = system + [Message("user", "Hi"), Message("assistant", first.text),
+                          Message("user", "And then?")]
+        second = engine.complete(Request(messages=turn2, sampling=GREEDY, max_tokens=8))
+        assert second.stats.cached_tokens >= first.stats.prompt_tokens
+        other = engine.complete(Request(messages=system + [Message("user", "Name a bird.")],
+                                        sampling=GREEDY, max_tokens=8))
+        system_tokens = len(engine.tokenize_messages(system))
+        assert other.stats.cached_tokens >= system_tokens - 2  # up to the user turn's start
+    finally:
+        engine.close()
+
+
+def test_more_requests_than_slots_wait_their_turn():
+    """Six requests on two llama.cpp slots: at most two run at once, and each gets the
+    tokens it gets alone."""
+    engine = load_engine("default", ctx_size=512, threads=2, parallel=2)
+    try:
+        alone = [_tokens(engine, _request(i)) for i in range(6)]
+        steps = engine.runner.steps
+        assert _together(engine, [_request(i) for i in range(6)]) == alone
+        assert max(engine.runner.batch_sizes[steps:]) == 2
+    finally:
+        engine.close()
