@@ -49,12 +49,19 @@ def _chat_ttfts(engine) -> tuple[float, float]:
     return ttfts[0], ttfts[-1]
 
 
-def bench_engine(engine, prompt_len: int, gen_len: int, repeats: int) -> dict:
+def bench_engine(engine, prompt_len: int, gen_len: int, repeats: int,
+                 after_each=None) -> dict:
+    """after_each(prompt tokens), if given, runs after every repeat (the kernel limit's
+    bare loop, interleaved so both see the same machine: it is shared and noisy)."""
     engine.complete(Request(prompt_tokens=_prompt_tokens(engine, 16, -1), sampling=GREEDY,
                             max_tokens=4))  # warm-up: first-call allocations
-    runs = [engine.complete(Request(prompt_tokens=_prompt_tokens(engine, prompt_len, i),
-                                    sampling=GREEDY, max_tokens=gen_len)).stats
-            for i in range(repeats)]
+    runs = []
+    for i in range(repeats):
+        prompt = _prompt_tokens(engine, prompt_len, i)
+        runs.append(engine.complete(Request(prompt_tokens=prompt, sampling=GREEDY,
+                                            max_tokens=gen_len)).stats)
+        if after_each is not None:
+            after_each(prompt)
     turn1, turn8 = _chat_ttfts(engine)
     prefill = _spread([s.prefill_tok_s for s in runs])
     decode = _spread([s.decode_tok_s for s in runs])
@@ -89,12 +96,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         try:
             report["model"] = f"{engine.info.name} ({engine.info.quant_type})"
             print(f"benchmarking {name}…", file=sys.stderr)
-            report["engines"][name] = bench_engine(engine, args.prompt_tokens,
-                                                   args.gen_tokens, args.repeats)
-            if name == "llama.cpp":
-                print("benchmarking the kernel limit (a bare llama_decode loop)…",
-                      file=sys.stderr)
-                report["kernel_limit"] = kernel_limit(engine, args)
+            limit = KernelLimit(engine, args) if name == "llama.cpp" else None
+            try:
+                report["engines"][name] = bench_engine(
+                    engine, args.prompt_tokens, args.gen_tokens, args.repeats,
+                    after_each=limit.single if limit else None)
+                if limit is not None:
+                    print("benchmarking the kernel limit (a bare llama_decode loop)…",
+                          file=sys.stderr)
+                    report["kernel_limit"] = limit.report()
+            finally:
+                if limit is not None:
+                    limit.close()
         finally:
             engine.close()
     if draft is not None:  # beside `engines`: the first engine with and without the draft
@@ -126,17 +139,31 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def kernel_limit(engine, args: argparse.Namespace) -> dict:
-    """The bare loop on the llama.cpp engine's model: the pp/tg prompt, and the 16 chat
-    prompts of the concurrency bench (64 tokens each)."""
-    from localchat.bench_concurrency import GEN_TOKENS, chat_requests
-    from localchat.bench_kernel import bench_kernel_limit
+class KernelLimit:
+    """The bare loop on the llama.cpp engine's model: the tg prompts (after each of the
+    engine's repeats), then the 16 chat prompts of the concurrency bench."""
 
-    batch = [engine.tokenize_messages(r.messages) for r in chat_requests(16, offset=16000)]
-    return bench_kernel_limit(engine.facts, n_ctx=engine.info.n_ctx, threads=args.threads,
-                              single_prompt=_prompt_tokens(engine, args.prompt_tokens, -2),
-                              batch_prompts=batch, gen_tokens=args.gen_tokens,
-                              batch_tokens=min(GEN_TOKENS, args.gen_tokens), repeats=args.repeats)
+    def __init__(self, engine, args: argparse.Namespace) -> None:
+        from localchat.bench_kernel import BareLoop
+
+        self.engine, self.args = engine, args
+        self.loop = BareLoop(engine.facts, n_ctx=engine.info.n_ctx, threads=args.threads,
+                             slots=16)
+
+    def single(self, prompt: list[int]) -> None:
+        self.loop.single(prompt, self.args.gen_tokens)
+
+    def report(self) -> dict:
+        from localchat.bench_concurrency import GEN_TOKENS, chat_requests
+
+        batch = [self.engine.tokenize_messages(r.messages)
+                 for r in chat_requests(16, offset=16000)]
+        for _ in range(max(1, self.args.repeats // 2)):
+            self.loop.batch(batch, min(GEN_TOKENS, self.args.gen_tokens))
+        return self.loop.report()
+
+    def close(self) -> None:
+        self.loop.close()
 
 
 def format_table(report: dict) -> str:

@@ -134,7 +134,7 @@ class LlamaCppExecutor(Executor):
                 self._cut(chunk.slot, chunk.start)
             self._filled[chunk.slot] = chunk.start + len(chunk.tokens)
         outputs: list[np.ndarray] = []
-        b, n = self._batch, 0
+        b, n, wanted = self._batch, 0, 0
         for chunk in chunks:
             done = 0
             while done < len(chunk.tokens):
@@ -145,22 +145,23 @@ class LlamaCppExecutor(Executor):
                 b.seq_id[sl] = chunk.slot
                 first_logit = len(chunk.tokens) - chunk.n_logits
                 b.logits[sl] = np.arange(done, done + take) >= first_logit
+                wanted += max(0, done + take - max(done, first_logit))
                 n, done = n + take, done + take
                 if n == MAX_BATCH:
-                    outputs.append(self._decode(n))
-                    n = 0
+                    outputs.append(self._decode(n, wanted))
+                    n = wanted = 0
         if n:
-            outputs.append(self._decode(n))
+            outputs.append(self._decode(n, wanted))
         rows = np.concatenate(outputs) if len(outputs) > 1 else outputs[0]
         return torch.from_numpy(rows)
 
-    def _decode(self, n: int) -> np.ndarray:
+    def _decode(self, n: int, n_out: int) -> np.ndarray:
+        """The batch's first n tokens, of which n_out want logits."""
         b = self._batch
         b.struct.n_tokens = n
         rc = llama_cpp.llama_decode(self._ctx.ctx, b.struct)
         if rc != 0:
             raise EngineError(f"llama_decode failed (code {rc})")
-        n_out = int(b.logits[:n].sum())
         if not n_out:
             return np.zeros((0, self.n_vocab), np.float32)
         logits = llama_cpp.llama_get_logits(self._ctx.ctx)

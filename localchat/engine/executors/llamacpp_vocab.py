@@ -80,6 +80,7 @@ class LlamaCppVocabulary:
 
     def __init__(self, model: LlamaModel, owner: llama_cpp.Llama | None = None) -> None:
         self.model, self._owner = model, owner
+        self._eog: dict[int, bool] = {}  # asked for every token of every reply: remembered
 
     @classmethod
     def vocab_only(cls, path: str) -> "LlamaCppVocabulary":
@@ -96,7 +97,10 @@ class LlamaCppVocabulary:
         return token_piece(self.model, token)
 
     def is_end_of_generation(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self.model.vocab, token))
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self.model.vocab, token))
+        return eog
 
     def close(self) -> None:
         if self._owner is not None:

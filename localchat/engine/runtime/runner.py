@@ -21,7 +21,7 @@ from localchat.engine.base import SamplingParams
 from localchat.engine.executors.base import Chunk, Executor
 from localchat.engine.runtime.block_manager import BlockManager
 from localchat.engine.runtime.compute_thread import COMPUTE
-from localchat.engine.runtime.sampler import Row, distributions, penalized, sample
+from localchat.engine.runtime.sampler import Row, argmax, distributions, penalized, sample
 from localchat.engine.runtime.scheduler import ScheduledChunk, Scheduler
 from localchat.engine.runtime.sequence import FINISHED, RUNNING, Sequence
 from localchat.engine.runtime.speculative.drafts import DraftSource
@@ -221,8 +221,10 @@ class Runner:
                 plain_seqs.append(seq)
             row += n
         if plain_seqs:
-            rows = [Row(s.params, s.completion, s.generator) for s in plain_seqs]
-            for seq, token in zip(plain_seqs, sample(logits[plain_rows], rows)):
+            rows = [Row(s.params, s.completion if s.params.repeat_penalty != 1.0 else (),
+                        s.generator) for s in plain_seqs]
+            plain = logits if len(plain_rows) == logits.shape[0] else logits[plain_rows]
+            for seq, token in zip(plain_seqs, sample(plain, rows)):
                 out[seq.seq_id] = [token]
         return out
 
@@ -231,7 +233,7 @@ class Runner:
         drafts, sp = chunk.drafts, seq.params
         rows = [Row(sp, seq.completion + drafts[:i], seq.generator) for i in range(len(drafts) + 1)]
         if sp.temperature == 0:
-            return accept_greedy(penalized(logits, rows).argmax(-1).tolist(), drafts)
+            return accept_greedy(argmax(penalized(logits, rows)), drafts)
         return accept_drafts(distributions(logits, rows), chunk.q, drafts, seq.generator)
 
     def _hand_out(self, chunk: ScheduledChunk, new: list[int | tuple[int, bool]]) -> None:

@@ -26,6 +26,14 @@ class Row:
     generator: torch.Generator | None = None
 
 
+def argmax(logits: torch.Tensor) -> list[int]:
+    """Each row's argmax (the first on ties). numpy's: torch's CPU argmax took 120 µs for
+    one row of 49152 here, numpy's 6 µs."""
+    if logits.device.type == "cpu":
+        return logits.numpy().argmax(-1).tolist()
+    return logits.argmax(-1).tolist()
+
+
 def penalized(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
     """[R, V] float32 logits with each row's repeat penalty applied (a copy if any)."""
     logits = logits.float()
@@ -68,7 +76,7 @@ def distributions(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
     greedy = [r for r, row in enumerate(rows) if row.params.temperature == 0]
     hot = [r for r, row in enumerate(rows) if row.params.temperature > 0]
     if greedy:
-        out[greedy, logits[greedy].argmax(-1)] = 1.0
+        out[greedy, argmax(logits[greedy])] = 1.0
     if hot:
         ids, probs = candidates(logits[hot], [rows[r] for r in hot])
         out[hot] = out[hot].scatter(-1, ids, probs)
@@ -77,12 +85,14 @@ def distributions(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
 
 def sample(logits: torch.Tensor, rows: Sequence[Row]) -> list[int]:
     """One token per row of [R, V] logits."""
+    if all(r.params.temperature == 0 and r.params.repeat_penalty == 1.0 for r in rows):
+        return argmax(logits)  # the common greedy case: nothing else to do
     logits = penalized(logits, rows)
     tokens = [0] * len(rows)
     greedy = [r for r, row in enumerate(rows) if row.params.temperature == 0]
     hot = [r for r, row in enumerate(rows) if row.params.temperature > 0]
     if greedy:
-        for r, token in zip(greedy, logits[greedy].argmax(-1).tolist()):
+        for r, token in zip(greedy, argmax(logits[greedy])):
             tokens[r] = token
     if hot:
         ids, probs = candidates(logits[hot], [rows[r] for r in hot])

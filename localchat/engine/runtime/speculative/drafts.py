@@ -15,7 +15,7 @@ import torch
 
 from localchat.engine.executors.base import Chunk, Executor
 from localchat.engine.runtime.block_manager import BlockManager
-from localchat.engine.runtime.sampler import Row, distributions, draw, penalized
+from localchat.engine.runtime.sampler import Row, argmax, distributions, draw, penalized
 from localchat.engine.runtime.sequence import Sequence
 
 Proposal = tuple[list[int], torch.Tensor | None]  # drafts, their distributions ([γ, V]) or None
@@ -79,12 +79,12 @@ class ModelDraft:
     def _choose(logits: torch.Tensor, rows: list[Row], dists: list[list[torch.Tensor]]) -> list[int]:
         """The draft's token per row: its argmax at temperature 0, else a draw from q."""
         if all(row.params.temperature == 0 for row in rows):
-            return penalized(logits, rows).argmax(-1).tolist()
+            return argmax(penalized(logits, rows))
         q = distributions(logits, rows)
         out = []
         for r, row in enumerate(rows):
             dists[r].append(q[r])
-            out.append(int(q[r].argmax()) if row.params.temperature == 0 else
+            out.append(argmax(q[r:r + 1])[0] if row.params.temperature == 0 else
                        draw(q[r], row.generator))
         return out
 
