@@ -17,7 +17,7 @@ from tiny_models import write_random_model
 GREEDY = SamplingParams(temperature=0.0)
 TOPICS = ["the sea", "volcanoes", "bread", "the moon", "bees", "chess", "rain", "glass",
           "trains", "owls", "paper", "salt", "bridges", "clocks", "maps", "copper"]
-N_TOKENS = 32
+N_TOKENS = 20
 
 
 def _request(i: int, sampling: SamplingParams = GREEDY, n: int = N_TOKENS) -> Request:
@@ -108,7 +108,7 @@ def test_speculative_sampling_is_distributed_as_plain_sampling(tmp_path):
     sp = lambda seed: SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, seed=seed)
     request = lambda seed: Request(messages=[Message("user", "Name a colour.")],
                                    sampling=sp(seed), max_tokens=4)
-    n_requests, counts, drafts = 160, {}, []
+    n_requests, counts, drafts = 150, {}, []
     for name, options in (("plain", {}), ("draft", {"draft": str(draft), "num_draft_tokens": 2})):
         engine = load_engine("default", ctx_size=256, threads=2, parallel=16, **options)
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import Iterator
 
 from textual import work
@@ -64,7 +65,11 @@ class GenerationMixin:
         self._streams[id(view)] = Markdown.get_stream(view.markdown)
         self._cancel = threading.Event()
         self._generating = True
-        self.query_one(GaugeBar).state = "generating"
+        gauges = self.query_one(GaugeBar)
+        gauges.state = "generating"
+        if gauges.stats is not None:  # the last reply's rates are not this one's: until its
+            gauges.stats = replace(gauges.stats, ttft_s=0.0, prefill_tok_s=0.0,  # first token
+                                   decode_tok_s=0.0, completion_tokens=0)
         self.query_one(RateSparkline).reset()
         self._generate(self.history[:-1], view, prefix, writer)
 
