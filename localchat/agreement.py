@@ -141,7 +141,8 @@ def _measure_file(facts: GGUFFacts, label: str, n: int, threads: int, report: Ag
 
     # one sequence, and the f16 cache the torch executor keeps: only the models differ
     options = dict(n_ctx=n + 64, threads=threads, kv_memory=None, device=None, parallel=1,
-                   draft=None, num_draft_tokens=None, exact_batching=False)
+                   draft=None, num_draft_tokens=None, cache_types=("f16", "f16"),
+                   flash_attn=False)
     llama_engine = load_runtime(facts, "llama.cpp", **options)
     torch_engine = load_runtime(facts, "torch", **options)
     try:

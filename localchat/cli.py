@@ -38,6 +38,12 @@ def _model_flags() -> argparse.ArgumentParser:
     g.add_argument("-np", "--parallel", type=int, default=None, metavar="N",
                    help="requests computed at once; the llama.cpp engine keeps a KV slot of "
                         "one full context for each (default: 4)")
+    for kv in ("k", "v"):
+        g.add_argument(f"-ct{kv}", f"--cache-type-{kv}", dest=f"cache_type_{kv}", default=None,
+                       choices=["f16", "bf16", "q8_0"],
+                       help=f"llama.cpp engine: the KV cache's {kv.upper()} type (default on the "
+                            "CPU: q8_0 K, f16 V, which keeps batched replies identical to "
+                            "lone ones; f16 K is faster and does not)")
     d = p.add_argument_group("speculative decoding")
     d.add_argument("--draft-model", default=None, metavar="SPEC",
                    help="a small model (or a more quantized copy of this one) with the same "

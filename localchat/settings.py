@@ -20,6 +20,7 @@ class ChatSettings:
     device: str | None = None  # auto, cpu, cuda[:N], mps
     kv_memory: int | None = None  # bytes for the torch engine's paged KV cache
     parallel: int | None = None  # sequences at once (the llama.cpp engine's KV slots)
+    cache_types: tuple[str | None, str | None] = (None, None)  # llama.cpp's K, V cache types
     draft: str | None = None  # a draft model SPEC, or "ngram" (prompt lookup)
     num_draft_tokens: int | None = None  # fixed γ; None: adaptive
     endpoint: str | None = None  # an OpenAI-compatible server URL: the remote engine
@@ -38,6 +39,7 @@ class ChatSettings:
             device=args.device,
             kv_memory=parse_memory(args.kv_memory) if args.kv_memory else None,
             parallel=getattr(args, "parallel", None),
+            cache_types=(getattr(args, "cache_type_k", None), getattr(args, "cache_type_v", None)),
             draft=None if args.no_draft else (args.draft_model or args.draft),
             num_draft_tokens=args.num_draft_tokens,
             endpoint=getattr(args, "endpoint", None),
@@ -89,5 +91,6 @@ class ChatSettings:
         return load_engine(self.model, engine=self.engine, ctx_size=self.ctx_size,
                            threads=self.threads, kv_memory=self.kv_memory, draft=self.draft,
                            device=self.device, parallel=self.parallel,
+                           cache_types=self.cache_types,
                            endpoint=self.endpoint, api_key=self.api_key,
                            num_draft_tokens=self.num_draft_tokens)

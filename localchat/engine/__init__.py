@@ -21,6 +21,7 @@ def load_engine(
     num_draft_tokens: int | None = None,
     device: str | None = None,
     parallel: int | None = None,
+    cache_types: tuple[str | None, str | None] = (None, None),
     endpoint: str | None = None,
     api_key: str | None = None,
 ) -> Engine:
@@ -30,7 +31,8 @@ def load_engine(
     0 means the model's full training context. engine "auto" picks torch for the
     architectures it runs and llama.cpp for everything else. draft: a draft model SPEC
     or "ngram"; num_draft_tokens fixes how many tokens it drafts per step. parallel: the
-    llama.cpp executor's KV slots (sequences at once). endpoint: an OpenAI-compatible
+    llama.cpp executor's KV slots (sequences at once); cache_types its K and V cache
+    types (None: the defaults that keep batching exact). endpoint: an OpenAI-compatible
     server's URL; then nothing is loaded here (engine/remote.py).
     """
     from localchat.models import resolve_model_facts
@@ -78,6 +80,9 @@ def load_engine(
     if hf_directory and engine == "llama.cpp":
         raise UsageError(f"the llama.cpp engine needs a GGUF file, and {facts.path.name} is a "
                          "Hugging Face directory; use --engine torch")
+    if engine == "torch" and any(cache_types):
+        raise UsageError("--cache-type-k/-v are for the llama.cpp engine; the torch engine "
+                         "keeps its KV cache in float16")
     if engine == "llama.cpp" and device not in (None, "auto", "cpu"):
         raise UsageError(f"--device {device} is for the torch engine; the llama.cpp engine "
                          "offloads to the GPU its build supports (or --device cpu for none)")
@@ -85,4 +90,4 @@ def load_engine(
 
     return load_runtime(facts, engine, n_ctx=ctx_size, threads=threads, kv_memory=kv_memory,
                         device=device, parallel=parallel, draft=draft_facts,
-                        num_draft_tokens=num_draft_tokens)
+                        num_draft_tokens=num_draft_tokens, cache_types=tuple(cache_types))

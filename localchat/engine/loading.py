@@ -10,7 +10,8 @@ from localchat.model_files import GGUFFacts
 
 def load_executor(facts: GGUFFacts, engine: str, *, n_ctx: int, threads: int | None,
                   kv_memory: int | None, device: str | None, parallel: int | None,
-                  exact_batching: bool = True):
+                  cache_types: tuple[str | None, str | None] = (None, None),
+                  flash_attn: bool = True):
     if engine == "torch":
         from localchat.engine.executors.torch.executor import TorchExecutor
 
@@ -20,19 +21,21 @@ def load_executor(facts: GGUFFacts, engine: str, *, n_ctx: int, threads: int | N
 
     return COMPUTE.call(lambda: LlamaCppExecutor(
         facts, n_ctx=n_ctx, threads=threads, parallel=parallel,
-        gpu_layers=0 if device == "cpu" else None, exact_batching=exact_batching))
+        gpu_layers=0 if device == "cpu" else None, cache_types=cache_types,
+        flash_attn=flash_attn))
 
 
 def load_runtime(facts: GGUFFacts, engine: str, *, n_ctx: int, threads: int | None,
                  kv_memory: int | None, device: str | None, parallel: int | None,
                  draft: GGUFFacts | str | None, num_draft_tokens: int | None,
-                 exact_batching: bool = True) -> RuntimeEngine:
+                 cache_types: tuple[str | None, str | None] = (None, None),
+                 flash_attn: bool = True) -> RuntimeEngine:
     """draft: a draft model's facts (vocabulary already checked), "ngram" or None;
-    exact_batching: see LlamaCppExecutor."""
+    cache_types, flash_attn: the llama.cpp executor's (LlamaCppExecutor)."""
     from localchat.engine.runtime.speculative.drafts import ModelDraft, NgramDraft
 
     options = dict(n_ctx=n_ctx, threads=threads, kv_memory=kv_memory, device=device,
-                   parallel=parallel, exact_batching=exact_batching)
+                   parallel=parallel, cache_types=cache_types, flash_attn=flash_attn)
     executor = load_executor(facts, engine, **options)
     source = None
     try:

@@ -4,11 +4,12 @@ on CPU or the GPU its build supports (Metal, CUDA).
 
 The KV cache is one stream per slot (kv_unified off): a slot holds one sequence at a
 time, the next request that shares its prefix reuses it, and no sequence's attention
-depends on what else runs. On the CPU, K is stored as q8_0 and V as float16: with
-flash attention, a K that is neither f16 nor f32 keeps ggml on one attention kernel
-whatever the number of rows or cells (its tiled and split-KV kernels round
-differently), so a sequence computes the same bits alone, batched, chunked or verifying
-drafts. The README has what this costs.
+depends on what else runs. On the CPU, K is stored as q8_0 and V as float16 by
+default: with flash attention, a K that is neither f16 nor f32 keeps ggml on one
+attention kernel whatever the number of rows or cells (its tiled and split-KV kernels
+round differently), so a sequence computes the same bits alone, batched, chunked or
+verifying drafts. -ctk f16 (llama.cpp's default) is faster and not exact; the README
+has the figures.
 """
 
 from __future__ import annotations
@@ -56,17 +57,22 @@ class _Batch:
             seq_id=self._seq_ptrs, logits=_ptr(self.logits, ctypes.c_int8))
 
 
-def _cache_types(facts: GGUFFacts, exact: bool) -> tuple[int, int, int]:
-    """(K type, V type, KV bytes per token): q8_0 K + f16 V for exact batching on the CPU
-    (see the module docstring), f16 + bf16 where rows do not split into q8_0 blocks,
-    else (a GPU, or asked) llama.cpp's default f16 for both."""
-    f16 = llama_cpp.GGML_TYPE_F16
+CACHE_TYPES = {"f16": (llama_cpp.GGML_TYPE_F16, 2.0), "bf16": (GGML_TYPE_BF16, 2.0),
+               "q8_0": (llama_cpp.GGML_TYPE_Q8_0, Q8_0_BYTES / Q8_0_BLOCK)}  # bytes per value
+
+
+def default_cache_types(facts: GGUFFacts, on_cpu: bool) -> tuple[str, str]:
+    """K and V cache types: on the CPU the pair that keeps batching exact (see the module
+    docstring), q8_0 K + f16 V, or f16 K + bf16 V where rows do not split into q8_0
+    blocks; on a GPU llama.cpp's default f16 for both."""
+    if not on_cpu:
+        return "f16", "f16"
+    return ("q8_0", "f16") if facts.head_dim % Q8_0_BLOCK == 0 else ("f16", "bf16")
+
+
+def kv_bytes_per_token(facts: GGUFFacts, cache_types: tuple[str, str]) -> int:
     values = facts.n_layers * facts.n_kv_heads * facts.head_dim  # per token, for K and V each
-    if not exact:
-        return f16, f16, 4 * values
-    if facts.head_dim % Q8_0_BLOCK == 0:
-        return llama_cpp.GGML_TYPE_Q8_0, f16, values * Q8_0_BYTES // Q8_0_BLOCK + 2 * values
-    return f16, GGML_TYPE_BF16, 4 * values
+    return round(values * sum(CACHE_TYPES[t][1] for t in cache_types))
 
 
 def _ptr(array: np.ndarray, ctype):
@@ -78,10 +84,11 @@ class LlamaCppExecutor(Executor):
 
     def __init__(self, facts: GGUFFacts, *, n_ctx: int, threads: int | None = None,
                  gpu_layers: int | None = None, parallel: int | None = None,
-                 exact_batching: bool = True) -> None:
+                 cache_types: tuple[str | None, str | None] = (None, None),
+                 flash_attn: bool = True) -> None:
         """parallel: KV slots (sequences computed at once), each holding n_ctx tokens;
-        exact_batching False: llama-cpp-python's defaults (f16 cache, no flash attention),
-        for comparing models: not batch-invariant."""
+        cache_types: K and V cache types (None: default_cache_types); flash_attn False
+        (with f16 caches) is llama-cpp-python's default, for comparing models."""
         if gpu_layers is None:
             gpu_layers = -1 if llama_cpp.llama_supports_gpu_offload() else 0
         parallel = parallel or DEFAULT_PARALLEL
@@ -100,10 +107,13 @@ class LlamaCppExecutor(Executor):
         params.no_perf = True
         on_cpu = gpu_layers == 0 or not llama_cpp.llama_supports_gpu_offload()
         params.flash_attn_type = (
-            llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED if not exact_batching
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED if not flash_attn
             else llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if on_cpu
             else llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO)
-        params.type_k, params.type_v, kv_bytes = _cache_types(facts, on_cpu and exact_batching)
+        defaults = default_cache_types(facts, on_cpu)
+        self.cache_types = tuple(t or d for t, d in zip(cache_types, defaults))
+        params.type_k, params.type_v = (CACHE_TYPES[t][0] for t in self.cache_types)
+        kv_bytes = kv_bytes_per_token(facts, self.cache_types)
         try:
             self._model = LlamaModel(path_model=str(facts.path), params=model_params,
                                      verbose=False)
