@@ -26,6 +26,7 @@ BENCH_TEXT = (
     "drums and magnetic cores. Each step made memory larger, faster and cheaper. "
 )
 CHAT_TURNS = 8
+CHAT_REPLY_TOKENS = 32  # at most; fewer when -g asks for fewer
 GREEDY = SamplingParams(temperature=0.0)
 
 
@@ -37,13 +38,14 @@ def _spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def _chat_ttfts(engine) -> tuple[float, float]:
+def _chat_ttfts(engine, reply_tokens: int) -> tuple[float, float]:
     """TTFT of the first and the eighth turn of one chat (earlier turns stay cached)."""
     history = [Message("system", "You are a helpful assistant.")]
     ttfts = []
     for turn in range(CHAT_TURNS):
         history.append(Message("user", f"Tell me fact number {turn + 1} about the sea."))
-        result = engine.complete(Request(messages=history, sampling=GREEDY, max_tokens=32))
+        result = engine.complete(Request(messages=history, sampling=GREEDY,
+                                         max_tokens=reply_tokens))
         history.append(Message("assistant", result.text))
         ttfts.append(result.stats.ttft_s)
     return ttfts[0], ttfts[-1]
@@ -62,7 +64,7 @@ def bench_engine(engine, prompt_len: int, gen_len: int, repeats: int,
                                             max_tokens=gen_len)).stats)
         if after_each is not None:
             after_each(prompt)
-    turn1, turn8 = _chat_ttfts(engine)
+    turn1, turn8 = _chat_ttfts(engine, min(CHAT_REPLY_TOKENS, gen_len))
     prefill = _spread([s.prefill_tok_s for s in runs])
     decode = _spread([s.decode_tok_s for s in runs])
     ttft = _spread([s.ttft_s for s in runs])

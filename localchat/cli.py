@@ -140,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--engines", default="torch,llama.cpp",
                        help="comma-separated engines to compare (default: %(default)s)")
     bench.add_argument("--concurrency", default=None, metavar="N[,N...]",
-                       help="also serve N concurrent requests (64 tokens each): the torch "
-                            "engine batching vs llama.cpp one after another, e.g. 1,4,16")
+                       help="also serve N concurrent requests (64 tokens each): the runtime "
+                            "batching them on each executor, and llama.cpp one after "
+                            "another, e.g. 1,4,16")
     bench.add_argument("--json", action="store_true", help="print JSON")
 
     serve = sub.add_parser("serve", parents=[model],

@@ -17,7 +17,7 @@ def _localchat(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    done = _localchat("eval", "--agreement", "--positions", "1100", "--threads", "2", "--json")
+    done = _localchat("eval", "--agreement", "--positions", "600", "--threads", "2", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     print(json.dumps(report, indent=1))
@@ -29,7 +29,7 @@ def test_same_weights_same_function(report):
     """On float32 weights (no rounding of activations on either side) the engines agree
     at every position (measured 100.00%, max logit diff 0.04): the forward pass is right."""
     exact = report[("torch F32", "llama.cpp F32")]
-    assert exact["positions"] >= 1000
+    assert exact["positions"] >= 500
     assert exact["top1_agreement"] >= 0.995 and exact["max_logit_diff"] < 0.5
     assert report["greedy"]["F32"]["identical"] == report["greedy"]["F32"]["prompts"]
 
@@ -40,7 +40,7 @@ def test_quantized_file_agrees_as_well_as_llama_cpp_agrees_with_itself(report):
     its float32 run 99.0%. A broken kernel or layout scores near 0."""
     ours = report[("torch Q4_1", "llama.cpp Q4_1")]
     theirs = report[("llama.cpp Q4_1", "llama.cpp F32")]
-    assert ours["positions"] >= 1000
+    assert ours["positions"] >= 500
     assert ours["top1_agreement"] >= 0.96 and ours["max_logit_diff"] < 4.0
     assert ours["top1_agreement"] >= theirs["top1_agreement"] - 0.01
     assert report[("torch Q4_1", "torch F32")]["top1_agreement"] >= 0.98

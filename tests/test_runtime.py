@@ -5,8 +5,8 @@ KV slots; more requests than slots wait their turn."""
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -33,17 +33,9 @@ def _tokens(engine, request: Request) -> list[int]:
 
 
 def _together(engine, requests: list[Request]) -> list[list[int]]:
-    out: list = [None] * len(requests)
-
-    def work(i: int) -> None:
-        out[i] = _tokens(engine, requests[i])
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(requests))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
-    return out
+    """Every request submitted at once, each from its own thread (the runtime batches them)."""
+    with ThreadPoolExecutor(len(requests)) as pool:
+        return list(pool.map(lambda r: _tokens(engine, r), requests))
 
 
 def _load(executor: str, **options):
@@ -112,18 +104,13 @@ def test_speculative_sampling_is_distributed_as_plain_sampling(tmp_path):
     for name, options in (("plain", {}), ("draft", {"draft": str(draft), "num_draft_tokens": 2})):
         engine = load_engine("default", ctx_size=256, threads=2, parallel=16, **options)
         try:
-            results: list = [None] * n_requests
-
-            def work(i: int) -> None:
+            def work(i: int) -> tuple[list[int], dict | None]:
                 events = list(engine.generate(request(i)))
                 tokens = [t for e in events for t in getattr(e, "token_ids", ())]
-                results[i] = (tokens, events[-1].stats.draft)
+                return tokens, events[-1].stats.draft
 
-            threads = [threading.Thread(target=work, args=(i,)) for i in range(n_requests)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(timeout=600)
+            with ThreadPoolExecutor(n_requests) as pool:
+                results = list(pool.map(work, range(n_requests)))
             counts[name] = Counter(tokens[2] for tokens, _ in results if len(tokens) >= 3)
             drafts += [d for _, d in results if d]
         finally:

@@ -44,7 +44,10 @@ def useless_draft(tmp_path_factory):
     return write_random_model(tmp_path_factory.mktemp("draft") / "random.gguf")
 
 
-@pytest.mark.parametrize("draft,k", [("default", 1), ("default", 4), ("ngram", None)])
+# adaptive γ with either draft is tested batched in test_runtime.py; these two are slow
+@pytest.mark.parametrize("draft,k", [pytest.param("default", 1, marks=pytest.mark.slow),
+                                     ("default", 4),
+                                     pytest.param("ngram", None, marks=pytest.mark.slow)])
 def test_torch_greedy_speculation_is_identical_to_plain_decoding(plain_replies, draft, k):
     eng = load_engine("default", engine="torch", ctx_size=1024, threads=2,
                       kv_memory=1024 * 23040, draft=draft, num_draft_tokens=k)
@@ -98,7 +101,7 @@ def test_real_distributions_stay_exact(torch_engine, useless_draft):
     q = distributions(last_logits(load_weights(useless_draft))[None], [Row(params)])[0]
     assert (p > 0).sum() == 8 and (q > 0).sum() == 8
     g = torch.Generator().manual_seed(0)
-    n = 4000
+    n = 2000
     counts = Counter()
     for _ in range(n):
         d = int(torch.multinomial(q, 1, generator=g))

@@ -1,8 +1,8 @@
 """What an engine needs from a vocabulary, and the tokenization and prompt budgeting
 that both engines build on it.
 
-Two vocabularies implement it: llama.cpp's (GGUF files; engine/llamacpp.py) and the
-Hugging Face `tokenizers` one (HF model directories; engine/hf_vocab.py). Both keep the
+Two vocabularies implement it: llama.cpp's (GGUF files; executors/llamacpp_vocab.py) and the
+Hugging Face `tokenizers` one (HF model directories; executors/torch/hf_vocab.py). Both keep the
 same rule: text the chat template wrote may hold special tokens, text users typed never.
 """
 
