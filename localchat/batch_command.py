@@ -21,7 +21,7 @@ from typing import Iterable
 
 from localchat.engine.base import Message, Request, Result, SamplingParams
 from localchat.errors import LocalchatError, UsageError
-from localchat.run_command import _ctrl_c_cancels
+from localchat.run_command import _ctrl_c_cancels, read_stdin_text
 from localchat.settings import ChatSettings
 
 MAX_IN_FLIGHT = 32
@@ -50,7 +50,7 @@ class Line:
 def read_lines(path: str, stdin=None) -> list[tuple[int, str]]:
     """(line number, text) of the non-blank lines of PATH, or of stdin for '-'."""
     if path == "-":
-        text = (stdin if stdin is not None else sys.stdin).read()
+        text = read_stdin_text(stdin if stdin is not None else sys.stdin)
     else:
         try:
             with open(path, encoding="utf-8") as f:

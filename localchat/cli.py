@@ -101,9 +101,16 @@ def _quality_flags(p: argparse.ArgumentParser) -> None:
                    help="draft tokens per step for the predicted speedup (default: %(default)s)")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A bad flag or value is one line naming it (and where the help is), not a usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     model, sampling, endpoint = _model_flags(), _sampling_flags(), _endpoint_flags()
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="localchat",
         parents=[model, endpoint, sampling],
         description="Chat with a local, quantized LLM. With no command, opens the chat UI.",

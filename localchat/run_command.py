@@ -22,12 +22,26 @@ from localchat.settings import ChatSettings
 from localchat.units import human_bytes
 
 
+def read_stdin_text(stdin) -> str:
+    """stdin as text; bytes that are not UTF-8 become U+FFFD, and stderr says how many."""
+    raw = getattr(stdin, "buffer", None)
+    if raw is None:  # already text (a test's StringIO)
+        return stdin.read()
+    data = raw.read()
+    text = data.decode("utf-8", errors="replace")
+    bad = text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
+    if bad:
+        print(f"localchat: warning: stdin is not valid UTF-8; {bad} invalid byte sequence(s) "
+              "replaced with U+FFFD", file=sys.stderr)
+    return text
+
+
 def read_prompt(arg: str | None, stdin=None) -> str:
     """Piped stdin first, then the argument, joined by a newline (as `llm` does)."""
     stdin = stdin if stdin is not None else sys.stdin
     parts = []
     if arg == "-" or (stdin is not None and not stdin.isatty()):
-        piped = stdin.read()
+        piped = read_stdin_text(stdin)
         if piped.strip():
             parts.append(piped.rstrip("\n"))
     if arg not in (None, "-"):

@@ -124,6 +124,35 @@ def test_bad_sampling_value_is_a_usage_error():
     assert_one_line_error(localchat("run", "hi", "--temp", "-1"), "temperature")
 
 
+@pytest.mark.parametrize("flag,value", [("--temp", "inf"), ("--temp", "nan"),
+                                        ("--repeat-penalty", "inf"), ("--top-p", "nan")])
+def test_non_finite_sampling_values_are_refused(flag, value):
+    assert_one_line_error(localchat("run", "hi", flag, value), "got")
+
+
+@pytest.mark.parametrize("args", [["run", "--seed", "abc", "hi"], ["run", "--bogus", "hi"],
+                                  ["--bogus"]])
+def test_a_bad_flag_is_one_line_naming_it(args):
+    proc = localchat(*args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error:" in lines[0] and "--help" in lines[0], proc.stderr
+    assert ("--seed" if "--seed" in args else "--bogus") in lines[0]
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://localhost:abc/v1"])
+def test_an_unparsable_endpoint_url_is_one_line(url):
+    assert_one_line_error(localchat("run", "--endpoint", url, "hi"), "--endpoint", "not a valid URL")
+
+
+def test_stdin_that_is_not_utf8_is_replaced_and_said(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "localchat", "run", "-n", "2", "--temp", "0"],
+                          input=b"\xff\xfe hello \xc3", capture_output=True, timeout=120)
+    err = done.stderr.decode()
+    assert done.returncode == 0 and "Traceback" not in err, err
+    assert "not valid UTF-8; 3 invalid byte sequence(s) replaced" in err
+
+
 def test_ctrl_c_stops_the_reply_keeps_the_text_and_exits_130():
     proc = subprocess.Popen(
         [sys.executable, "-m", "localchat", "run", "Write a long story about a dragon.",

@@ -10,6 +10,8 @@ Nothing here imports torch or llama_cpp: the UI depends on this module only.
 
 from __future__ import annotations
 
+import math
+
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
@@ -43,11 +45,13 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         checks = [
-            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (0 <= self.temperature < math.inf,
+             f"temperature must be >= 0 and finite, got {self.temperature}"),
             (self.top_k >= 0, f"top-k must be >= 0, got {self.top_k}"),
             (0 < self.top_p <= 1, f"top-p must be in (0, 1], got {self.top_p}"),
             (0 <= self.min_p <= 1, f"min-p must be in [0, 1], got {self.min_p}"),
-            (self.repeat_penalty > 0, f"repeat penalty must be > 0, got {self.repeat_penalty}"),
+            (0 < self.repeat_penalty < math.inf,
+             f"repeat penalty must be > 0 and finite, got {self.repeat_penalty}"),
             (self.seed is None or self.seed >= 0, f"seed must be >= 0, got {self.seed}"),
         ]
         for ok, message in checks:

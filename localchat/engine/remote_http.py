@@ -25,7 +25,11 @@ def split_endpoint(url: str) -> tuple[str, str]:
     """(API base ending in /v1, server root without it). A bare host gets /v1; a URL with
     another path (a gateway's /openai/v1-like base) is kept as given."""
     url = url.strip().rstrip("/")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises on a port that is not a number)
+    except ValueError as exc:
+        raise UsageError(f"--endpoint is not a valid URL ({exc}): {url!r}") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise UsageError(f"--endpoint must be an http:// or https:// URL, got {url!r}")
     if not parts.path:
