@@ -231,6 +231,8 @@ def test_text_parts_are_joined(client):
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content"),
     ({"messages": ["hi"]}, "messages[0]"),
+    ({"logprobs": True}, "logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
 ])
 def test_invalid_chat_parameters_are_400(client, change, param):
     assert_error(client.post("/v1/chat/completions",
@@ -250,6 +252,19 @@ def test_invalid_json_is_400(client, content):
     response = client.post("/v1/chat/completions", content=content,
                            headers={"Content-Type": "application/json"})
     assert assert_error(response, 400)["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_deep_nesting_and_lone_surrogates_are_400_not_500(client, path):
+    deep = b'{"messages": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    response = client.post(path, content=deep, headers={"Content-Type": "application/json"})
+    assert assert_error(response, 400)["code"] == "invalid_json"
+    if path.endswith("chat/completions"):
+        field, body = "messages[0].content", b'{"messages": [{"role": "user", "content": "a\\ud800"}]}'
+    else:
+        field, body = "prompt", b'{"prompt": "a\\ud800"}'
+    response = client.post(path, content=body, headers={"Content-Type": "application/json"})
+    assert "surrogate" in assert_error(response, 400, field)["message"]
 
 
 def test_a_prompt_longer_than_the_context_is_400(client):

@@ -47,9 +47,31 @@ def parse_json(raw: bytes) -> dict:
         body = json.loads(raw, parse_constant=no_constants)
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    _refuse_lone_surrogates(body)
     return body
+
+
+def _refuse_lone_surrogates(body: dict) -> None:
+    """JSON may escape half of a UTF-16 pair ("\\ud800"), which is no Unicode text: a 400
+    naming the first such field (walked without recursion: bodies come from anywhere)."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _bad(path or "body", f"{path or 'the body'} holds a lone UTF-16 surrogate, "
+                                           "which is not valid Unicode", "invalid_value") from None
+        elif isinstance(value, dict):
+            stack += [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
+            stack += [(f"{path} (a key)" if path else "a key", k) for k in value]
+        elif isinstance(value, list):
+            stack += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
 
 
 def parse_chat(body: dict, n_ctx: int) -> CompletionBody:
@@ -77,6 +99,9 @@ def _common(body: dict, n_ctx: int, *, messages: tuple[Message, ...],
         raise _bad("stream_options", "stream_options must be an object", "invalid_type")
     include_usage = _boolean("stream_options.include_usage",
                              (options or {}).get("include_usage", False))
+    for unsupported in ("logprobs", "top_logprobs"):
+        if body.get(unsupported) not in (None, False, 0):
+            raise _bad(unsupported, f"{unsupported} is not supported by this server")
     for ignored in ("frequency_penalty", "presence_penalty"):
         if body.get(ignored) is not None:
             _number(ignored, body[ignored], -2.0, 2.0)
