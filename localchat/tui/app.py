@@ -12,6 +12,8 @@ chat actions), drafts.py (speculative decoding shown in the replies) and switchi
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import threading
 from importlib.resources import files
 from pathlib import Path
@@ -136,6 +138,17 @@ class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMi
             self._load_engine()
         else:
             self.post_message(EngineLoaded(self.engine))
+        if not self.is_headless and hasattr(os, "tcgetpgrp") and sys.__stdin__.isatty():
+            self.set_interval(2.0, self._quit_if_terminal_gone)
+
+    async def _quit_if_terminal_gone(self) -> None:
+        """A closed terminal window does not always deliver SIGHUP (under `make chat` it
+        reaches make); then the tty only answers EIO and the reply would keep computing,
+        so quit as Ctrl+Q does (the partial reply is kept)."""
+        try:
+            os.tcgetpgrp(sys.__stdin__.fileno())
+        except (OSError, ValueError):
+            await self.action_quit()
 
     # -- loading -----------------------------------------------------------------------
 
