@@ -44,6 +44,10 @@ def _model_flags() -> argparse.ArgumentParser:
                        help=f"llama.cpp engine: the KV cache's {kv.upper()} type (default on the "
                             "CPU: q8_0 K, f16 V, which keeps batched replies identical to "
                             "lone ones; f16 K is faster and does not)")
+    g.add_argument("--chat-template", default=None, metavar="NAME|FILE",
+                   help="render prompts with a built-in format (chatml, llama3, gemma, mistral, "
+                        "llama2, phi3) or a Jinja file instead of the model's own template "
+                        "(default: the model's; a file without one gets its family's format)")
     d = p.add_argument_group("speculative decoding")
     d.add_argument("--draft-model", default=None, metavar="SPEC",
                    help="a small model (or a more quantized copy of this one) with the same "
@@ -66,6 +70,9 @@ def _endpoint_flags() -> argparse.ArgumentParser:
                         "http://127.0.0.1:8080/v1")
     g.add_argument("--api-key", default=None, metavar="KEY",
                    help="--endpoint's API key (default: $LOCALCHAT_API_KEY)")
+    g.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="--endpoint: the longest wait for the server to connect (at most 10 s) "
+                        "or to answer, first byte or next token (default: 60)")
     return p
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from localchat.errors import ModelFormatError, ModelNotFoundError, UnsafeCheckpointError
-from localchat.model_files import PICKLE_SUFFIXES, GGUFFacts
+from localchat.model_files import PICKLE_SUFFIXES, GGUFFacts, chat_markers
 
 HF_MODEL_TYPES = ("llama", "qwen2")
 INDEX_FILE = "model.safetensors.index.json"
@@ -181,6 +181,8 @@ def validate_hf_directory(path: str | Path) -> GGUFFacts:
     n_heads = _int(config, "num_attention_heads", directory)
     dim = _int(config, "hidden_size", directory)
     head_dim = config.get("head_dim") or dim // n_heads
+    added = tok_config.get("added_tokens_decoder")
+    added = added if isinstance(added, dict) else {}
     return GGUFFacts(
         path=directory,
         file_size=sum(f.stat().st_size for f in files),
@@ -196,4 +198,5 @@ def validate_hf_directory(path: str | Path) -> GGUFFacts:
         chat_template=chat_template(directory, tok_config),
         bos_token=token_text(tok_config.get("bos_token")),
         eos_token=token_text(tok_config.get("eos_token")),
+        chat_markers=chat_markers([token_text(t) for t in added.values()]),
     )

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from gguf import LlamaFileType
 
+from localchat.chat.builtin_templates import CHAT_MARKERS
 from localchat.errors import ModelFormatError, ModelNotFoundError, UnsafeCheckpointError
 from localchat.gguf_checks import check_model_metadata
 from localchat.gguf_reader import GGUF_MAGIC, GGUFFile, read_gguf
@@ -42,6 +43,8 @@ class GGUFFacts:
     chat_template: str | None
     bos_token: str | None
     eos_token: str | None
+    chat_markers: tuple[str, ...] = ()  # chat-format control tokens in the vocabulary
+    chat_template_name: str = "the model file's"  # where chat_template came from
 
     def kv_bytes_per_token(self, bytes_per_value: int = 2) -> int:
         """KV-cache bytes one token costs: K and V, for every layer and KV head."""
@@ -131,7 +134,14 @@ def _facts(g: GGUFFile, path: Path, file_size: int) -> GGUFFacts:
         chat_template=text("tokenizer.chat_template"),
         bos_token=token("tokenizer.ggml.bos_token_id"),
         eos_token=token("tokenizer.ggml.eos_token_id"),
+        chat_markers=chat_markers(tokens if isinstance(tokens, list) else []),
     )
+
+
+def chat_markers(vocabulary: list) -> tuple[str, ...]:
+    """The chat-format control tokens (builtin_templates.CHAT_MARKERS) a vocabulary has."""
+    present = set(vocabulary)
+    return tuple(marker for marker, _ in CHAT_MARKERS if marker in present)
 
 
 def _quant_type(g: GGUFFile) -> str:

@@ -179,8 +179,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         elif not result.text.endswith("\n"):
             print()
         if args.verbose:
-            print(f"\n{format_stats(result.stats)}\nfinish reason:        {result.finish_reason}",
-                  file=sys.stderr)
+            print(f"\n{format_stats(result.stats)}\nfinish reason:        {result.finish_reason}"
+                  f"\nchat template:        {engine.info.chat_template}", file=sys.stderr)
         return 130 if result.finish_reason == "cancelled" else 0
     finally:
         if writer is not None:  # interrupted at once (second Ctrl+C) or failed: keep the text

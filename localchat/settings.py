@@ -25,6 +25,8 @@ class ChatSettings:
     num_draft_tokens: int | None = None  # fixed γ; None: adaptive
     endpoint: str | None = None  # an OpenAI-compatible server URL: the remote engine
     api_key: str | None = None  # the endpoint's key
+    timeout: float | None = None  # seconds to wait for the endpoint's answers
+    chat_template: str | None = None  # a built-in template's name or a Jinja file
     system: str | None = None
     max_tokens: int | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -44,6 +46,8 @@ class ChatSettings:
             num_draft_tokens=args.num_draft_tokens,
             endpoint=getattr(args, "endpoint", None),
             api_key=getattr(args, "api_key", None),
+            timeout=getattr(args, "timeout", None),
+            chat_template=getattr(args, "chat_template", None),
             system=args.system,
             max_tokens=args.max_tokens,
             sampling=SamplingParams(
@@ -93,4 +97,5 @@ class ChatSettings:
                            device=self.device, parallel=self.parallel,
                            cache_types=self.cache_types,
                            endpoint=self.endpoint, api_key=self.api_key,
-                           num_draft_tokens=self.num_draft_tokens)
+                           num_draft_tokens=self.num_draft_tokens,
+                           chat_template=self.chat_template, timeout=self.timeout)

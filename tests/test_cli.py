@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -81,6 +82,11 @@ def test_prompt_longer_than_context_is_a_clear_error():
     proc = localchat("run", "word " * 600, "-c", "256")
     assert_one_line_error(proc, "256 tokens")
     assert proc.returncode == 1
+
+
+def test_a_prompt_beyond_the_templates_output_limit_says_its_tokens_and_the_context():
+    proc = localchat("run", "-n", "4", stdin="word " * 1_000_000)  # 5 MB, over 4 MiB rendered
+    assert_one_line_error(proc, "the prompt is 1000001 tokens", "context window is 4096 tokens")
 
 
 @pytest.mark.parametrize("content, name", [
@@ -213,3 +219,19 @@ def test_knee_is_where_throughput_stops_growing_but_latency_does_not():
     table = {"1": row(60, 1.0), "4": row(200, 1.3), "16": row(220, 4.0), "64": row(225, 15.0)}
     assert knee(table, "torch") == 4
     assert knee({"1": row(60, 1.0), "4": row(200, 1.3)}, "torch") is None
+
+
+def test_an_endpoint_that_accepts_and_never_answers_fails_in_one_line_after_timeout():
+    silent = socket.create_server(("127.0.0.1", 0))  # listens; the kernel accepts, nobody reads
+    try:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+        proc = localchat("run", "--endpoint", url, "--timeout", "1", "hi", timeout=60)
+        assert_one_line_error(proc, f"{url} did not answer within 1 s", "--timeout")
+        proc = localchat("run", "--endpoint", url, "--timeout", "0", "hi", timeout=60)
+        assert_one_line_error(proc, "--timeout must be a number of seconds > 0")
+    finally:
+        silent.close()
+
+
+def test_timeout_without_an_endpoint_is_refused():
+    assert_one_line_error(localchat("run", "--timeout", "5", "hi"), "--timeout is for --endpoint")

@@ -31,15 +31,21 @@ def _vocabulary() -> dict:
 def write_random_model(path: Path, *, arch: str = "llama", seed: int = 0,
                        rope_freqs: np.ndarray | None = None, linear_rope_factor: float | None = None,
                        ggml_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
-                       context_length: int = 4096, renamed_token: int | None = None) -> Path:
+                       context_length: int = 4096, renamed_token: int | None = None,
+                       token_texts: dict[int, str] | None = None,
+                       chat_template: bool = True) -> Path:
     """A 2-layer model with random weights; `ggml_type` for the 2-D projections;
-    `renamed_token`: give that token another text (a vocabulary that differs)."""
+    `renamed_token`: give that token another text (a vocabulary that differs);
+    `token_texts`: replace these tokens' texts; chat_template False: the file has none."""
     rng = np.random.default_rng(seed)
     vocab = _vocabulary()
     if renamed_token is not None:
         tokens = list(vocab["tokenizer.ggml.tokens"])
         tokens[renamed_token] = tokens[renamed_token] + "-renamed"
         vocab["tokenizer.ggml.tokens"] = tokens
+    if token_texts:
+        vocab["tokenizer.ggml.tokens"] = [token_texts.get(i, t) for i, t in
+                                          enumerate(vocab["tokenizer.ggml.tokens"])]
     n_vocab = len(vocab["tokenizer.ggml.tokens"])
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"random-{arch}")
@@ -62,7 +68,8 @@ def write_random_model(path: Path, *, arch: str = "llama", seed: int = 0,
     writer.add_bos_token_id(vocab["tokenizer.ggml.bos_token_id"])
     writer.add_eos_token_id(vocab["tokenizer.ggml.eos_token_id"])
     writer.add_add_bos_token(False)
-    writer.add_chat_template(vocab["tokenizer.chat_template"])
+    if chat_template:
+        writer.add_chat_template(vocab["tokenizer.chat_template"])
 
     def matrix(rows: int, cols: int, scale: float) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)

@@ -14,6 +14,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from localchat.chat.builtin_templates import BUILTIN_TEMPLATES, MAX_TEMPLATE_CHARS
 from localchat.chat.sandbox import (
     DEFAULT_MAX_OUTPUT_CHARS,
     DEFAULT_TIME_LIMIT_S,
@@ -22,15 +23,6 @@ from localchat.chat.sandbox import (
 )
 from localchat.engine.base import Message
 from localchat.errors import TemplateError
-
-MAX_TEMPLATE_CHARS = 1024 * 1024
-
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 # Text that looks like a control token in some model family.
 _CONTROL_LIKE = (
@@ -103,7 +95,7 @@ def render_chat(
     contents land) and once for real; the segments are used only if they reproduce the
     real render exactly. Raises TemplateError for unsafe, broken or too costly templates.
     """
-    source = template or CHATML_TEMPLATE  # no (or an empty) template: ChatML
+    source = template or BUILTIN_TEMPLATES["chatml"]  # no (or an empty) template: ChatML
     if len(source) > MAX_TEMPLATE_CHARS:
         raise TemplateError(f"chat template rejected: longer than {MAX_TEMPLATE_CHARS} characters")
     limits = RenderLimits(time_limit_s, max_output_chars)

@@ -3,8 +3,11 @@ UI and CLI never import an engine's heavy dependencies themselves."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from localchat.engine.base import Engine
 from localchat.errors import UsageError
+from localchat.model_files import GGUFFacts
 
 ENGINES = ("llama.cpp", "torch", "auto")
 DEFAULT_CTX = 4096
@@ -24,6 +27,8 @@ def load_engine(
     cache_types: tuple[str | None, str | None] = (None, None),
     endpoint: str | None = None,
     api_key: str | None = None,
+    chat_template: str | None = None,
+    timeout: float | None = None,
 ) -> Engine:
     """Resolve a model SPEC, validate the file, and load it into the chosen engine.
 
@@ -33,15 +38,23 @@ def load_engine(
     or "ngram"; num_draft_tokens fixes how many tokens it drafts per step. parallel: the
     llama.cpp executor's KV slots (sequences at once); cache_types its K and V cache
     types (None: the defaults that keep batching exact). endpoint: an OpenAI-compatible
-    server's URL; then nothing is loaded here (engine/remote.py).
+    server's URL; then nothing is loaded here (engine/remote.py), and timeout bounds each
+    wait for it (seconds). chat_template: a
+    built-in template's name or a Jinja file, instead of the model file's
+    (chat/builtin_templates.py; files without one get their family's format).
     """
     from localchat.models import resolve_model_facts
 
     if endpoint is not None:  # an OpenAI-compatible server does the work; spec names its model
+        if chat_template is not None:
+            raise UsageError("--chat-template is for local models: with --endpoint the server "
+                             "applies its own")
         from localchat.engine.remote import RemoteEngine
 
         return RemoteEngine(endpoint, model=None if spec == "default" else spec,
-                            api_key=api_key, ctx_size=ctx_size)
+                            api_key=api_key, ctx_size=ctx_size, timeout=timeout)
+    if timeout is not None:
+        raise UsageError("--timeout is for --endpoint: a local model has no server to wait for")
     if engine not in ENGINES:
         raise UsageError(f"unknown engine {engine!r} (choose from: {', '.join(ENGINES)})")
     if ctx_size is not None and ctx_size < 0:
@@ -50,7 +63,7 @@ def load_engine(
         raise UsageError(f"threads must be >= 1, got {threads}")
     if parallel is not None and not 1 <= parallel <= 256:
         raise UsageError(f"--parallel must be 1..256, got {parallel}")
-    facts = resolve_model_facts(spec)
+    facts = with_chat_template(resolve_model_facts(spec), chat_template)
     if ctx_size is None:
         ctx_size = min(facts.context_length, DEFAULT_CTX)
     elif ctx_size == 0:
@@ -91,3 +104,12 @@ def load_engine(
     return load_runtime(facts, engine, n_ctx=ctx_size, threads=threads, kv_memory=kv_memory,
                         device=device, parallel=parallel, draft=draft_facts,
                         num_draft_tokens=num_draft_tokens, cache_types=tuple(cache_types))
+
+
+def with_chat_template(facts: GGUFFacts, override: str | None) -> GGUFFacts:
+    """The facts with the chat template prompts render with (builtin_templates.py)."""
+    from localchat.chat.builtin_templates import choose_template
+
+    chosen = choose_template(facts.chat_template, facts.architecture, facts.chat_markers,
+                             override)
+    return replace(facts, chat_template=chosen.source, chat_template_name=chosen.name)

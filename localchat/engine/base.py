@@ -150,6 +150,7 @@ class ModelInfo:
     head_dim: int
     kv_bytes_per_token: int
     weights_bytes: int = 0  # model weights as the engine holds them in memory
+    chat_template: str = ""  # which chat template renders prompts, and where it came from
 
     @classmethod
     def from_facts(cls, facts: "GGUFFacts", *, n_ctx: int, kv_bytes_per_token: int,
@@ -161,6 +162,7 @@ class ModelInfo:
             n_ctx_train=facts.context_length, n_ctx=n_ctx, n_layers=facts.n_layers,
             n_kv_heads=facts.n_kv_heads, head_dim=facts.head_dim,
             kv_bytes_per_token=kv_bytes_per_token, weights_bytes=weights_bytes,
+            chat_template=facts.chat_template_name,
         )
 
 

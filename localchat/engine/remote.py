@@ -26,7 +26,7 @@ from localchat.errors import EngineError, ModelNotFoundError, UsageError
 
 DEFAULT_CTX = 4096  # when neither -c nor the server says how large the context is
 CONNECT_TIMEOUT_S = 10.0
-READ_TIMEOUT_S = 600.0  # a busy server may queue a request for minutes before answering
+DEFAULT_TIMEOUT_S = 60.0  # --timeout: the longest wait for any answer (first byte, next chunk)
 # count_prompt_tokens: chat-template tokens around each message and before the reply
 # (ChatML and Llama 3 both spend about this much), and, without a tokenize endpoint,
 # a deliberately high estimate of the content's tokens so history is dropped early
@@ -44,17 +44,20 @@ class RemoteEngine(Engine):
     name = "remote"
 
     def __init__(self, endpoint: str, *, model: str | None = None, api_key: str | None = None,
-                 ctx_size: int | None = None) -> None:
+                 ctx_size: int | None = None, timeout: float | None = None) -> None:
         import httpx2
 
         if ctx_size is not None and ctx_size < 0:
             raise UsageError(f"context size must be >= 0, got {ctx_size}")
+        self._timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
+        if not (math.isfinite(self._timeout) and self._timeout > 0):
+            raise UsageError(f"--timeout must be a number of seconds > 0, got {timeout}")
         self.base, self.root = split_endpoint(endpoint)
         key = api_key if api_key is not None else os.environ.get("LOCALCHAT_API_KEY")
         self._has_key = bool(key)
         self._client = httpx2.Client(
             headers={"Authorization": f"Bearer {key}"} if key else {},
-            timeout=httpx2.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+            timeout=httpx2.Timeout(self._timeout, connect=min(CONNECT_TIMEOUT_S, self._timeout)),
             limits=httpx2.Limits(max_connections=64, max_keepalive_connections=32),
         )
         self._send_extensions = True
@@ -75,12 +78,13 @@ class RemoteEngine(Engine):
             name=name, path=self.base, architecture="remote", quant_type="remote",
             file_size=0, n_ctx_train=_int(meta.get("n_ctx_train")) or n_ctx,
             n_ctx=n_ctx, n_layers=0, n_kv_heads=0, head_dim=0, kv_bytes_per_token=0,
+            chat_template="the server's",
         )
 
     # --- setup -----------------------------------------------------------------------
 
     def _get_json(self, url: str, what: str) -> dict:
-        with transport_errors(self.base):
+        with transport_errors(self.base, self._timeout):
             response = self._client.get(url)
         if response.status_code >= 400:
             raise status_error(response.status_code, response.content, base=self.base,
@@ -114,7 +118,7 @@ class RemoteEngine(Engine):
         if found:
             return found
         try:
-            with transport_errors(self.base):
+            with transport_errors(self.base, self._timeout):
                 response = self._client.get(f"{self.root}/props")
             props = response.json() if response.status_code == 200 else {}
         except (ValueError, EngineError):
@@ -148,7 +152,7 @@ class RemoteEngine(Engine):
         them. Yields SSE data strings (stream) or the one JSON body."""
         for _ in range(2):
             route, body = self._body(request, stream=stream)
-            with transport_errors(self.base), self._client.stream(
+            with transport_errors(self.base, self._timeout), self._client.stream(
                     "POST", self.base + route, json=body) as response:
                 if response.status_code >= 400:
                     content = response.read()
@@ -275,9 +279,9 @@ class RemoteEngine(Engine):
         """Tokens of TEXT by the server's tokenizer; None where it has no endpoint for it."""
         for url, field in self._tokenize_routes:
             try:
-                with transport_errors(self.base):
+                with transport_errors(self.base, self._timeout):
                     response = self._client.post(url, json={field: text, "model": self.model},
-                                                 timeout=CONNECT_TIMEOUT_S)
+                                                 timeout=min(CONNECT_TIMEOUT_S, self._timeout))
                 tokens = response.json().get("tokens") if response.status_code == 200 else None
             except (ValueError, AttributeError, EngineError, UsageError):
                 tokens = None

@@ -97,8 +97,8 @@ class ConnectionLost(EngineError):
 
 
 @contextmanager
-def transport_errors(base: str) -> Iterator[None]:
-    """Network failures as one-line EngineErrors."""
+def transport_errors(base: str, timeout: float) -> Iterator[None]:
+    """Network failures as one-line EngineErrors; `timeout`: the --timeout that ran out."""
     import httpx2
 
     try:
@@ -109,7 +109,8 @@ def transport_errors(base: str) -> Iterator[None]:
         raise EngineError(f"cannot reach {base}: {one_line(exc) or 'connection failed'}") \
             from None
     except httpx2.TimeoutException:
-        raise EngineError(f"{base} did not answer in time") from None
+        raise EngineError(f"{base} did not answer within {timeout:g} s "
+                          "(--timeout; raise it for a slow or busy server)") from None
     except httpx2.HTTPError as exc:
         raise ConnectionLost(f"the connection to {base} broke: "
                           f"{one_line(exc) or type(exc).__name__}") from None

@@ -213,7 +213,8 @@ class ControlsMixin:
         rows = [(k, v) for k, v in reply.stats.to_dict().items() if k != "draft"]
         rows += [("finish_reason", reply.finish_reason or reply.status), ("status", reply.status)]
         if self.engine is not None:
-            rows += [("model", self.engine.info.name), ("engine", self.engine.name)]
+            rows += [("model", self.engine.info.name), ("engine", self.engine.name),
+                     ("chat_template", self.engine.info.chat_template)]
         body = "| field | value |\n| --- | --- |\n" + "\n".join(
             f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows)
         if reply.stats.draft:

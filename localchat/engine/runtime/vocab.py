@@ -12,6 +12,7 @@ from typing import Protocol, Sequence
 
 from localchat.engine.base import Message, ModelInfo, Request
 from localchat.engine.runtime.stream import check_prompt_fits
+from localchat.errors import TemplateError
 from localchat.model_files import GGUFFacts
 
 
@@ -39,7 +40,19 @@ class VocabMixin:
     info: ModelInfo
 
     def tokenize_messages(self, messages: Sequence[Message]) -> list[int]:
-        return self.vocab.tokenize_messages(self.facts.chat_template, messages)
+        try:
+            return self.vocab.tokenize_messages(self.facts.chat_template, messages)
+        except TemplateError:
+            self._refuse_if_oversize(messages)
+            raise
+
+    def _refuse_if_oversize(self, messages: Sequence[Message]) -> None:
+        """A prompt too large for the template's output limit is too large for the context
+        too: say so in tokens, as a prompt that rendered would be told. Uses self.vocab
+        directly: the caller may hold the engine's vocabulary lock."""
+        if sum(len(m.content) for m in messages) >= self.info.n_ctx:
+            n_tokens = sum(len(self.vocab.tokenize_text(m.content)) for m in messages)
+            check_prompt_fits(n_tokens, self.info.n_ctx, self.info.n_ctx_train)
 
     def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
         return len(self.tokenize_messages(messages))
