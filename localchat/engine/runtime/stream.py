@@ -100,7 +100,9 @@ def stream_events(
     if finish == "length" and cancel.is_set() and len(completion) < budget:
         finish = "cancelled"  # the tokens stopped coming because of the cancel
     if not stops.stopped:
-        tail = stops.feed(decoder.decode(b"", final=True)) + stops.flush()
+        # Bytes still pending are the start of a character the cut (-n, cancel) left
+        # unfinished: dropped, never shown as U+FFFD (invalid bytes were replaced already).
+        tail = stops.flush()
         if tail:
             text.append(tail)
             yield Delta(text=tail, token_ids=(), stats=stats())
