@@ -27,11 +27,15 @@ def _model_flags() -> argparse.ArgumentParser:
                         "supports the model) (default: %(default)s)")
     g.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
                    help="context window in tokens (default: min(model's, 4096); 0 = model's)")
-    g.add_argument("--threads", type=int, default=None, metavar="N",
+    g.add_argument("-t", "--threads", type=int, default=None, metavar="N",
                    help="CPU threads (default: all cores)")
     g.add_argument("--device", default=None, metavar="DEVICE",
                    help="auto, cpu, cuda[:N] or mps (default: auto: CUDA, else MPS, else CPU; "
                         "the llama.cpp engine offloads to its GPU unless this is cpu)")
+    g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="gpu_layers", type=int,
+                   default=None, metavar="N",
+                   help="llama.cpp engine: layers to offload to the GPU, 0 = none, -1 = all "
+                        "(default: all where its build has a GPU)")
     g.add_argument("--kv-memory", default=None, metavar="SIZE",
                    help="torch engine: memory for the paged KV cache, e.g. 2GB "
                         "(default: 10%% of available memory, at least one context)")
@@ -79,8 +83,10 @@ def _endpoint_flags() -> argparse.ArgumentParser:
 def _sampling_flags() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("sampling")
-    g.add_argument("-s", "--system", default=None, metavar="TEXT", help="system prompt")
-    g.add_argument("-n", "--max-tokens", type=int, default=None, metavar="N",
+    g.add_argument("-sys", "--system-prompt", "--system", dest="system", default=None,
+                   metavar="TEXT", help="system prompt")
+    g.add_argument("-n", "--max-tokens", "--n-predict", "--predict", dest="max_tokens",
+                   type=int, default=None, metavar="N",
                    help="most tokens to generate (default: until done or context end)")
     g.add_argument("--temp", "--temperature", dest="temp", type=float, default=0.8,
                    help="temperature, 0 = greedy (default: %(default)s)")
@@ -88,7 +94,8 @@ def _sampling_flags() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=0.95, help="(default: %(default)s)")
     g.add_argument("--min-p", type=float, default=0.05, help="(default: %(default)s)")
     g.add_argument("--repeat-penalty", type=float, default=1.0, help="(default: %(default)s)")
-    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    g.add_argument("-s", "--seed", type=int, default=None,
+                   help="sampling seed (default: random)")
     return p
 
 
@@ -132,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Print the model's reply to PROMPT (and/or stdin) on stdout.")
     run.add_argument("prompt", nargs="?", default=None,
                      help="the prompt; '-' or piped stdin supplies it (stdin first, then this)")
+    run.add_argument("-p", "--prompt", dest="prompt_flag", default=None, metavar="TEXT",
+                     help="the prompt, as a flag (llama.cpp's spelling of PROMPT)")
+    run.add_argument("-f", "--file", dest="prompt_file", default=None, metavar="FILE",
+                     help="read the prompt from FILE (after stdin, before PROMPT)")
     run.add_argument("--batch", default=None, metavar="FILE.jsonl",
                      help="one request per line ('prompt' or 'messages', optional sampling "
                           "fields and 'id'; '-' reads stdin): one JSON result per line on "
@@ -274,8 +285,19 @@ def _dispatch(args: argparse.Namespace) -> int:
     return run_tui(args)
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parse_args, except that a flag the subcommand does not know is reported by the
+    subcommand's parser (naming `localchat run --help`, not the top-level help)."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        culprit = subparsers.choices.get(getattr(args, "command", None) or "", parser)
+        culprit.error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     try:
         return _dispatch(args)
     except LocalchatError as exc:

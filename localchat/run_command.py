@@ -36,14 +36,39 @@ def read_stdin_text(stdin) -> str:
     return text
 
 
-def read_prompt(arg: str | None, stdin=None) -> str:
-    """Piped stdin first, then the argument, joined by a newline (as `llm` does)."""
+def read_prompt_file(path: str) -> str:
+    """-f FILE as text (invalid UTF-8 replaced, as for stdin); UsageError if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise UsageError(f"-f {path}: cannot read it ({exc.strerror or exc})") from None
+    text = data.decode("utf-8", errors="replace")
+    if "\ufffd" in text and "\ufffd" not in data.decode("utf-8", errors="ignore"):
+        print(f"localchat: warning: {path} is not valid UTF-8; invalid bytes replaced with "
+              "U+FFFD", file=sys.stderr)
+    return text
+
+
+def prompt_argument(args: argparse.Namespace) -> str | None:
+    """PROMPT or -p TEXT (not both)."""
+    flag = getattr(args, "prompt_flag", None)
+    if flag is not None and args.prompt is not None:
+        raise UsageError("give the prompt once: as PROMPT or as -p/--prompt, not both")
+    return flag if flag is not None else args.prompt
+
+
+def read_prompt(arg: str | None, stdin=None, file: str | None = None) -> str:
+    """Piped stdin first, then FILE (-f), then the argument, joined by newlines (as `llm`
+    does)."""
     stdin = stdin if stdin is not None else sys.stdin
     parts = []
     if arg == "-" or (stdin is not None and not stdin.isatty()):
         piped = read_stdin_text(stdin)
         if piped.strip():
             parts.append(piped.rstrip("\n"))
+    if file is not None:
+        parts.append(read_prompt_file(file).rstrip("\n"))
     if arg not in (None, "-"):
         parts.append(arg)
     prompt = "\n".join(parts)
@@ -120,7 +145,7 @@ def _continue_settings(settings: ChatSettings, conv, args: argparse.Namespace) -
 
 def cmd_run(args: argparse.Namespace) -> int:
     settings = ChatSettings.from_args(args).with_parallel(1)  # one request: one KV slot
-    prompt = read_prompt(args.prompt)
+    prompt = read_prompt(prompt_argument(args), file=args.prompt_file)
     store = conv = writer = None
     earlier: list[Message] = []
     if getattr(args, "continue_last", False):

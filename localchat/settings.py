@@ -18,6 +18,7 @@ class ChatSettings:
     ctx_size: int | None = None
     threads: int | None = None
     device: str | None = None  # auto, cpu, cuda[:N], mps
+    gpu_layers: int | None = None  # -ngl: llama.cpp layers on the GPU (None: all it can)
     kv_memory: int | None = None  # bytes for the torch engine's paged KV cache
     parallel: int | None = None  # sequences at once (the llama.cpp engine's KV slots)
     cache_types: tuple[str | None, str | None] = (None, None)  # llama.cpp's K, V cache types
@@ -39,6 +40,7 @@ class ChatSettings:
             ctx_size=args.ctx_size,
             threads=args.threads,
             device=args.device,
+            gpu_layers=getattr(args, "gpu_layers", None),
             kv_memory=parse_memory(args.kv_memory) if args.kv_memory else None,
             parallel=getattr(args, "parallel", None),
             cache_types=(getattr(args, "cache_type_k", None), getattr(args, "cache_type_v", None)),
@@ -94,7 +96,8 @@ class ChatSettings:
 
         return load_engine(self.model, engine=self.engine, ctx_size=self.ctx_size,
                            threads=self.threads, kv_memory=self.kv_memory, draft=self.draft,
-                           device=self.device, parallel=self.parallel,
+                           device=self.device, gpu_layers=self.gpu_layers,
+                           parallel=self.parallel,
                            cache_types=self.cache_types,
                            endpoint=self.endpoint, api_key=self.api_key,
                            num_draft_tokens=self.num_draft_tokens,

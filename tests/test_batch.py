@@ -74,7 +74,7 @@ def test_stdin_and_all_good_exits_0():
 @pytest.mark.parametrize("engine", ["llama.cpp", "torch"])
 def test_greedy_batch_line_equals_run(engine, tmp_path):
     prompt = "What is the capital of France?"
-    flags = ["--engine", engine, "--temp", "0", "-n", "8", "-s", "Be brief."]
+    flags = ["--engine", engine, "--temp", "0", "-n", "8", "-sys", "Be brief."]
     single = localchat("run", *flags, "--json", prompt)
     assert single.returncode == 0, single.stderr
     batch = localchat("run", "--batch", "-", *flags,

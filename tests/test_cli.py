@@ -26,7 +26,7 @@ def assert_one_line_error(proc, *needles):
     assert "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("localchat: error: ")
+    assert lines[0].startswith(("localchat: error: ", "localchat run: error: "))
     for needle in needles:
         assert needle in lines[0], lines[0]
     assert proc.stdout == ""
@@ -69,7 +69,7 @@ def test_stdin_comes_first_then_the_argument():
 
 
 def test_system_prompt_and_sampling_flags_are_accepted():
-    proc = localchat("run", "Hi", "-s", "Answer in one word.", "-n", "4", "--temp", "0.7",
+    proc = localchat("run", "Hi", "-sys", "Answer in one word.", "-n", "4", "--temp", "0.7",
                      "--top-k", "20", "--top-p", "0.9", "--min-p", "0.1",
                      "--repeat-penalty", "1.1", "--seed", "7", "-c", "256", "--threads", "1",
                      "--json")
@@ -82,6 +82,14 @@ def test_prompt_longer_than_context_is_a_clear_error():
     proc = localchat("run", "word " * 600, "-c", "256")
     assert_one_line_error(proc, "256 tokens")
     assert proc.returncode == 1
+
+
+def test_a_tiny_context_is_honoured_or_refused_in_one_line():
+    long = "Hello there, how are you today? Please tell me about your day in great detail."
+    assert_one_line_error(localchat("run", "-c", "32", long), "context window is 32 tokens")
+    proc = localchat("run", "-c", "40", "-n", "2", "--json", "Hi")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["context_capacity"] == 40  # not rounded up to 256
 
 
 def test_a_prompt_beyond_the_templates_output_limit_says_its_tokens_and_the_context():
@@ -144,6 +152,25 @@ def test_a_bad_flag_is_one_line_naming_it(args):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "error:" in lines[0] and "--help" in lines[0], proc.stderr
     assert ("--seed" if "--seed" in args else "--bogus") in lines[0]
+    assert lines[0].startswith("localchat run: error:" if args[0] == "run" else "localchat: error:")
+
+
+def test_llama_cpp_spellings_of_the_flags(tmp_path):
+    """-s is the seed (not the system prompt), -sys the system prompt, -p/-f the prompt,
+    -t threads, -ngl GPU layers, --n-predict the token limit: as llama.cpp users type them."""
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Name a colour.\n")
+    common = ["-sys", "Answer in one word.", "--temp", "1.5", "-t", "2", "-ngl", "0", "--json"]
+    runs = [localchat("run", *common, *args) for args in (
+        ["-s", "7", "-f", str(prompt), "--n-predict", "6"],
+        ["--seed", "7", "-p", "Name a colour.", "-n", "6"])]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stderr
+    first, second = (json.loads(p.stdout) for p in runs)
+    assert first["text"] == second["text"] and first["completion_tokens"] <= 6
+    assert_one_line_error(localchat("run", "-s", "abc", "hi"), "-s/--seed", "'abc'")
+    assert_one_line_error(localchat("run", "-f", str(tmp_path / "none.txt")), "-f", "cannot read")
+    assert_one_line_error(localchat("run", "-ngl", "-2", "hi"), "-ngl/--n-gpu-layers")
 
 
 @pytest.mark.parametrize("url", ["http://[::1", "http://localhost:abc/v1"])

@@ -25,7 +25,7 @@ def localchat(*args, timeout=180):
 
 
 def test_run_continue_keeps_history_system_prompt_and_sampling():
-    first = localchat("run", "--continue", "My name is Ada. Say hello.", "-s", "Be brief.",
+    first = localchat("run", "--continue", "My name is Ada. Say hello.", "--system", "Be brief.",
                       "--temp", "0", "-n", "12", "--json")
     assert first.returncode == 0, first.stderr
     plain = localchat("run", "What is my name?", "-n", "4", "--json")

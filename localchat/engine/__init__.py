@@ -23,6 +23,7 @@ def load_engine(
     draft: str | None = None,
     num_draft_tokens: int | None = None,
     device: str | None = None,
+    gpu_layers: int | None = None,
     parallel: int | None = None,
     cache_types: tuple[str | None, str | None] = (None, None),
     endpoint: str | None = None,
@@ -37,7 +38,8 @@ def load_engine(
     architectures it runs and llama.cpp for everything else. draft: a draft model SPEC
     or "ngram"; num_draft_tokens fixes how many tokens it drafts per step. parallel: the
     llama.cpp executor's KV slots (sequences at once); cache_types its K and V cache
-    types (None: the defaults that keep batching exact). endpoint: an OpenAI-compatible
+    types (None: the defaults that keep batching exact), gpu_layers its layers offloaded
+    (-ngl; None: all where its build has a GPU). endpoint: an OpenAI-compatible
     server's URL; then nothing is loaded here (engine/remote.py), and timeout bounds each
     wait for it (seconds). chat_template: a
     built-in template's name or a Jinja file, instead of the model file's
@@ -96,13 +98,20 @@ def load_engine(
     if engine == "torch" and any(cache_types):
         raise UsageError("--cache-type-k/-v are for the llama.cpp engine; the torch engine "
                          "keeps its KV cache in float16")
+    if gpu_layers is not None and gpu_layers < -1:
+        raise UsageError(f"-ngl/--n-gpu-layers must be -1 (all), 0 (none) or more, "
+                         f"got {gpu_layers}")
+    if engine == "torch" and gpu_layers is not None:
+        raise UsageError("-ngl/--n-gpu-layers is for the llama.cpp engine; the torch engine "
+                         "puts the whole model on --device")
     if engine == "llama.cpp" and device not in (None, "auto", "cpu"):
         raise UsageError(f"--device {device} is for the torch engine; the llama.cpp engine "
                          "offloads to the GPU its build supports (or --device cpu for none)")
     from localchat.engine.loading import load_runtime
 
     return load_runtime(facts, engine, n_ctx=ctx_size, threads=threads, kv_memory=kv_memory,
-                        device=device, parallel=parallel, draft=draft_facts,
+                        device=device, gpu_layers=gpu_layers, parallel=parallel,
+                        draft=draft_facts,
                         num_draft_tokens=num_draft_tokens, cache_types=tuple(cache_types))
 
 

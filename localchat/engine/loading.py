@@ -10,6 +10,7 @@ from localchat.model_files import GGUFFacts
 
 def load_executor(facts: GGUFFacts, engine: str, *, n_ctx: int, threads: int | None,
                   kv_memory: int | None, device: str | None, parallel: int | None,
+                  gpu_layers: int | None = None,
                   cache_types: tuple[str | None, str | None] = (None, None),
                   flash_attn: bool = True):
     if engine == "torch":
@@ -21,21 +22,23 @@ def load_executor(facts: GGUFFacts, engine: str, *, n_ctx: int, threads: int | N
 
     return COMPUTE.call(lambda: LlamaCppExecutor(
         facts, n_ctx=n_ctx, threads=threads, parallel=parallel,
-        gpu_layers=0 if device == "cpu" else None, cache_types=cache_types,
+        gpu_layers=0 if device == "cpu" else gpu_layers, cache_types=cache_types,
         flash_attn=flash_attn))
 
 
 def load_runtime(facts: GGUFFacts, engine: str, *, n_ctx: int, threads: int | None,
                  kv_memory: int | None, device: str | None, parallel: int | None,
                  draft: GGUFFacts | str | None, num_draft_tokens: int | None,
+                 gpu_layers: int | None = None,
                  cache_types: tuple[str | None, str | None] = (None, None),
                  flash_attn: bool = True) -> RuntimeEngine:
     """draft: a draft model's facts (vocabulary already checked), "ngram" or None;
-    cache_types, flash_attn: the llama.cpp executor's (LlamaCppExecutor)."""
+    gpu_layers, cache_types, flash_attn: the llama.cpp executor's (LlamaCppExecutor)."""
     from localchat.engine.runtime.speculative.drafts import ModelDraft, NgramDraft
 
     options = dict(n_ctx=n_ctx, threads=threads, kv_memory=kv_memory, device=device,
-                   parallel=parallel, cache_types=cache_types, flash_attn=flash_attn)
+                   parallel=parallel, gpu_layers=gpu_layers, cache_types=cache_types,
+                   flash_attn=flash_attn)
     executor = load_executor(facts, engine, **options)
     source = None
     try:
