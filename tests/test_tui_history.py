@@ -271,6 +271,34 @@ async def test_export_stats_copy_help_and_clear(engine):
         assert len(app.store.messages(old)) == 2  # the old one stays in the history
 
 
+async def test_ctrl_n_from_the_conversation_list_puts_the_focus_in_the_input(engine):
+    app = make_app(engine, max_tokens=4)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await chat(pilot, "Hello")
+        first = app.conversation.id
+        await pilot.press("ctrl+b", "ctrl+n")
+        await pilot.pause()
+        assert isinstance(app.focused, PromptInput)
+        await pilot.press(*"Hi", "enter")  # typed into the new chat, not the list
+        await wait_until(pilot, lambda: not app._generating and len(app.entries) == 2)
+        assert app.entries[0].content == "Hi" and app.conversation.id != first
+
+
+async def test_f1_help_rows_keep_commands_with_a_bar_in_one_row(engine):
+    from textual.widgets._markdown import MarkdownTable
+
+    app = make_app(engine)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await ready(pilot)
+        await pilot.press("f1")
+        await pilot.pause()
+        rows = [[cell.plain for cell in row] for table in app.screen.query(MarkdownTable)
+                for row in table._rows]
+        export = next(row for row in rows if row[0].startswith("/export"))
+        assert export == ["/export [md|json] [PATH]", "write this conversation to a file"]
+
+
 async def test_copy_without_code_block_is_an_error(engine):
     app = make_app(engine)
     async with app.run_test(size=(100, 30)) as pilot:

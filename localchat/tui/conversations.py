@@ -153,6 +153,7 @@ class ConversationsMixin:
         await self._reset_chat()
         self.conversation = None
         await self._refresh_sidebar()
+        self.query_one(PromptInput).focus()  # even from the conversation list: type at once
 
     async def action_toggle_sidebar(self) -> None:
         sidebar = self.query_one(Sidebar)
@@ -185,7 +186,6 @@ class ConversationsMixin:
             self._ask_delete(message.conversation_id)
         elif message.action == "new":
             await self.action_new_conversation()
-            self.query_one(PromptInput).focus()
 
     async def _on_sidebar_search_changed(self, message: Sidebar.SearchChanged) -> None:
         self._search = message.text

@@ -28,13 +28,18 @@ KEYS_HELP = [
 ]
 
 
+def _cell(text: str) -> str:
+    """Table-cell text: a literal | (as in /export [md|json]) must not end the cell."""
+    return text.replace("|", "\\|")
+
+
 def help_markdown(keymap_file: Path | None = None) -> str:
     lines = ["| key | does |", "| --- | --- |"]
-    lines += [f"| {k} | {v} |" for k, v in KEYS_HELP]
+    lines += [f"| {_cell(k)} | {_cell(v)} |" for k, v in KEYS_HELP]
     lines += ["", "In the conversation list: Enter opens, r renames, d deletes, n starts a new "
               "one, / searches.", "", "| command | does |", "| --- | --- |"]
     for name, (args, what) in COMMANDS.items():
-        lines.append(f"| /{name}{' ' + args if args else ''} | {what} |")
+        lines.append(f"| {_cell('/' + name + (' ' + args if args else ''))} | {_cell(what)} |")
     lines += ["", "Start a message with // to send text that begins with /."]
     if keymap_file is not None:
         lines += ["", f"Keys can be rebound by action name in {keymap_file}."]
