@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="add PROMPT to the last conversation and reply with its history, "
                           "system prompt and sampling (flags that differ from their defaults "
                           "override them); saved to the history as it streams")
+    run.add_argument("--no-history", action="store_true",
+                     help="do not save this exchange (by default each run is kept as a "
+                          "conversation, so --continue and the chat UI's list find it)")
 
     pull = sub.add_parser("pull", help="download a model from Hugging Face")
     pull.add_argument("spec", metavar="SPEC", help="OWNER/REPO:FILE.gguf or OWNER/REPO:QUANT")

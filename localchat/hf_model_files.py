@@ -186,7 +186,7 @@ def validate_hf_directory(path: str | Path) -> GGUFFacts:
     return GGUFFacts(
         path=directory,
         file_size=sum(f.stat().st_size for f in files),
-        name=directory.name,
+        name="-".join(directory.name.split()),
         architecture=model_type,
         quant_type=quant_type(config, headers),
         context_length=_int(config, "max_position_embeddings", directory),

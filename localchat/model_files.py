@@ -10,6 +10,7 @@ pickle and torch are never imported here.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,13 +119,14 @@ def _facts(g: GGUFFile, path: Path, file_size: int) -> GGUFFacts:
     n_heads = num(f"{arch}.attention.head_count")
     n_embd = num(f"{arch}.embedding_length")
     tokens = md.get("tokenizer.ggml.tokens")
-    name = text("general.name")
+    quant_type = _quant_type(g)
     return GGUFFacts(
         path=path,
         file_size=file_size,
-        name=name if name and name.strip() else path.stem,
+        name=display_name(path, text("general.basename"), text("general.size_label"),
+                          text("general.name")),
         architecture=arch,
-        quant_type=_quant_type(g),
+        quant_type=quant_type,
         context_length=num(f"{arch}.context_length"),
         n_layers=num(f"{arch}.block_count"),
         n_heads=n_heads,
@@ -142,6 +144,24 @@ def chat_markers(vocabulary: list) -> tuple[str, ...]:
     """The chat-format control tokens (builtin_templates.CHAT_MARKERS) a vocabulary has."""
     present = set(vocabulary)
     return tuple(marker for marker, _ in CHAT_MARKERS if marker in present)
+
+
+def display_name(path: Path, basename: str | None, size_label: str | None,
+                 general_name: str | None) -> str:
+    """A short, space-free model name: the file name without its quant tag (the UI shows
+    the type beside it), e.g. SmolLM2-135M-Instruct; generic file names fall back to the
+    metadata's basename and size label, then general.name."""
+    stem = _QUANT_TAG.sub("", path.stem)
+    if stem and stem.lower() not in _GENERIC_STEMS:
+        return "-".join(stem.split())
+    if basename:
+        named = basename if not size_label or size_label in basename else f"{basename}-{size_label}"
+        return "-".join(named.split())
+    return "-".join((general_name or path.stem).split()) or path.stem
+
+
+_QUANT_TAG = re.compile(r"[.\-_](I?Q\d[\w]*|F16|F32|BF16|FP16|FP32)$", re.IGNORECASE)
+_GENERIC_STEMS = frozenset({"model", "ggml-model", "consolidated", "weights", "unsloth"})
 
 
 def _quant_type(g: GGUFFile) -> str:

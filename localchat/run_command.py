@@ -157,6 +157,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             settings = _continue_settings(settings, conv, args)
             earlier = [Message(m.role, m.content) for m in store.messages(conv.id)
                        if m.role in ("user", "assistant") and m.content]
+    elif not getattr(args, "no_history", False):
+        store = _open_history_or_warn()
     try:
         engine = settings.load_engine()
     except BaseException:
@@ -165,7 +167,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise
     try:
         messages = settings.system_messages() + earlier + [Message("user", prompt)]
-        if store is not None:
+        if earlier:  # --continue: the history that fits
             n_ctx = engine.info.n_ctx
             reserve = min(settings.max_tokens or REPLY_RESERVE, n_ctx // 4)
             fit = fit_history(messages, engine.count_prompt_tokens, n_ctx - reserve)
@@ -173,7 +175,6 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"localchat: {fit.dropped_turns} earlier turn(s) dropped to fit the "
                       f"{n_ctx}-token context", file=sys.stderr)
             messages = list(fit.messages)
-            writer = _begin_saving(store, conv, settings, prompt)
         request = Request(
             messages=messages,
             sampling=settings.sampling,
@@ -184,6 +185,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         with _ctrl_c_cancels(cancel):
             for event in engine.generate(request, cancel):
                 if isinstance(event, Delta):
+                    if writer is None and store is not None:  # saved once a reply begins
+                        writer = _begin_saving(store, conv, settings, prompt)
                     if writer is not None:
                         writer.feed(event.text)
                     if not args.json and event.text:
@@ -216,6 +219,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         engine.close()
         if store is not None:
             store.close()
+
+
+def _open_history_or_warn():
+    """The history a plain run is saved to (so --continue continues it); a damaged or
+    locked one is said on stderr and the run goes on unsaved."""
+    from localchat.errors import LocalchatError
+    from localchat.storage import ConversationStore
+
+    try:
+        return ConversationStore.open()
+    except LocalchatError as exc:
+        print(f"localchat: warning: this run is not saved to the history: {exc}",
+              file=sys.stderr)
+        return None
 
 
 def _begin_saving(store, conv, settings: ChatSettings, prompt: str):

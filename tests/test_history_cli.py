@@ -28,7 +28,7 @@ def test_run_continue_keeps_history_system_prompt_and_sampling():
     first = localchat("run", "--continue", "My name is Ada. Say hello.", "--system", "Be brief.",
                       "--temp", "0", "-n", "12", "--json")
     assert first.returncode == 0, first.stderr
-    plain = localchat("run", "What is my name?", "-n", "4", "--json")
+    plain = localchat("run", "What is my name?", "-n", "4", "--json", "--no-history")
     second = localchat("run", "--continue", "What is my name?", "-n", "12", "--json")
     assert second.returncode == 0, second.stderr
     # the second prompt carried the first exchange and the stored system prompt
@@ -36,7 +36,7 @@ def test_run_continue_keeps_history_system_prompt_and_sampling():
     store = ConversationStore.open(db_path())
     try:
         convs = store.list_conversations()
-        assert len(convs) == 1  # the plain run is not recorded
+        assert len(convs) == 1  # the --no-history run is not recorded
         conv = convs[0]
         assert conv.system_prompt == "Be brief." and conv.params["temperature"] == 0
         msgs = store.messages(conv.id)
@@ -45,6 +45,20 @@ def test_run_continue_keeps_history_system_prompt_and_sampling():
         assert msgs[3].content == json.loads(second.stdout)["text"]
         assert msgs[3].status == "complete" and msgs[3].stats["completion_tokens"] > 0
         assert msgs[3].params["temperature"] == 0  # the conversation's, not the flag default
+    finally:
+        store.close()
+
+
+def test_a_plain_run_is_saved_so_continue_continues_it():
+    first = localchat("run", "My name is Ada.", "--temp", "0", "-n", "6")
+    assert first.returncode == 0, first.stderr
+    assert localchat("run", "--continue", "What is my name?", "-n", "6").returncode == 0
+    store = ConversationStore.open(db_path())
+    try:
+        (conv,) = store.list_conversations()
+        msgs = store.messages(conv.id)
+        assert [m.content for m in msgs][::2] == ["My name is Ada.", "What is my name?"]
+        assert msgs[1].content == first.stdout.rstrip("\n") and msgs[1].status == "complete"
     finally:
         store.close()
 

@@ -44,7 +44,20 @@ def test_bundled_facts() -> None:
     assert facts.chat_template and "im_start" in facts.chat_template
     assert facts.bos_token == "<|im_start|>"
     assert facts.eos_token == "<|im_end|>"
-    assert facts.name
+    assert facts.name == "SmolLM2-135M-Instruct"  # not general.name's "Smollm2 135M 8k Lc100K ..."
+
+
+@pytest.mark.parametrize("file, name", [
+    ("Llama-3.2-1B-Instruct-Q4_K_M.gguf", "Llama-3.2-1B-Instruct"),
+    ("gemma-3-270m-it-IQ4_NL.gguf", "gemma-3-270m-it"),
+    ("qwen2.5-0.5b-instruct-fp16.gguf", "qwen2.5-0.5b-instruct"),
+    ("model.gguf", "Qwen2.5-0.5B"),  # a generic file name: basename + size label
+    ("my chat model.gguf", "my-chat-model"),
+])
+def test_display_names_are_short_and_space_free(file, name) -> None:
+    from localchat.model_files import display_name
+
+    assert display_name(Path(file), "Qwen2.5", "0.5B", "Qwen2.5 0.5B Instruct") == name
 
 
 def test_bundled_reads_fast() -> None:

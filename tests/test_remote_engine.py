@@ -370,4 +370,7 @@ async def test_the_chat_ui_runs_on_the_endpoint(server_url):
             assert time.monotonic() < deadline + 30
             await pilot.pause(0.05)
         assert app.history[-1].content.strip()
-        assert "/2048" in str(app.query_one(GaugeBar).render())
+        gauges = str(app.query_one(GaugeBar).render())
+        assert "/2048" in gauges and "KV n/a" in gauges and "0 B" not in gauges
+        title = str(app.query_one("#title").render())
+        assert "remote · remote" not in title and app.engine.info.path in title

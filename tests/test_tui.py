@@ -68,6 +68,9 @@ async def test_escape_stops_generation_and_keeps_partial_reply(engine):
         await send(pilot, "Write a very long story about a dragon and a knight.")
         gauges = app.query_one(GaugeBar)
         await wait_until(pilot, lambda: gauges.stats is not None and gauges.stats.completion_tokens >= 3)
+        await send(pilot, "And then?")  # Enter while it streams: said, and the text kept
+        assert app.last_error.startswith("a reply is being generated: Esc stops it")
+        assert app.query_one(PromptInput).text == "And then?"
         await pilot.press("escape")
         await wait_until(pilot, lambda: not app._generating)
         reply = replies(app)[-1]
@@ -191,3 +194,22 @@ def test_kv_bar_shows_used_cached_and_free():
     assert kv_bar(used=2, capacity=8, cached=4) == "██▒▒▒▒░░"
     assert kv_bar(used=0, capacity=8) == "░" * 8
     assert kv_bar(used=1, capacity=1000) == "█" + "░" * 7  # in use is never drawn as empty
+
+
+async def test_a_reply_keeps_its_single_line_breaks():
+    """Unfenced code (or any lines) in a reply is not joined into one paragraph line."""
+    from textual.app import App
+    from textual.widgets._markdown import MarkdownParagraph
+
+    class OneMessage(App):
+        def compose(self):
+            yield MessageView("assistant", "Here:\nimport os\nprint(os.getcwd())\n\nDone.")
+
+    app = OneMessage()
+    async with app.run_test() as pilot:
+        await pilot.pause()
+        view = app.query_one(MessageView)
+        await view.markdown.append("\nBye.")  # streamed text goes through the same parser
+        await pilot.pause()
+        paragraphs = [p._content.plain for p in app.query(MarkdownParagraph)]
+        assert paragraphs == ["Here:\nimport os\nprint(os.getcwd())", "Done.\nBye."]

@@ -127,7 +127,7 @@ def test_format_gauges_with_a_draft_fits_80_columns():
     draft = {"source": "ngram", "proposed": 40, "accepted": 32, "acceptance_rate": 0.8,
              "gamma": 4, "measured_speedup": None}
     full = format_gauges(stats_with(draft), "generating")
-    assert full.endswith(" │ draft 80% γ4") and "0.02/2.1 GiB" in full and "TTFT 125 ms" in full
+    assert full.endswith(" │ draft 80% γ4") and "19.8 MiB/2.1 GiB" in full and "TTFT 125 ms" in full
     fitted = format_gauges(stats_with(draft), "generating", width=78)  # 80 minus padding
     assert cell_len(fitted) <= 78 < cell_len(full)
     assert "draft 80% γ4" in fitted and "ctx 900/4096" in fitted and "142.0 tok/s" in fitted

@@ -140,6 +140,26 @@ async def test_continue_flag_reopens_the_last_conversation_with_its_settings(eng
         assert len(msgs[1].content) > len("Hi th") and msgs[1].content == app.entries[1].content
 
 
+async def test_continue_loads_the_conversations_model_context_and_draft_first(tmp_path):
+    """--continue on a chat that ran another file, ctx 256 and the ngram draft loads those,
+    with no "used model X; continues with Y" notice."""
+    from tests.tiny_models import write_random_model
+
+    other = write_random_model(tmp_path / "other.gguf")
+    store = ConversationStore.open()
+    c = store.create_conversation("Old chat", model=str(other),
+                                  params={"temperature": 0.0, "ctx_size": 256, "draft": "ngram"})
+    store.add_message(c.id, "user", "Hello")
+    store.close()
+    app = ChatApp(ChatSettings(threads=2), continue_last=True)  # loads its own engine
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: app.engine is not None
+                         and app.query_one(GaugeBar).state == "ready")
+        assert app.engine.info.path == str(other) and app.engine.info.n_ctx == 256
+        assert (app.settings.model, app.settings.draft) == (str(other), "ngram")
+        assert not app.query(".notice")
+
+
 async def test_regenerate_replaces_the_last_reply(engine):
     app = make_app(engine)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -280,9 +300,24 @@ async def test_ctrl_n_from_the_conversation_list_puts_the_focus_in_the_input(eng
         await pilot.press("ctrl+b", "ctrl+n")
         await pilot.pause()
         assert isinstance(app.focused, PromptInput)
+        assert app.query_one(GaugeBar).stats is None  # not the last chat's ctx and rates
         await pilot.press(*"Hi", "enter")  # typed into the new chat, not the list
         await wait_until(pilot, lambda: not app._generating and len(app.entries) == 2)
         assert app.entries[0].content == "Hi" and app.conversation.id != first
+
+
+async def test_the_system_prompt_is_shown_and_an_empty_chat_says_what_to_do(engine):
+    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=4, system="Be brief."), engine=engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        line = app.query_one("#system-line")
+        assert line.display and "System: Be brief." in str(line.render())
+        assert "Enter sends" in app.query_one(PromptInput).placeholder
+        await send(pilot, "/system Answer in [b]French[/b].")  # shown as typed, not as markup
+        assert "System: Answer in [b]French[/b]." in str(line.render())
+        await send(pilot, "/system")
+        await pilot.pause()
+        assert not line.display
 
 
 async def test_f1_help_rows_keep_commands_with_a_bar_in_one_row(engine):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from dataclasses import replace
 
 import pytest
 from rich.cells import cell_len
@@ -323,6 +324,9 @@ def test_live_rate_and_prefill_in_the_gauge_line():
     assert "pp 312 · 61.3 tok/s" in format_gauges(stats, "generating", width=66)
     no_prefill = format_gauges(Stats(decode_tok_s=42.0), "ready")
     assert "prefill" not in no_prefill and "42.0 tok/s" in no_prefill
+    assert "KV n/a" in no_prefill and "0 B" not in no_prefill  # no KV cache here (--endpoint)
+    small = replace(stats, kv_cache_bytes=337 * 23040, kv_cache_capacity_bytes=2_500_000_000)
+    assert "7.4 MiB/2.3 GiB" in format_gauges(small, "ready")  # not 0.0/2.3 GiB
 
 
 async def test_model_slash_command_switches_the_model_and_refuses_a_bad_one(local_copy, tmp_path):

@@ -23,6 +23,7 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
 from textual.widgets import Footer, Static
 
 from localchat.engine.base import Engine, Message
@@ -34,7 +35,7 @@ from localchat.tui.controls import ControlsMixin
 from localchat.tui.conversations import ConversationsMixin
 from localchat.tui.drafts import DraftColoursMixin
 from localchat.tui.generation import REPLY_RESERVE, UI_INTERVAL_S, GenerationMixin
-from localchat.tui.help import KEYS_HELP, help_markdown
+from localchat.tui.help import EMPTY_HINT, KEYS_HELP, help_markdown
 from localchat.tui.keymap import load_keymap
 from localchat.tui.messages import Entry, EngineEvent, EngineLoaded, GenerationFailed, StoreFailed
 from localchat.tui.palette import ChatCommands
@@ -101,6 +102,7 @@ class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMi
         self._generating = False
         self._streams: dict[int, object] = {}
         self._owns_engine = engine is None
+        self._engine_requested = False  # on_mount starts the first load
         self._search = ""
         self._store_warned = False
         self.keymap_file, keymap, self.keymap_problem = load_keymap()
@@ -118,14 +120,23 @@ class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMi
         with Horizontal(id="main"):
             yield Sidebar(id="sidebar", classes="hidden")
             with Vertical(id="chatpane"):
+                yield Static("", id="system-line", classes="hidden")
                 yield VerticalScroll(id="chat")
                 with Horizontal(id="gaugerow"):
                     yield GaugeBar(id="gauges")
                     yield RateSparkline(id="rate")
-                yield PromptInput(id="prompt", show_line_numbers=False)
+                yield PromptInput(id="prompt", show_line_numbers=False, placeholder=EMPTY_HINT)
         yield Footer()
 
+    def show_system_prompt(self) -> None:
+        """The system prompt, on one line above the chat (hidden when there is none)."""
+        line = self.query_one("#system-line", Static)
+        system = self.settings.system
+        line.set_class(not system, "hidden")
+        line.update(Content(f"System: {' '.join((system or '').split())}  (/system edits)"))
+
     async def on_mount(self) -> None:
+        self.show_system_prompt()
         self.query_one("#chat").anchor()
         self.query_one(PromptInput).focus()
         if self.keymap_problem:
@@ -134,6 +145,7 @@ class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMi
             self._open_history()
         if self._continue_last:
             await self._continue_last_conversation()
+        self._engine_requested = True  # from now on a conversation's model loads live
         if self.engine is None:
             self._load_engine()
         else:
@@ -174,9 +186,10 @@ class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMi
     def _show_engine(self) -> None:
         info = self.engine.info
         draft = f" · draft {draft_label(self.settings.draft)}" if self.settings.draft else ""
+        where = (f"{info.path}" if self.engine.name == "remote"  # the server's URL, not
+                 else f"{info.quant_type} · {self.engine.name}")  # "remote · remote"
         self.query_one("#title", Static).update(
-            f"localchat · {info.name} · {info.quant_type} · {self.engine.name} · "
-            f"ctx {info.n_ctx}{draft}")
+            f"localchat · {info.name} · {where} · ctx {info.n_ctx}{draft}")
 
     # -- notices -----------------------------------------------------------------------
 

@@ -33,8 +33,10 @@ class ControlsMixin:
             await self.run_command(command, text)
             return
         if self.engine is None or self._generating or self._reloading is not None:
-            self.bell()
-            self.query_one(PromptInput).text = text  # nothing typed is lost
+            self.bell()  # and say why; nothing typed is lost
+            self._error("a reply is being generated: Esc stops it, then Enter sends this"
+                        if self._generating else "the model is loading: Enter sends once it "
+                        "is ready", restore=text)
             return
         if self.editing is not None:
             await self._truncate(self.editing)
@@ -92,17 +94,21 @@ class ControlsMixin:
 
     def _set_system(self, text: str | None) -> None:
         self.settings = replace(self.settings, system=text)
+        self.show_system_prompt()
         if self.conversation is not None:
             cid = self.conversation.id
             self._db(lambda st: st.update_settings(cid, system_prompt=text))
         self._info("system prompt set" if text else "system prompt cleared")
 
     def _params(self) -> dict:
-        """What a conversation and each reply store: sampling, max_tokens and a context
-        size set with -c or the parameters panel (kept for the record)."""
+        """What a conversation and each reply store: sampling, max_tokens, and the context
+        size and draft it runs with where they were chosen (a reopened chat restores them)."""
         params = self.settings.params()
         if self.settings.ctx_size is not None:
             params["ctx_size"] = self.settings.ctx_size
+        if self.settings.draft is not None:
+            params["draft"] = self.settings.draft
+            params["num_draft_tokens"] = self.settings.num_draft_tokens
         return params
 
     def _save_settings(self) -> None:

@@ -16,12 +16,13 @@ from textual.containers import VerticalScroll
 
 from localchat.engine.base import Stats
 from localchat.errors import UsageError
+from localchat.settings import ChatSettings
 from localchat.storage import ConversationStore, StoreError, StoreUnavailable, set_aside, title_from
 from localchat.storage.export import default_export_path, export_conversation
 from localchat.tui.messages import Entry, StoreFailed
 from localchat.tui.screens import ConfirmScreen, TextInputScreen
 from localchat.tui.sidebar import Sidebar
-from localchat.tui.widgets import MessageView, PromptInput
+from localchat.tui.widgets import GaugeBar, MessageView, PromptInput, RateSparkline
 
 T = TypeVar("T")
 
@@ -100,6 +101,7 @@ class ConversationsMixin:
         self.conversation = conv
         self.settings = replace(self.settings.with_params(conv.params),
                                 system=conv.system_prompt or None)
+        self.show_system_prompt()
         chat = self.query_one("#chat", VerticalScroll)
         for m in stored:
             if m.role == "system":
@@ -118,26 +120,29 @@ class ConversationsMixin:
         return True
 
     def _use_conversation_model(self, conv) -> None:
-        """A reopened conversation goes on with the model and context size it used,
-        loaded live; while the first model is still loading, it only says so."""
-        ctx_size = conv.params.get("ctx_size", self.settings.ctx_size)
-        if not isinstance(ctx_size, int) or ctx_size < 16:  # a damaged record: ignore it
-            ctx_size = self.settings.ctx_size
-        model = conv.model or self.settings.model
-        if (model, ctx_size) == (self.settings.model, self.settings.ctx_size):
+        """A reopened conversation goes on with the model, context size and draft it used:
+        before the first load (--continue) they are what loads; later they load live;
+        while a model is loading it only says so."""
+        wanted = conversation_engine_settings(self.settings, conv)
+        if wanted == self.settings:
+            return
+        if self.engine is None and not self._engine_requested:
+            self.settings = wanted
             return
         if self.engine is None or self._reloading is not None or self._generating:
-            self._notice(f"this conversation used model {model}; it continues with "
-                         f"{self.settings.model} (F7 or /model {model} switches)")
+            self._notice(f"this conversation used {engine_label(wanted)}; it continues with "
+                         f"{engine_label(self.settings)} (F7 or /model {wanted.model} switches)")
             return
-        self.switch_engine(replace(self.settings, model=model, ctx_size=ctx_size),
-                           f"{model} (this conversation's model)")
+        self.switch_engine(wanted, f"{engine_label(wanted)} (this conversation's)")
 
     async def _reset_chat(self) -> None:
+        """An empty chat pane; the gauges drop the last reply's figures (not this chat's)."""
         self.entries = []
         self.editing = None
         self._set_editing_title()
         await self.query_one("#chat", VerticalScroll).remove_children()
+        self.query_one(GaugeBar).stats = None
+        self.query_one(RateSparkline).reset()
 
     async def _refresh_sidebar(self) -> None:
         sidebar = self.query_one(Sidebar)
@@ -253,3 +258,26 @@ class ConversationsMixin:
             return
         self.last_export = target
         self._info(f"exported to {target}")
+
+
+def conversation_engine_settings(settings: ChatSettings, conv) -> ChatSettings:
+    """`settings` with the model, context size and draft a stored conversation ran with
+    (values a damaged record holds are ignored)."""
+    params = conv.params
+    ctx_size = params.get("ctx_size", settings.ctx_size)
+    if not isinstance(ctx_size, int) or ctx_size < 16:
+        ctx_size = settings.ctx_size
+    draft, n_draft = params.get("draft"), params.get("num_draft_tokens")
+    if not isinstance(draft, str) or not draft:  # ran without one: the flags' draft stays
+        draft, n_draft = settings.draft, settings.num_draft_tokens
+    if not isinstance(n_draft, int) or not 1 <= n_draft <= 32:
+        n_draft = None
+    return replace(settings, model=conv.model or settings.model, ctx_size=ctx_size,
+                   draft=draft, num_draft_tokens=n_draft)
+
+
+def engine_label(settings: ChatSettings) -> str:
+    """model, ctx and draft, as the notices name them."""
+    ctx = f", ctx {settings.ctx_size}" if settings.ctx_size else ""
+    draft = f", draft {settings.draft}" if settings.draft else ""
+    return f"model {settings.model}{ctx}{draft}"

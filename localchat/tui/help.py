@@ -7,6 +7,9 @@ from pathlib import Path
 
 from localchat.chat.commands import COMMANDS
 
+# The empty input's placeholder: what a new user can do first.
+EMPTY_HINT = "Type a message · Enter sends · Ctrl+J new line · /system TEXT · F1 help"
+
 KEYS_HELP = [
     ("Enter", "send"),
     ("Ctrl+J (Shift+Enter)", "new line in the message"),

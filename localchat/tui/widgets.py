@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from markdown_it import MarkdownIt
 from rich.cells import cell_len
 from rich.text import Text
 from textual import events
@@ -78,6 +79,18 @@ def draft_gauge(draft: dict) -> str:
 CONTEXT_WARNING = 0.9  # share of the context window in use that the gauge warns at
 
 
+def kv_usage(used: int, capacity: int) -> str:
+    """`2.1/90.0 MiB`, or each figure in its own unit where the used part would read 0.0
+    in the capacity's (`7.6 MiB/2.3 GiB`)."""
+    total = human_bytes(capacity)
+    unit = total.split()[-1]
+    if unit != "B":
+        share = used / 1024 ** ("B", "KiB", "MiB", "GiB").index(unit)
+        if share >= 0.05 or not used:
+            return f"{share:.1f}/{total}"
+    return f"{human_bytes(used)}/{total}"
+
+
 def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> str:
     """One line: TTFT, prefill and decode rates, KV cache bar and bytes, context used N
     of M (⚠ from 90 % on, before it overflows), and the draft's acceptance when
@@ -92,12 +105,11 @@ def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> 
     prefill = f"{stats.prefill_tok_s:.0f}" if stats.prefill_tok_s > 0 else None
     rates = f"prefill {prefill} · decode {rate}" if prefill else rate
     rates_short = f"pp {prefill} · {rate}" if prefill else rate
-    capacity = human_bytes(stats.kv_cache_capacity_bytes)  # e.g. "90.0 MiB"
-    unit = capacity.split()[-1]
-    used = stats.kv_cache_bytes / 1024 ** ("B", "KiB", "MiB", "GiB").index(unit)
-    used = f"{used:.1f}" if used >= 0.1 or not stats.kv_cache_bytes else f"{used:.2f}"  # not 0.0
+    kv_bytes = kv_usage(stats.kv_cache_bytes, stats.kv_cache_capacity_bytes)
 
     def kv(bar_width: int) -> str:
+        if not stats.kv_cache_capacity_bytes:  # a remote engine: its server keeps the cache
+            return "KV n/a"
         return "KV " + kv_bar(stats.kv_cache_bytes, stats.kv_cache_capacity_bytes,
                               stats.kv_cache_cached_bytes, bar_width)
 
@@ -106,7 +118,8 @@ def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> 
         ctx += " ⚠"  # nearly full: older turns will be dropped (or the reply cut) soon
     draft = draft_gauge(stats.draft) if stats.draft else None
     variants = [
-        [state, ttft, rates, f"{kv(8)} {used}/{capacity}", ctx, draft],
+        [state, ttft, rates, f"{kv(8)} {kv_bytes}" if stats.kv_cache_capacity_bytes else kv(8),
+         ctx, draft],
         [state, ttft, rates, kv(8), ctx, draft],
         [state, ttft, rates_short, kv(8), ctx, draft],
         [state, ttft, rates_short, kv(4), ctx, draft],
@@ -194,6 +207,21 @@ class DraftRuns(Widget):
         return text
 
 
+def chat_markdown_parser() -> MarkdownIt:
+    """GitHub-like Markdown where a single newline is a line break, as chat apps show
+    replies: a model's unfenced code or list of lines keeps its lines."""
+    parser = MarkdownIt("gfm-like")
+    parser.core.ruler.push("newlines_are_line_breaks", _soft_breaks_to_hard)
+    return parser
+
+
+def _soft_breaks_to_hard(state) -> None:
+    for token in state.tokens:
+        for child in token.children or ():
+            if child.type == "softbreak":
+                child.type = "hardbreak"
+
+
 class MessageView(Vertical):
     """One chat message: a role label and its Markdown body (streamed by appending), or
     for a reply, its draft-coloured text instead. A click on it asks the app to copy it."""
@@ -215,7 +243,7 @@ class MessageView(Vertical):
 
     def compose(self):
         yield Static("You" if self.role == "user" else "Assistant", classes="role")
-        yield Markdown(self.initial_text)
+        yield Markdown(self.initial_text, parser_factory=chat_markdown_parser)
         if self.role == "assistant":
             yield DraftRuns(classes="draft-runs hidden")
             yield self.status
