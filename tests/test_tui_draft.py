@@ -136,7 +136,10 @@ def test_format_gauges_with_a_draft_fits_80_columns():
 
     assert "draft" not in format_gauges(stats_with(None), "ready")
     plain = format_gauges(stats_with(None), "ready")
-    assert format_gauges(stats_with(None), "ready", width=78) == plain  # fits: unchanged
+    assert format_gauges(stats_with(None), "ready", width=90) == plain  # fits: unchanged
+    # at 78 columns the KV bytes are the first to go, and nothing else
+    assert format_gauges(stats_with(None), "ready", width=78) == plain.replace(
+        " 19.8 MiB/2.1 GiB", "")
     # nothing proposed yet; llama.cpp's dict has fewer keys
     assert "draft – γ4" in format_gauges(stats_with({"proposed": 0, "gamma": 4}), "ready")
     assert "draft 50%" in format_gauges(
