@@ -157,3 +157,16 @@ def test_json_result_carries_draft_stats():
     for key in ("proposed", "accepted", "acceptance_rate", "tokens_per_target_pass",
                 "accepted_run_histogram", "gamma", "predicted_speedup", "measured_speedup", "rule"):
         assert key in draft
+
+
+@pytest.mark.parametrize("draft", ["ngram", pytest.param("default", marks=pytest.mark.slow)])
+def test_llama_cpp_speculation_runs_past_512_tokens(draft):
+    """The old engine died at n_past = 512 with either draft (a broadcast error in
+    llama-cpp-python's eval); the runtime's executor must go on to -n."""
+    done = _localchat("run", "--draft" if draft == "ngram" else "--draft-model", draft,
+                      "--temp", "0", "-n", "560", "--no-history", "--json",
+                      "Write a very long essay about the history of computing.")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    out = json.loads(done.stdout)
+    assert out["completion_tokens"] == 560 and out["context_tokens"] > 560
+    assert out["draft"]["proposed"] > 0

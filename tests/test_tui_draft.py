@@ -106,6 +106,25 @@ async def test_gauges_show_draft_acceptance_and_f4_colours_drafted_tokens(draft_
         assert shown(reopened.view) == (True, False)
 
 
+async def test_f4_colours_drafted_tokens_on_the_llama_cpp_executor_too():
+    settings = ChatSettings(draft="ngram", num_draft_tokens=3, ctx_size=1024, threads=2,
+                            parallel=1, sampling=GREEDY, max_tokens=24)
+    engine = settings.load_engine()
+    try:
+        app = ChatApp(settings, engine=engine)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
+            entry = await reply_to(pilot, QUOTE)
+            drafted = [t for t, d in entry.runs if d]
+            assert drafted and entry.stats.draft["accepted"] > 0
+            await pilot.press("f4")
+            text = entry.view.query_one(DraftRuns).render()
+            assert shown(entry.view) == (False, True)
+            assert [text.plain[s.start:s.end] for s in text.spans] == drafted
+    finally:
+        engine.close()
+
+
 async def test_without_a_draft_f4_leaves_replies_as_markdown(torch_engine):
     app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=8), engine=torch_engine)
     async with app.run_test(size=(80, 24)) as pilot:
