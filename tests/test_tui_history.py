@@ -262,6 +262,7 @@ async def test_export_stats_copy_help_and_clear(engine):
         await send(pilot, "/export md")
         md = app.last_export.read_text()
         assert app.last_export.suffix == ".md" and reply.strip() in md and "## You" in md
+        assert "- model: SmolLM2-135M-Instruct Q4_1 (`default`)" in md  # not only `default`
         out = home() / "chat.json"
         await send(pilot, f"/export json {out}")
         data = json.loads(out.read_text())

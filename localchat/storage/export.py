@@ -18,9 +18,12 @@ def _when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
-def to_markdown(conv: Conversation, messages: list[StoredMessage]) -> str:
+def to_markdown(conv: Conversation, messages: list[StoredMessage],
+                model_name: str | None = None) -> str:
+    """model_name: the loaded model's readable name, shown before the stored spec."""
+    model = f"{model_name} (`{conv.model}`)" if model_name else f"`{conv.model or '?'}`"
     lines = [f"# {conv.title}", "",
-             f"- model: `{conv.model or '?'}`",
+             f"- model: {model}",
              f"- created: {_when(conv.created)}",
              f"- parameters: `{json.dumps(conv.params, sort_keys=True)}`"]
     if conv.system_prompt:
@@ -33,10 +36,11 @@ def to_markdown(conv: Conversation, messages: list[StoredMessage]) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def to_json(conv: Conversation, messages: list[StoredMessage]) -> str:
+def to_json(conv: Conversation, messages: list[StoredMessage],
+            model_name: str | None = None) -> str:
     data = {
         "id": conv.id, "title": conv.title, "created": conv.created, "updated": conv.updated,
-        "model": conv.model, "system_prompt": conv.system_prompt, "params": conv.params,
+        "model": conv.model, "model_name": model_name, "system_prompt": conv.system_prompt, "params": conv.params,
         "messages": [{"role": m.role, "content": m.content, "status": m.status,
                       "model": m.model, "params": m.params, "stats": m.stats,
                       "created": m.created} for m in messages],
@@ -50,9 +54,10 @@ def default_export_path(folder: Path, conv: Conversation, fmt: str) -> Path:
 
 
 def export_conversation(path: Path, conv: Conversation, messages: list[StoredMessage],
-                        fmt: str) -> Path:
+                        fmt: str, model_name: str | None = None) -> Path:
     if fmt not in FORMATS:
         raise ValueError(f"export format is md or json, not {fmt!r}")
-    text = to_markdown(conv, messages) if fmt == "md" else to_json(conv, messages)
+    render = to_markdown if fmt == "md" else to_json
+    text = render(conv, messages, model_name)
     atomic_write_text(path, text)
     return path

@@ -251,8 +251,11 @@ class ConversationsMixin:
             return
         target = Path(path).expanduser() if path else default_export_path(
             data_dir() / "exports", conv, fmt)
+        info = self.engine.info if self.engine is not None else None
+        name = (f"{info.name} {info.quant_type}" if info and conv.model == self.settings.model
+                and self.engine.name != "remote" else None)  # "default" says little
         try:
-            export_conversation(target, conv, stored, fmt)
+            export_conversation(target, conv, stored, fmt, name)
         except OSError as exc:
             self._error(f"export failed: {exc}")
             return
