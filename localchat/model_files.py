@@ -62,6 +62,8 @@ def validate_model_file(path: str | Path) -> GGUFFacts:
         raise ModelNotFoundError(f"model file not found: {path}")
     if path.is_dir():
         raise ModelNotFoundError(f"model file not found: {path} (it is a directory)")
+    if not path.is_file():  # a FIFO or device would block the read below, or never end
+        raise ModelFormatError(f"{path} is not a regular file (a pipe, socket or device)")
     if path.suffix.lower() in PICKLE_SUFFIXES:
         raise _unsafe(path, f"{path.suffix} files are")
     try:

@@ -50,3 +50,13 @@ def available_memory() -> int:
     except OSError:
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def refuse_beyond_available(needed: int, what: str) -> None:
+    """UsageError, before allocating, when `what` needs more memory than the OS has now."""
+    from localchat.errors import UsageError
+
+    available = available_memory()
+    if needed > available:
+        raise UsageError(f"{what} needs {human_bytes(needed)} and {human_bytes(available)} is "
+                         "available: use a smaller -c/--ctx-size (or fewer -np slots)")

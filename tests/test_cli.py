@@ -262,3 +262,31 @@ def test_an_endpoint_that_accepts_and_never_answers_fails_in_one_line_after_time
 
 def test_timeout_without_an_endpoint_is_refused():
     assert_one_line_error(localchat("run", "--timeout", "5", "hi"), "--timeout is for --endpoint")
+
+
+@pytest.mark.parametrize("args", [["run"], ["run", "--engine", "torch"]])
+def test_a_fifo_named_like_a_model_is_refused_not_read_forever(tmp_path, args):
+    fifo = tmp_path / "x.gguf"
+    os.mkfifo(fifo)
+    proc = localchat(*args, "-m", str(fifo), "hi", timeout=60)  # the timeout guards a hang
+    assert_one_line_error(proc, "is not a regular file")
+    proc = localchat("quantize", str(fifo), "-o", str(tmp_path / "y.gguf"), "--type", "Q8_0",
+                     timeout=60)
+    assert_one_line_error(proc, "is not a regular file")
+    assert not (tmp_path / "y.gguf").exists() and not list(tmp_path.glob(".y.gguf*"))
+
+
+def test_a_context_beyond_the_trained_one_is_refused_before_allocating():
+    proc = localchat("run", "-c", "1000000000", "hi", timeout=60)
+    assert_one_line_error(proc, "-c 1000000000 is more than", "trained context of 8192 tokens")
+
+
+@pytest.mark.parametrize("engine_name", ["llama.cpp", "torch"])
+def test_a_kv_cache_the_memory_cannot_hold_is_refused_before_allocating(monkeypatch,
+                                                                         engine_name):
+    from localchat.engine import load_engine
+    from localchat.errors import UsageError
+
+    monkeypatch.setattr("localchat.units.available_memory", lambda: 50 * 2**20)  # 50 MiB free
+    with pytest.raises(UsageError, match=r"needs .* and 50\.0 MiB is available"):
+        load_engine("default", engine=engine_name, ctx_size=8192, parallel=1, threads=2)

@@ -72,6 +72,9 @@ def load_engine(
         ctx_size = facts.context_length
     if ctx_size < 16:
         raise UsageError(f"context size must be at least 16 tokens, got {ctx_size}")
+    if facts.context_length and ctx_size > facts.context_length:
+        raise UsageError(f"-c {ctx_size} is more than {facts.name}'s trained context of "
+                         f"{facts.context_length} tokens (-c 0 uses all of it)")
     if num_draft_tokens is not None and not 1 <= num_draft_tokens <= 32:
         raise UsageError(f"--num-draft-tokens must be 1..32, got {num_draft_tokens}")
     if num_draft_tokens is not None and draft is None:

@@ -31,6 +31,7 @@ from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary
 from localchat.engine.runtime.block_manager import BLOCK_SIZE, KVLayout
 from localchat.errors import EngineError
 from localchat.model_files import GGUFFacts
+from localchat.units import refuse_beyond_available
 
 GGML_TYPE_BF16 = 30  # ggml.h (llama-cpp-python names no constant for it)
 Q8_0_BLOCK, Q8_0_BYTES = 32, 34  # values per q8_0 block, and its bytes
@@ -114,6 +115,10 @@ class LlamaCppExecutor(Executor):
         self.cache_types = tuple(t or d for t, d in zip(cache_types, defaults))
         params.type_k, params.type_v = (CACHE_TYPES[t][0] for t in self.cache_types)
         kv_bytes = kv_bytes_per_token(facts, self.cache_types)
+        if on_cpu:
+            refuse_beyond_available(
+                facts.file_size + kv_bytes * parallel * slot_cells,
+                f"{facts.name} with a KV cache of {parallel} slot(s) x {slot_cells} tokens")
         try:
             self._model = LlamaModel(path_model=str(facts.path), params=model_params,
                                      verbose=False)

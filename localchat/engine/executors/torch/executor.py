@@ -25,16 +25,21 @@ from localchat.engine.executors.torch.weights import load_weights
 from localchat.engine.runtime.block_manager import BLOCK_SIZE, KVLayout
 from localchat.errors import UsageError
 from localchat.model_files import GGUFFacts
-from localchat.units import available_memory, human_bytes
+from localchat.units import available_memory, human_bytes, refuse_beyond_available
 
 KV_DTYPE = torch.float16  # as llama.cpp's default cache: 2 bytes per value
+
+
+def kv_block_bytes(config) -> int:
+    """One 16-token block's K and V over every layer."""
+    return BLOCK_SIZE * 2 * config.n_layers * config.n_kv_heads * config.head_dim * \
+        torch.tensor([], dtype=KV_DTYPE).element_size()
 
 
 def kv_blocks(config, n_ctx: int, kv_memory: int | None) -> int:
     """Blocks the KV pool gets: the --kv-memory budget, by default 10% of available
     memory; never less than one full context window (that would fail mid-reply)."""
-    per_block = BLOCK_SIZE * 2 * config.n_layers * config.n_kv_heads * config.head_dim * \
-        torch.tensor([], dtype=KV_DTYPE).element_size()
+    per_block = kv_block_bytes(config)
     needed = math.ceil(n_ctx / BLOCK_SIZE)
     if kv_memory is not None:
         if kv_memory // per_block < needed:
@@ -68,6 +73,9 @@ class TorchExecutor(Executor):
         self.config = weights.config
         self.model = LlamaModel(weights, max_positions=n_ctx + 64)  # + room for drafts
         n_blocks = kv_blocks(self.config, n_ctx, kv_memory)
+        if self.device.type == "cpu":
+            refuse_beyond_available(n_blocks * kv_block_bytes(self.config),
+                                    f"a KV cache of {n_blocks * BLOCK_SIZE} tokens")
         self.kv = KVStore(self.config, n_blocks * BLOCK_SIZE, dtype=KV_DTYPE, device=self.device)
         key = hashlib.blake2b(f"{facts.path}:{facts.file_size}:{KV_DTYPE}".encode()).digest()
         self.layout = KVLayout(pools=1, blocks_per_pool=n_blocks, exclusive=False, cache_key=key)
