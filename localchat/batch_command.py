@@ -21,6 +21,7 @@ from typing import Iterable
 
 from localchat.engine.base import Message, Request, Result, SamplingParams
 from localchat.errors import LocalchatError, UsageError
+from localchat.json_text import first_lone_surrogate
 from localchat.run_command import _ctrl_c_cancels, read_stdin_text
 from localchat.settings import ChatSettings
 
@@ -52,13 +53,11 @@ def read_lines(path: str, stdin=None) -> list[tuple[int, str]]:
     if path == "-":
         text = read_stdin_text(stdin if stdin is not None else sys.stdin)
     else:
-        try:
-            with open(path, encoding="utf-8") as f:
+        try:  # bytes that are not UTF-8 stay as lone surrogates: that line's error only
+            with open(path, encoding="utf-8", errors="surrogateescape") as f:
                 text = f.read()
         except OSError as exc:
             raise LocalchatError(f"cannot read {path}: {exc.strerror or exc}") from None
-        except UnicodeDecodeError:
-            raise LocalchatError(f"cannot read {path}: not UTF-8 text") from None
     return [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
 
 
@@ -105,6 +104,11 @@ def parse_line(number: int, text: str, settings: ChatSettings) -> Line:
     line_id = obj.get("id", number)
     if isinstance(line_id, bool) or not isinstance(line_id, (str, int)):
         return Line(number, number, error=f"line {number}: id must be a string or an integer")
+    bad = first_lone_surrogate(obj)
+    if bad is not None:
+        return Line(number, number if bad == "id" else line_id,
+                    error=f"line {number}: {bad} is not valid Unicode (bytes that are not "
+                    "UTF-8, or a lone UTF-16 surrogate)")
     try:
         return Line(number, line_id, request=_request(obj, settings))
     except LocalchatError as exc:

@@ -62,6 +62,23 @@ def test_order_ids_overrides_and_bad_lines_do_not_stop_the_rest(tmp_path):
         assert r["stats"]["prompt_tokens"] > 0
 
 
+def test_a_lone_surrogate_or_non_utf8_line_is_that_lines_error_only(tmp_path):
+    batch = tmp_path / "requests.jsonl"
+    batch.write_bytes(b"".join([
+        b'{"id": "a", "prompt": "Hi"}\n',
+        b'{"id": "sur", "prompt": "bad \\ud800 half"}\n',  # valid JSON, not Unicode
+        b'{"id": "bytes", "prompt": "caf\xe9"}\n',  # Latin-1, not UTF-8
+        b'{"id": "b", "prompt": "Hello"}\n',
+    ]))
+    proc = localchat("run", "--batch", str(batch), "--temp", "0", "-n", "2")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    out = records(proc.stdout)
+    assert [r["id"] for r in out] == ["a", "sur", "bytes", "b"]
+    assert "text" in out[0] and "text" in out[3]
+    for r, n in ((out[1], 2), (out[2], 3)):
+        assert r["error"].startswith(f"line {n}: prompt is not valid Unicode")
+
+
 def test_stdin_and_all_good_exits_0():
     proc = localchat("run", "--batch", "-", "--temp", "0", "-n", "4",
                      stdin=jsonl({"prompt": "Hello"}, {"id": "x", "prompt": "Bye"}))

@@ -15,6 +15,7 @@ from typing import Any
 
 from localchat.engine.base import Message, SamplingParams
 from localchat.errors import UsageError
+from localchat.json_text import first_lone_surrogate
 from localchat.server.errors import ApiError
 
 MAX_MESSAGES = 1024
@@ -57,21 +58,11 @@ def parse_json(raw: bytes) -> dict:
 
 def _refuse_lone_surrogates(body: dict) -> None:
     """JSON may escape half of a UTF-16 pair ("\\ud800"), which is no Unicode text: a 400
-    naming the first such field (walked without recursion: bodies come from anywhere)."""
-    stack: list[tuple[str, Any]] = [("", body)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise _bad(path or "body", f"{path or 'the body'} holds a lone UTF-16 surrogate, "
-                                           "which is not valid Unicode", "invalid_value") from None
-        elif isinstance(value, dict):
-            stack += [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
-            stack += [(f"{path} (a key)" if path else "a key", k) for k in value]
-        elif isinstance(value, list):
-            stack += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+    naming the first such field."""
+    path = first_lone_surrogate(body)
+    if path is not None:
+        raise _bad(path or "body", f"{path or 'the body'} holds a lone UTF-16 surrogate, "
+                                   "which is not valid Unicode", "invalid_value")
 
 
 def parse_chat(body: dict, n_ctx: int) -> CompletionBody:
