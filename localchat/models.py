@@ -127,6 +127,17 @@ def _remember(path: Path) -> None:
         pass
 
 
+def forget(path: Path) -> None:
+    """Drop a local model from the record (it validated but could not be loaded)."""
+    paths = remembered_paths()
+    if path in paths:
+        text = json.dumps({"local": [str(p) for p in paths if p != path]}, indent=2) + "\n"
+        try:
+            atomic_write_text(_remembered_path(), text)
+        except OSError:
+            pass
+
+
 def list_models() -> list[ModelEntry]:
     """Bundled, hub-cached and remembered local models, each validated."""
     found: list[tuple[str, str, Path]] = []

@@ -72,6 +72,16 @@ def test_local_path_resolves_and_is_remembered(tmp_path: Path, isolated: Path) -
     assert [p.name for p in isolated.iterdir()] == ["models.json"]  # no temp files left
 
 
+def test_a_model_that_validates_but_cannot_load_is_forgotten(tmp_path: Path) -> None:
+    from localchat.engine import load_engine
+    from localchat.errors import LocalchatError
+
+    model = write_tiny_gguf(tmp_path / "tiny.gguf")  # a header without the tensors
+    with pytest.raises(LocalchatError):
+        load_engine(str(model), parallel=1)
+    assert remembered_paths() == []  # `localchat models` no longer lists it
+
+
 def test_relative_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_tiny_gguf(tmp_path / "rel.gguf")
     monkeypatch.chdir(tmp_path)

@@ -103,6 +103,10 @@ async def test_rename_delete_with_confirmation_and_search(engine):
         await pilot.press("n")  # cancelled: nothing deleted
         assert store.get_conversation(b.id) is not None
         await pilot.press("d")
+        await pilot.press("enter")  # Enter presses the focused button: the safe one
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert store.get_conversation(b.id) is not None
+        await pilot.press("d")
         await pilot.press("y")
         await wait_until(pilot, lambda: store.get_conversation(b.id) is None)
         await wait_until(pilot, lambda: sidebar_titles(app) == ["Dragons"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from localchat.engine.base import Engine
-from localchat.errors import UsageError
+from localchat.errors import EngineError, ModelFormatError, UsageError
 from localchat.model_files import GGUFFacts
 
 ENGINES = ("llama.cpp", "torch", "auto")
@@ -112,10 +112,16 @@ def load_engine(
                          "offloads to the GPU its build supports (or --device cpu for none)")
     from localchat.engine.loading import load_runtime
 
-    return load_runtime(facts, engine, n_ctx=ctx_size, threads=threads, kv_memory=kv_memory,
-                        device=device, gpu_layers=gpu_layers, parallel=parallel,
-                        draft=draft_facts,
-                        num_draft_tokens=num_draft_tokens, cache_types=tuple(cache_types))
+    try:
+        return load_runtime(facts, engine, n_ctx=ctx_size, threads=threads, kv_memory=kv_memory,
+                            device=device, gpu_layers=gpu_layers, parallel=parallel,
+                            draft=draft_facts, num_draft_tokens=num_draft_tokens,
+                            cache_types=tuple(cache_types))
+    except (EngineError, ModelFormatError):  # the file is broken: `models` stops listing it
+        from localchat.models import forget
+
+        forget(facts.path)
+        raise
 
 
 def with_chat_template(facts: GGUFFacts, override: str | None) -> GGUFFacts:

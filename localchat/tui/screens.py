@@ -11,7 +11,8 @@ from textual.widgets import Button, Input, Markdown, Static
 
 
 class ConfirmScreen(ModalScreen[bool]):
-    """A yes/no question; Enter or y confirms, Esc or n cancels."""
+    """A yes/no question; y confirms, Esc or n cancels, and Enter presses the focused
+    button, which starts on the safe one (the questions delete or set files aside)."""
 
     BINDINGS = [
         Binding("escape,n", "answer(False)", "Cancel"),
