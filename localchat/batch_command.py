@@ -156,8 +156,10 @@ def _write(record: dict) -> None:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    if args.prompt is not None or args.prompt_flag is not None or args.prompt_file is not None:
-        raise UsageError("--batch reads its prompts from FILE.jsonl; give no PROMPT, -p or -f")
+    if (args.prompt is not None or args.prompt_flag is not None or args.prompt_file is not None
+            or args.attach):
+        raise UsageError("--batch reads its prompts from FILE.jsonl; give no PROMPT, -p, -f "
+                         "or --attach")
     if getattr(args, "continue_last", False):
         raise UsageError("--batch cannot be combined with --continue")
     settings = ChatSettings.from_args(args)

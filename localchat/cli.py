@@ -143,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the prompt, as a flag (llama.cpp's spelling of PROMPT)")
     run.add_argument("-f", "--file", dest="prompt_file", default=None, metavar="FILE",
                      help="read the prompt from FILE (after stdin, before PROMPT)")
+    run.add_argument("--attach", action="append", default=[], metavar="FILE",
+                     help="put a text file into the prompt, named and fenced (repeatable)")
     run.add_argument("--batch", default=None, metavar="FILE.jsonl",
                      help="one request per line ('prompt' or 'messages', optional sampling "
                           "fields and 'id'; '-' reads stdin): one JSON result per line on "

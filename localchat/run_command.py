@@ -15,7 +15,7 @@ from typing import Iterator
 
 from dataclasses import replace
 
-from localchat.chat.context import fit_history
+from localchat.chat.context import fit_history, prompt_budget
 from localchat.engine.base import Delta, Message, Request, Result, Stats
 from localchat.errors import UsageError
 from localchat.settings import ChatSettings
@@ -48,6 +48,15 @@ def read_prompt_file(path: str) -> str:
         print(f"localchat: warning: {path} is not valid UTF-8; invalid bytes replaced with "
               "U+FFFD", file=sys.stderr)
     return text
+
+
+def with_attachments(prompt: str, paths: list[str]) -> str:
+    """--attach FILE...: each file as a named, fenced block before the prompt (one user
+    turn, so templates that require alternating roles still render)."""
+    from localchat.chat.attachments import read_attachment
+
+    blocks = [read_attachment(p).as_message() for p in paths]
+    return "\n\n".join([*blocks, prompt])
 
 
 def prompt_argument(args: argparse.Namespace) -> str | None:
@@ -124,7 +133,6 @@ def _ctrl_c_cancels(cancel: threading.Event) -> Iterator[None]:
 # flag dest -> the conversation parameter it sets
 _PARAM_FLAGS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
                 "repeat_penalty": "repeat_penalty", "seed": "seed", "max_tokens": "max_tokens"}
-REPLY_RESERVE = 512  # tokens kept free for the reply when fitting history (as the TUI)
 
 
 def explicit_params(args: argparse.Namespace) -> dict:
@@ -145,7 +153,8 @@ def _continue_settings(settings: ChatSettings, conv, args: argparse.Namespace) -
 
 def cmd_run(args: argparse.Namespace) -> int:
     settings = ChatSettings.from_args(args).with_parallel(1)  # one request: one KV slot
-    prompt = read_prompt(prompt_argument(args), file=args.prompt_file)
+    prompt = with_attachments(read_prompt(prompt_argument(args), file=args.prompt_file),
+                              getattr(args, "attach", []))
     store = conv = writer = None
     earlier: list[Message] = []
     if getattr(args, "continue_last", False):
@@ -169,8 +178,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         messages = settings.system_messages() + earlier + [Message("user", prompt)]
         if earlier:  # --continue: the history that fits
             n_ctx = engine.info.n_ctx
-            reserve = min(settings.max_tokens or REPLY_RESERVE, n_ctx // 4)
-            fit = fit_history(messages, engine.count_prompt_tokens, n_ctx - reserve)
+            fit = fit_history(messages, engine.count_prompt_tokens,
+                              prompt_budget(n_ctx, settings.max_tokens))
             if fit.dropped_turns:
                 print(f"localchat: {fit.dropped_turns} earlier turn(s) dropped to fit the "
                       f"{n_ctx}-token context", file=sys.stderr)

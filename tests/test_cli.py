@@ -290,3 +290,16 @@ def test_a_kv_cache_the_memory_cannot_hold_is_refused_before_allocating(monkeypa
     monkeypatch.setattr("localchat.units.available_memory", lambda: 50 * 2**20)  # 50 MiB free
     with pytest.raises(UsageError, match=r"needs .* and 50\.0 MiB is available"):
         load_engine("default", engine=engine_name, ctx_size=8192, parallel=1, threads=2)
+
+
+def test_attach_puts_a_named_text_file_before_the_prompt_and_refuses_binaries(tmp_path):
+    code = tmp_path / "add.py"
+    code.write_text("def add(a, b):\n    return a + b\n")
+    with_file = localchat("run", "--attach", str(code), "--temp", "0", "-n", "2", "--json",
+                          "What does it do?")
+    alone = localchat("run", "--temp", "0", "-n", "2", "--json", "What does it do?")
+    assert with_file.returncode == 0, with_file.stderr
+    assert json.loads(with_file.stdout)["prompt_tokens"] > json.loads(alone.stdout)["prompt_tokens"] + 10
+    (tmp_path / "blob.bin").write_bytes(b"\x7fELF\x00\x01")
+    assert_one_line_error(localchat("run", "--attach", str(tmp_path / "blob.bin"), "hi"),
+                          "cannot attach blob.bin: it is a binary file")

@@ -325,6 +325,27 @@ async def test_the_system_prompt_is_shown_and_an_empty_chat_says_what_to_do(engi
         assert not line.display
 
 
+async def test_attach_shows_tokens_then_goes_with_the_next_message(engine, tmp_path):
+    code = tmp_path / "add.py"
+    code.write_text("def add(a, b):\n    return a + b\n")
+    (tmp_path / "blob.bin").write_bytes(b"\x7fELF\x00\x01")
+    (tmp_path / "big.txt").write_text("word " * 3000)
+    app = make_app(engine, max_tokens=4)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, f"/attach {tmp_path / 'blob.bin'}")
+        assert "binary file" in app.last_error and not app.attachments
+        await send(pilot, f"/attach {tmp_path / 'big.txt'}")
+        assert "cannot fit in the 1024-token context" in app.last_error
+        await send(pilot, f"/attach {code}")
+        notice = str(app.query(".notice").last().render())
+        assert "add.py" in notice and "tokens of the 1024-token context" in notice
+        await chat(pilot, "What does it do?")
+        sent = app.entries[0].content
+        assert sent.startswith("File add.py:\n```\ndef add(a, b):") and sent.endswith("What does it do?")
+        assert stored(app)[0].content == sent and not app.attachments  # kept as text
+
+
 async def test_f1_help_rows_keep_commands_with_a_bar_in_one_row(engine):
     from textual.widgets._markdown import MarkdownTable
 

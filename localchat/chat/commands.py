@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "copy": ("[code]", "copy the last reply (or its last code block)"),
     "stats": ("", "the full stats record of the last reply"),
     "export": ("[md|json] [PATH]", "write this conversation to a file"),
+    "attach": ("PATH", "put a text file into your next message (its tokens shown first)"),
     "new": ("", "start a new conversation"),
     "clear": ("", "start a new, empty conversation (this one stays in the list)"),
     "rename": ("TITLE", "rename this conversation"),

@@ -15,6 +15,15 @@ from localchat.engine.base import Message
 from localchat.errors import ContextOverflowError
 
 
+REPLY_RESERVE = 512  # tokens kept free for the reply when fitting history
+
+
+def prompt_budget(n_ctx: int, max_tokens: int | None) -> int:
+    """Tokens the prompt may take: the context less room for the reply (-n, else 512,
+    at most a quarter of the context)."""
+    return n_ctx - min(max_tokens or REPLY_RESERVE, n_ctx // 4)
+
+
 @dataclass(frozen=True)
 class FitResult:
     messages: tuple[Message, ...]

@@ -34,7 +34,7 @@ from localchat.storage.db import BUSY_TIMEOUT_MS
 from localchat.tui.controls import ControlsMixin
 from localchat.tui.conversations import ConversationsMixin
 from localchat.tui.drafts import DraftColoursMixin
-from localchat.tui.generation import REPLY_RESERVE, UI_INTERVAL_S, GenerationMixin
+from localchat.tui.generation import UI_INTERVAL_S, GenerationMixin
 from localchat.tui.help import EMPTY_HINT, KEYS_HELP, help_markdown
 from localchat.tui.keymap import load_keymap
 from localchat.tui.messages import Entry, EngineEvent, EngineLoaded, GenerationFailed, StoreFailed
@@ -44,7 +44,7 @@ from localchat.tui.switching import SwitchingMixin, draft_label
 from localchat.tui.widgets import GaugeBar, MessageView, PromptInput, RateSparkline
 
 __all__ = ["ChatApp", "run_tui", "Entry", "EngineEvent", "EngineLoaded", "GenerationFailed",
-           "StoreFailed", "KEYS_HELP", "help_markdown", "REPLY_RESERVE", "UI_INTERVAL_S"]
+           "StoreFailed", "KEYS_HELP", "help_markdown", "UI_INTERVAL_S"]
 
 
 def _css_path() -> Path:
@@ -89,6 +89,7 @@ class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMi
         self.settings = settings
         self.engine = engine
         self.entries: list[Entry] = []
+        self.attachments: list = []  # chat.attachments.Attachment: sent with the next message
         self.conversation = None  # storage.Conversation once the first message is saved
         self.store: ConversationStore | None = store if isinstance(store, ConversationStore) else None
         self.store_problem: StoreUnavailable | None = None

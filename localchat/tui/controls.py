@@ -9,7 +9,10 @@ from dataclasses import replace
 
 from textual.actions import SkipAction
 
+from localchat.chat.attachments import read_attachment
+from localchat.chat.context import prompt_budget
 from localchat.chat.commands import Command, apply_set, export_args, parse_command, parse_set, unescape
+from localchat.engine.base import Message
 from localchat.errors import UsageError
 from localchat.tui.clipboard import copy_text, last_code_block
 from localchat.tui.drafts import draft_markdown
@@ -42,7 +45,9 @@ class ControlsMixin:
             await self._truncate(self.editing)
             self.editing = None
             self._set_editing_title()
-        await self._send(unescape(text))
+        blocks = [a.as_message() for a in self.attachments]
+        self.attachments = []
+        await self._send("\n\n".join([*blocks, unescape(text)]))
 
     async def run_command(self, command: Command, typed: str = "") -> None:
         try:
@@ -91,6 +96,26 @@ class ControlsMixin:
             if not arg:
                 raise UsageError("usage: /rename TITLE")
             await self._rename(arg)
+        elif name == "attach":
+            if not arg:
+                raise UsageError("usage: /attach PATH")
+            self._attach(arg)
+
+    def _attach(self, path: str) -> None:
+        """Read a text file for the next message; say its tokens against the context, and
+        refuse one that cannot fit beside a reply."""
+        attachment = read_attachment(path)
+        if self.engine is not None:
+            n_ctx = self.engine.info.n_ctx
+            tokens = self.engine.count_prompt_tokens([Message("user", attachment.as_message())])
+            if tokens > prompt_budget(n_ctx, self.settings.max_tokens):
+                raise UsageError(f"{attachment.name} is {tokens} tokens: it cannot fit in the "
+                                 f"{n_ctx}-token context with room for a reply (-c/--ctx-size)")
+            size = f"{tokens} tokens of the {n_ctx}-token context"
+        else:
+            size = f"{len(attachment.text)} characters"
+        self.attachments.append(attachment)
+        self._notice(f"📎 {attachment.name}: {size}; sent with your next message")
 
     def _set_system(self, text: str | None) -> None:
         self.settings = replace(self.settings, system=text)

@@ -138,6 +138,7 @@ class ConversationsMixin:
     async def _reset_chat(self) -> None:
         """An empty chat pane; the gauges drop the last reply's figures (not this chat's)."""
         self.entries = []
+        self.attachments = []
         self.editing = None
         self._set_editing_title()
         await self.query_one("#chat", VerticalScroll).remove_children()

@@ -18,7 +18,7 @@ from textual import work
 from textual.containers import VerticalScroll
 from textual.widgets import Markdown
 
-from localchat.chat.context import fit_history
+from localchat.chat.context import fit_history, prompt_budget
 from localchat.engine.base import Delta, Message, Request, Result
 from localchat.errors import LocalchatError
 from localchat.storage import ReplyWriter, StoreError
@@ -26,7 +26,6 @@ from localchat.tui.drafts import add_run
 from localchat.tui.messages import Entry, EngineEvent, GenerationFailed, StoreFailed
 from localchat.tui.widgets import GaugeBar, MessageView, RateSparkline
 
-REPLY_RESERVE = 512  # tokens kept free for the reply when fitting history
 UI_INTERVAL_S = 0.1  # redraw at most 10 times a second: a redraw per token halved decode speed
 
 
@@ -80,10 +79,9 @@ class GenerationMixin:
         assert engine is not None
         try:
             n_ctx = engine.info.n_ctx
-            reserve = min(self.settings.max_tokens or REPLY_RESERVE, n_ctx // 4)
             counted = (lambda ms: engine.count_prompt_tokens(list(ms) + [Message("assistant", prefix)])) \
                 if prefix else engine.count_prompt_tokens
-            fit = fit_history(history, counted, n_ctx - reserve)
+            fit = fit_history(history, counted, prompt_budget(n_ctx, self.settings.max_tokens))
             if fit.dropped_turns:
                 self.call_from_thread(
                     self._notice,
