@@ -78,11 +78,22 @@ def test_next_turn_reuses_the_kv_prefix(engine):
     assert s.prompt_tokens - s.cached_tokens < 20  # only the new turn was prefilled
 
 
-def test_kv_bytes_match_llama_cpps_own_cache_size(engine):
+@pytest.fixture
+def fresh_engine():
+    """Loaded here, so its KV-size line is the newest in llama.cpp's bounded log."""
+    from localchat.engine import load_engine
+
+    eng = load_engine("default", ctx_size=1024, threads=2)
+    yield eng
+    eng.close()
+
+
+def test_kv_bytes_match_llama_cpps_own_cache_size(fresh_engine):
     """2 · layers · kv_heads · head_dim · 2 bytes · cells equals llama.cpp's figure, and
     the gauge's bytes in use follow llama.cpp's own count of the cells a reply holds."""
     from localchat.engine.executors.llamacpp_vocab import llama_log_text
 
+    engine = fresh_engine
     info = engine.info
     assert info.kv_bytes_per_token == 30 * 3 * 64 * (34 / 32 + 2)  # K q8_0, V f16
     sizes = re.findall(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells", llama_log_text())

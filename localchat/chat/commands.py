@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "regen": ("", "generate the last reply again"),
     "edit": ("", "edit the last message you sent, then Enter resends it"),
     "continue": ("", "keep generating a stopped reply"),
-    "copy": ("[code]", "copy the last reply (or its last code block)"),
+    "copy": ("[code|think]", "copy the last reply (or its last code block, or its thinking)"),
     "stats": ("", "the full stats record of the last reply"),
     "export": ("[md|json] [PATH]", "write this conversation to a file"),
     "attach": ("PATH", "put a text file into your next message (its tokens shown first)"),

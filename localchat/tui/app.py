@@ -26,6 +26,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.widgets import Footer, Static
 
+from localchat.chat.reasoning import without_reasoning
 from localchat.engine.base import Engine, Message
 from localchat.errors import LocalchatError
 from localchat.settings import ChatSettings
@@ -71,6 +72,7 @@ class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMi
         Binding("f4", "toggle_draft_colours", "Draft colours", show=False,
                 id="toggle_draft_colours"),
         # priority: the input box (a TextArea) has its own F6 and F7 (select line / all)
+        Binding("f5", "toggle_reasoning", "Thinking", show=False, id="toggle_reasoning"),
         Binding("f6", "parameters", "Params", priority=True, id="parameters"),
         Binding("f7", "pick_model", "Model", show=False, priority=True, id="pick_model"),
         Binding("f8", "toggle_speculation", "Draft on/off", show=False, priority=True,
@@ -113,8 +115,9 @@ class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMi
     @property
     def history(self) -> list[Message]:
         """What the model sees: the system prompt, then every message on screen."""
-        return list(self.settings.system_messages()) + [
-            Message(e.role, e.content) for e in self.entries]
+        return list(self.settings.system_messages()) + [  # earlier reasoning is not sent back
+            Message(e.role, without_reasoning(e.content) if e.role == "assistant" else e.content)
+            for e in self.entries]
 
     def compose(self) -> ComposeResult:
         yield Static(f"localchat · {self.settings.model}", id="title")

@@ -11,6 +11,7 @@ from textual.actions import SkipAction
 
 from localchat.chat.attachments import read_attachment
 from localchat.chat.context import prompt_budget
+from localchat.chat.reasoning import split_reply, without_reasoning
 from localchat.chat.commands import Command, apply_set, export_args, parse_command, parse_set, unescape
 from localchat.engine.base import Message
 from localchat.errors import UsageError
@@ -84,9 +85,11 @@ class ControlsMixin:
         elif name == "edit":
             self.action_edit_last()
         elif name == "copy":
-            if arg not in ("", "code"):
-                raise UsageError("usage: /copy or /copy code")
-            self.action_copy_code() if arg == "code" else self.action_copy_reply()
+            copies = {"": self.action_copy_reply, "code": self.action_copy_code,
+                      "think": self.action_copy_reasoning}
+            if arg not in copies:
+                raise UsageError("usage: /copy, /copy code or /copy think")
+            copies[arg]()
         elif name == "stats":
             self.action_show_stats()
         elif name == "export":
@@ -220,7 +223,23 @@ class ControlsMixin:
         if reply is None or not reply.content:
             self._error("no reply to copy")
             return
-        self._copy(reply.content, "the last reply")
+        self._copy(without_reasoning(reply.content), "the last reply")  # /copy think: its reasoning
+
+    def action_copy_reasoning(self) -> None:
+        reply = self._last_reply()
+        reasoning = split_reply(reply.content)[0] if reply else ""
+        if not reasoning:
+            self._error("the last reply has no thinking block")
+            return
+        self._copy(reasoning, "the last reply's thinking")
+
+    def action_toggle_reasoning(self) -> None:
+        """F5: expand or collapse the last reply's thinking block."""
+        reply = self._last_reply()
+        if reply is None or not reply.view.reasoning:
+            self._error("the last reply has no thinking block")
+            return
+        reply.view.toggle_reasoning()
 
     def action_copy_code(self) -> None:
         reply = self._last_reply()

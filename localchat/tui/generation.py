@@ -62,6 +62,7 @@ class GenerationMixin:
         writer = (ReplyWriter(self.store, entry.db_id, prefix=prefix)
                   if self.store is not None and entry.db_id is not None else None)
         self._streams[id(view)] = Markdown.get_stream(view.markdown)
+        view.begin_stream(prefix)
         self._cancel = threading.Event()
         self._generating = True
         gauges = self.query_one(GaugeBar)
@@ -143,21 +144,33 @@ class GenerationMixin:
         stream = self._streams.get(id(view))
         entry = self._entry_for(view)
         if isinstance(event, Delta):
-            if event.text and stream is not None:
-                await stream.write(event.text)
+            answer = view.stream_piece(event.text)  # a <think> block goes to its section
+            if answer and stream is not None:
+                await stream.write(answer)
             if entry is not None:
                 entry.content += event.text
                 if entry.runs is not None:
                     for text, from_draft in message.runs:
                         add_run(entry.runs, text, from_draft)
             return
+        answer = view.stream_piece("", final=True)
+        if answer and stream is not None:
+            await stream.write(answer)
         await self._finish(view)
+        if view.reasoning and self.engine is not None:
+            self._count_reasoning(view)
         if entry is not None:
             entry.status = "interrupted" if event.finish_reason == "cancelled" else "complete"
             entry.stats, entry.finish_reason = event.stats, event.finish_reason
             self._show_status(entry)
             self._show_runs(entry)
         await self._refresh_sidebar()
+
+    def _count_reasoning(self, view: MessageView) -> None:
+        """The reasoning section's token count, as the engine tokenizes it."""
+        count = self.engine.count_prompt_tokens
+        empty = count([Message("assistant", "")])
+        view.set_reasoning_tokens(count([Message("assistant", view.reasoning)]) - empty)
 
     def _show_status(self, entry: Entry) -> None:
         labels = {"stop": "", "length": "stopped: reached the token limit",

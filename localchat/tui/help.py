@@ -19,6 +19,7 @@ KEYS_HELP = [
     ("Ctrl+G", "continue a stopped reply"),
     ("F2 / F3", "copy the last reply / its last code block (or click a message)"),
     ("F4", "colour the tokens a speculative draft proposed (replies made here; again: Markdown)"),
+    ("F5", "show or hide the last reply's thinking (a reasoning model's <think> block)"),
     ("F6", "parameters: sampling, max tokens, context size (reloads), seed"),
     ("F7", "models: switch the model, choose a draft (d), ngram draft (n), no draft (o)"),
     ("F8", "speculative decoding on/off (reloads the model)"),

@@ -15,8 +15,8 @@ from pathlib import Path
 from localchat.models import config_path
 
 ACTIONS = ("stop", "toggle_sidebar", "new_conversation", "regenerate", "continue_reply",
-           "copy_reply", "copy_code", "toggle_draft_colours", "parameters", "pick_model",
-           "toggle_speculation", "toggle_theme", "help", "quit")
+           "copy_reply", "copy_code", "toggle_draft_colours", "toggle_reasoning", "parameters",
+           "pick_model", "toggle_speculation", "toggle_theme", "help", "quit")
 
 
 def parse_keymap(data: dict) -> dict[str, str]:

@@ -28,6 +28,7 @@ PALETTE_ACTIONS = [
     ("Toggle conversation list", "show or hide the sidebar", "toggle_sidebar"),
     ("Toggle draft colours", "show which reply tokens a speculative draft proposed (F4)",
      "toggle_draft_colours"),
+    ("Toggle thinking", "show or hide the last reply's <think> block (F5)", "toggle_reasoning"),
     ("Toggle light/dark theme", "switch between the light and dark theme", "toggle_dark"),
     ("Help", "keys and slash commands (F1)", "help"),
 ]

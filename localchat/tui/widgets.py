@@ -13,6 +13,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Markdown, Sparkline, Static, TextArea
 
+from localchat.chat.reasoning import ReasoningSplitter, split_reply
 from localchat.engine.base import Stats
 from localchat.units import human_bytes
 
@@ -224,7 +225,8 @@ def _soft_breaks_to_hard(state) -> None:
 
 class MessageView(Vertical):
     """One chat message: a role label and its Markdown body (streamed by appending), or
-    for a reply, its draft-coloured text instead. A click on it asks the app to copy it."""
+    for a reply, its draft-coloured text instead; a reply's <think> block goes to a
+    collapsed, dimmed section above it. A click on it asks the app to copy it."""
 
     class Clicked(TextualMessage):
         def __init__(self, view: "MessageView") -> None:
@@ -238,19 +240,70 @@ class MessageView(Vertical):
     def __init__(self, role: str, text: str = "", **kwargs) -> None:
         super().__init__(classes=f"message {role}", **kwargs)
         self.role = role
-        self.initial_text = text
+        self.reasoning, self.initial_text = split_reply(text) if role == "assistant" \
+            else ("", text)
+        self.reasoning_tokens: int | None = None
         self.status = Static("", classes="reply-status")
+        self._splitter = ReasoningSplitter()
 
     def compose(self):
         yield Static("You" if self.role == "user" else "Assistant", classes="role")
+        if self.role == "assistant":
+            yield Static("", classes="thinking-head hidden")
+            yield Static("", classes="thinking-text hidden")
         yield Markdown(self.initial_text, parser_factory=chat_markdown_parser)
         if self.role == "assistant":
             yield DraftRuns(classes="draft-runs hidden")
             yield self.status
 
+    def on_mount(self) -> None:
+        if self.reasoning:
+            self._show_reasoning()
+
     @property
     def markdown(self) -> Markdown:
         return self.query_one(Markdown)
+
+    def begin_stream(self, existing: str = "") -> None:
+        """A reply starts streaming (or continues after `existing`)."""
+        self._splitter = ReasoningSplitter()
+        self._splitter.feed(existing)
+
+    def stream_piece(self, text: str, *, final: bool = False) -> str:
+        """Take streamed text: reasoning goes to its section; returns the answer's part."""
+        reasoning, answer = self._splitter.feed(text)
+        if final:
+            more_reasoning, more_answer = self._splitter.flush()
+            reasoning, answer = reasoning + more_reasoning, answer + more_answer
+        if reasoning:
+            self.reasoning += reasoning
+            self._show_reasoning()
+        return answer
+
+    def set_reasoning_tokens(self, tokens: int) -> None:
+        self.reasoning_tokens = tokens
+        self._show_reasoning()
+
+    @property
+    def reasoning_open(self) -> bool:
+        return self.role == "assistant" and \
+            not self.query_one(".thinking-text").has_class("hidden")
+
+    def toggle_reasoning(self) -> None:
+        """Expand or collapse the reasoning section (nothing without one)."""
+        if self.reasoning:
+            self.query_one(".thinking-text").toggle_class("hidden")
+            self._show_reasoning()
+
+    def _show_reasoning(self) -> None:
+        head = self.query_one(".thinking-head", Static)
+        body = self.query_one(".thinking-text", Static)
+        size = f" · {self.reasoning_tokens} tokens" if self.reasoning_tokens else "…"
+        shown = self.reasoning_open
+        head.update(Text(f"{'▾' if shown else '▸'} Thinking{size} "
+                         f"(F5 {'hides' if shown else 'shows'})"))
+        head.remove_class("hidden")
+        body.update(Text(self.reasoning.strip("\n")))
 
     @property
     def coloured(self) -> bool:
