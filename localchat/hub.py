@@ -5,6 +5,9 @@ name a path outside the hub cache. Downloads go through huggingface_hub (its cac
 its progress bar, HF_HUB_OFFLINE). Offline, or with local_only, nothing is fetched:
 a QUANT is resolved against the files already in the local cache. Every file returned
 has passed validate_model_file.
+
+Online, the hub is first asked one short request (no retries, PROBE_TIMEOUT); when it
+cannot be reached, the cache answers or one line says so (README: "Models" says why).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ _QUANT = re.compile(r"[A-Za-z0-9]+(?:_[A-Za-z0-9]+)*")
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _PREFIXES = ("https://", "http://")
 _HOSTS = ("hf.co/", "huggingface.co/")
+PROBE_TIMEOUT = 5.0  # seconds to connect, and between bytes, for the first request to the hub
 
 
 @dataclass(frozen=True)
@@ -120,11 +124,14 @@ def fetch(ref: HubRef, *, local_only: bool = False) -> Path:
         if not names:  # the hub may have it; we only know what is cached
             raise _not_downloaded(ref, offline_env=offline_env)
     else:
-        remote = _remote_names(ref)
+        remote = _remote_names(ref)  # this request is the probe: the hub answered it
         names = _pick_quant(ref, remote)
         if not names:
             raise HubError(f"no {ref.quant} file in {ref.repo_id}; it has: {_listing(remote)}")
-    paths = [_download(ref, name, offline, offline_env=offline_env) for name in names]
+    if ref.filename and not offline and (down := _probe(ref.repo_id, names[0])) is not None:
+        paths = _cached_or_unreachable(ref, names, down)
+    else:
+        paths = [_download(ref, name, offline, offline_env=offline_env) for name in names]
     for path in paths:
         validate_model_file(path)
     return paths[0]
@@ -165,11 +172,49 @@ def _pick_quant(ref: HubRef, names: list[str]) -> list[str]:
     raise HubError(f"{ref.spec} is ambiguous; name the file instead, one of: {shown}")
 
 
-def _remote_names(ref: HubRef) -> list[str]:
-    from huggingface_hub import list_repo_files
+def _probe_timeout() -> float:
+    """PROBE_TIMEOUT, or HF_HUB_ETAG_TIMEOUT where the user has set one (for slow links)."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_ETAG_TIMEOUT != constants.DEFAULT_ETAG_TIMEOUT:
+        return float(constants.HF_HUB_ETAG_TIMEOUT)
+    return PROBE_TIMEOUT
+
+
+def _probe(repo_id: str, filename: str) -> Exception | None:
+    """One HEAD of the file, without retries: the transport error when the hub cannot be
+    reached (refused, timed out, no route or name), else None, whatever the hub answered:
+    its HTTP errors (missing, gated, down) are left to hf_hub_download, which handles them."""
+    import httpx2
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
 
     try:
-        return list_repo_files(ref.repo_id)
+        get_hf_file_metadata(hf_hub_url(repo_id, filename), timeout=_probe_timeout())
+    except httpx2.TransportError as e:
+        return e
+    except Exception:  # the hub answered
+        pass
+    return None
+
+
+def _cached_or_unreachable(ref: HubRef, names: list[str], down: Exception) -> list[Path]:
+    """The hub cannot be reached: the cached files (as hf_hub_download would fall back
+    to), or one line saying so."""
+    try:
+        return [_download(ref, name, True, offline_env=False) for name in names]
+    except ModelNotFoundError:
+        raise HubError(f"cannot download {ref.spec}: the hub is unreachable "
+                       f"({_first_line(down)}) and it is not in the local cache") from down
+
+
+def _remote_names(ref: HubRef) -> list[str]:
+    """The repo's file names, in one request with a timeout and no retries: model_info
+    rather than list_repo_files, which has no timeout and retries for ~25 s."""
+    from huggingface_hub import model_info
+
+    try:
+        info = model_info(ref.repo_id, timeout=_probe_timeout())
+        return [s.rfilename for s in info.siblings or []]
     except Exception as e:
         mapped = _hub_error(ref, e, offline_env=False)
         if mapped is e:

@@ -8,7 +8,13 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx2
 import huggingface_hub
@@ -213,6 +219,11 @@ def online(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
 
 
+def listing(*names: str) -> SimpleNamespace:
+    """What model_info returns, as far as fetch looks at it."""
+    return SimpleNamespace(siblings=[SimpleNamespace(rfilename=n) for n in names])
+
+
 def test_online_quant_downloads_chosen_file(online: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tiny = write_tiny_gguf(tmp_path / "dl.gguf")
     calls: list[tuple[str, str, bool]] = []
@@ -221,7 +232,7 @@ def test_online_quant_downloads_chosen_file(online: None, tmp_path: Path, monkey
         calls.append((repo_id, filename, bool(kw.get("local_files_only"))))
         return str(tiny)
 
-    monkeypatch.setattr(huggingface_hub, "list_repo_files", lambda repo_id: ["a-Q4_0.gguf", "a-Q6_K.gguf"])
+    monkeypatch.setattr(huggingface_hub, "model_info", lambda repo_id, **kw: listing("a-Q4_0.gguf", "a-Q6_K.gguf"))
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
     assert fetch(parse_hub_ref("o/r:Q6_K")) == tiny
     assert calls == [("o/r", "a-Q6_K.gguf", False)]
@@ -235,7 +246,8 @@ def test_online_repo_not_found(online: None, monkeypatch: pytest.MonkeyPatch) ->
     def missing(*args: object, **kwargs: object) -> None:
         raise RepositoryNotFoundError("404 Client Error", response=response)
 
-    monkeypatch.setattr(huggingface_hub, "list_repo_files", missing)
+    monkeypatch.setattr(huggingface_hub, "model_info", missing)
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", missing)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", missing)
     with pytest.raises(HubError, match="repository not found on the hub: o/r"):
         fetch(parse_hub_ref("o/r:Q4_0"))
@@ -247,6 +259,127 @@ def test_online_connection_error(online: None, monkeypatch: pytest.MonkeyPatch) 
     def down(*args: object, **kwargs: object) -> None:
         raise httpx2.ConnectError("name resolution failed")
 
-    monkeypatch.setattr(huggingface_hub, "list_repo_files", down)
+    monkeypatch.setattr(huggingface_hub, "model_info", down)
     with pytest.raises(HubError, match="cannot reach the hub"):
         fetch(parse_hub_ref("o/r:Q4_0"))
+
+
+# --- an unreachable hub: one quick request, then the cache or one line -------
+
+
+def test_first_requests_have_a_short_timeout_and_no_retries(
+    online: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tiny = write_tiny_gguf(tmp_path / "dl.gguf")
+    seen: list[tuple[str, object]] = []
+
+    def info(repo_id: str, **kw: object) -> SimpleNamespace:
+        seen.append(("model_info", kw.get("timeout")))
+        return listing("a-Q4_0.gguf")
+
+    def head(url: str, **kw: object) -> None:
+        seen.append(("head", kw.get("timeout")))
+        assert not kw.get("retry_on_errors")
+
+    monkeypatch.setattr(huggingface_hub, "model_info", info)
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", head)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **kw: str(tiny))
+    assert fetch(parse_hub_ref("o/r:Q4_0")) == tiny
+    assert fetch(parse_hub_ref("o/r:a-Q4_0.gguf")) == tiny
+    assert seen == [("model_info", hub.PROBE_TIMEOUT), ("head", hub.PROBE_TIMEOUT)]
+
+
+def test_unreachable_hub_serves_the_cache(
+    online: None, cache: Path, tiny: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    link = add_to_cache(cache, "owner/repo", "tiny-Q4_1.gguf", tiny)
+
+    def down(*args: object, **kwargs: object) -> None:
+        raise httpx2.ConnectTimeout("timed out")
+
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", down)
+    assert fetch(parse_hub_ref("owner/repo:tiny-Q4_1.gguf")) == link
+    with pytest.raises(HubError) as info:
+        fetch(parse_hub_ref("owner/repo:other.gguf"))
+    assert str(info.value) == (
+        "cannot download owner/repo:other.gguf: the hub is unreachable (timed out) and it is not in the local cache"
+    )
+
+
+def test_hub_http_errors_are_left_to_hf_hub_download(online: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe only asks whether the hub can be reached; what it answered is
+    hf_hub_download's to handle (its .no_exist cache, its fallbacks)."""
+    response = httpx2.Response(503, request=httpx2.Request("HEAD", "https://huggingface.co/o/r/resolve/main/x.gguf"))
+    calls: list[str] = []
+
+    def busy(*args: object, **kwargs: object) -> None:
+        raise huggingface_hub.errors.HfHubHTTPError("503 Server Error", response=response)
+
+    def download(repo_id: str, filename: str, **kw: object) -> str:
+        calls.append(filename)
+        raise RepositoryNotFoundError("404 Client Error", response=response)
+
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", busy)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    with pytest.raises(HubError, match="repository not found on the hub: o/r"):
+        fetch(parse_hub_ref("o/r:x.gguf"))
+    assert calls == ["x.gguf"]
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A local port that accepts connections and never answers: a hub that hangs."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+def closed_port() -> int:
+    """A local port nothing listens on: connections are refused."""
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("hang", [True, False], ids=["silent", "refused"])
+@pytest.mark.parametrize("spec", ["someowner/somerepo:model.gguf", "someowner/somerepo:Q4_K_M"])
+def test_pull_with_hub_unreachable_fails_fast_in_one_line(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hang: bool, spec: str
+) -> None:
+    """The real CLI, online, against a hub that hangs or refuses: no retries for
+    a minute (or hours), no retry warnings, no traceback: one line and exit 1."""
+    port = request.getfixturevalue("silent_server") if hang else closed_port()
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for var in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_DISABLE_TELEMETRY", "HF_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-home" / "hub"))
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "localchat", "pull", spec], capture_output=True, text=True, timeout=60, env=os.environ
+    )
+    print(f"pull {spec} ({'silent' if hang else 'refused'}): {time.monotonic() - start:.1f} s")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("localchat: error: ") and spec in lines[0]
+    assert "unreachable" in lines[0] or "cannot reach the hub" in lines[0]
+    assert done.stdout == ""
