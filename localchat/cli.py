@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="require 'Authorization: Bearer KEY' (default: $LOCALCHAT_API_KEY)")
     serve.add_argument("--max-queue", type=int, default=64, metavar="N",
                        help="requests admitted at once; more get 503 (default: %(default)s)")
+    serve.add_argument("--quiet", action="store_true",
+                       help="no line per request on stderr (method, path, status, tokens, "
+                            "seconds)")
 
     plan = sub.add_parser("plan", help="how much context, for how many users, fits in memory",
                           description="Memory plan from a model's metadata: weights, KV per "

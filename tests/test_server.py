@@ -7,6 +7,7 @@ machine makes two threads several times slower than one."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -483,3 +484,40 @@ def test_sigterm_mid_stream_ends_the_stream_and_exits_cleanly(server, client):
 def test_ctrl_c_stops_cleanly(torch_server):
     assert torch_server.stop(signal.SIGINT) == 130
     assert "Traceback" not in torch_server.stderr()
+
+
+def _log_lines(server, path: str) -> list[str]:
+    return [line for line in server.stderr().splitlines() if f" {path} " in line]
+
+
+def test_each_request_gets_one_log_line_with_status_tokens_and_seconds(tmp_path):
+    server = ServerProcess(["-m", "default", "-c", "256", "--threads", "1"], tmp_path)
+    try:
+        with httpx2.Client(base_url=server.url, timeout=60) as client:
+            assert client.post("/v1/chat/completions",
+                               json={"messages": CHAT, **GREEDY}).status_code == 200
+            with client.stream("POST", "/v1/chat/completions",
+                               json={"messages": CHAT, "stream": True, **GREEDY}) as response:
+                assert response.status_code == 200 and response.read()
+            assert client.post("/v1/chat/completions", json={"messages": []}).status_code == 400
+        wait_for(lambda: len(_log_lines(server, "/v1/chat/completions")) >= 3)
+        lines = _log_lines(server, "/v1/chat/completions")
+    finally:
+        server.stop()
+    assert len(lines) == 3, lines
+    pattern = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d 127\.0\.0\.1 POST /v1/chat/completions "
+    assert all(re.match(pattern, line) for line in lines), lines
+    for line in lines[:2]:
+        assert re.search(r" 200 \d+\+16 tok \d+\.\d\d s$", line), line
+    assert re.search(r" 400 \d+\.\d\d s$", lines[2]), lines[2]
+
+
+def test_quiet_serve_logs_no_requests(tmp_path):
+    proc = ServerProcess(["-m", "default", "-c", "256", "--threads", "1", "--quiet"], tmp_path)
+    try:
+        with httpx2.Client(base_url=proc.url, timeout=60) as quiet:
+            assert quiet.post("/v1/chat/completions", json={
+                "messages": CHAT, "max_tokens": 2}).status_code == 200
+        assert "/v1/chat/completions" not in proc.stderr()
+    finally:
+        proc.stop()

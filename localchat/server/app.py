@@ -22,6 +22,7 @@ from starlette.types import ASGIApp
 
 from localchat.engine.base import Engine, Request as EngineRequest, Result
 from localchat.errors import ContextOverflowError, EngineError, LocalchatError
+from localchat.server.access_log import AccessLog, note_usage
 from localchat.server.errors import ApiError, internal_error
 from localchat.server.jobs import Jobs, shutting_down
 from localchat.server.responses import Reply
@@ -42,7 +43,8 @@ class Server:
         self.started = int(time.time())
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def build(self, *, loopback: bool, api_key: str | None) -> ASGIApp:
+    def build(self, *, loopback: bool, api_key: str | None, log_requests: bool = True) -> ASGIApp:
+        """The routes behind the Host/Origin/key guard; log_requests: a line per request."""
         routes = [
             Route("/health", self.health, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
@@ -52,7 +54,8 @@ class Server:
         ]
         app = Starlette(routes=routes, lifespan=self._lifespan, exception_handlers={
             ApiError: _api_error, HTTPException: _http_error, Exception: _server_error})
-        return Guard(app, loopback=loopback, api_key=api_key)
+        guarded = Guard(app, loopback=loopback, api_key=api_key)
+        return AccessLog(guarded) if log_requests else guarded
 
     def stop_soon(self) -> None:
         """From the signal handler: cancel every request (on the event loop, not inside
@@ -127,6 +130,7 @@ class Server:
         if isinstance(first, Result) and first.finish_reason == "cancelled":
             raise shutting_down()  # or the client is gone, and reads nothing
         if not body.stream:
+            note_usage(request.scope, first.stats)
             return JSONResponse(reply.body(first))
         return JobStream(job, reply, first, body.include_usage)
 

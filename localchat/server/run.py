@@ -53,7 +53,9 @@ def serve(args: argparse.Namespace, sock: socket.socket, *, loopback: bool,
     engine = engine_settings(args).load_engine()
     server = Server(engine, max_queue=args.max_queue)
     try:
-        config = uvicorn.Config(server.build(loopback=loopback, api_key=api_key),
+        app = server.build(loopback=loopback, api_key=api_key,
+                           log_requests=not getattr(args, "quiet", False))
+        config = uvicorn.Config(app,
                                 log_level="warning", access_log=False, lifespan="on",
                                 server_header=False,
                                 limit_concurrency=args.max_queue + EXTRA_CONNECTIONS,

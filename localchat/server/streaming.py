@@ -15,6 +15,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from localchat.engine.base import Delta, Event, Result
+from localchat.server.access_log import note_usage
 from localchat.server.errors import internal_error
 from localchat.server.jobs import Job, shutting_down
 from localchat.server.responses import SSE_DONE, SSE_HEADERS, Reply, sse
@@ -26,11 +27,13 @@ class JobStream(StreamingResponse):
     """text/event-stream of one job; the job is cancelled when the response ends."""
 
     def __init__(self, job: Job, reply: Reply, first: Event, include_usage: bool) -> None:
-        super().__init__(_chunks(job, reply, first, include_usage),
+        self.scope: Scope = {}
+        super().__init__(_chunks(self, job, reply, first, include_usage),
                          media_type="text/event-stream", headers=SSE_HEADERS)
         self.job = job
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.scope = scope  # _chunks notes the tokens sent in it, for the access log
         try:
             await super().__call__(scope, receive, send)
         finally:
@@ -38,12 +41,13 @@ class JobStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-async def _chunks(job: Job, reply: Reply, first: Event,
+async def _chunks(stream: JobStream, job: Job, reply: Reply, first: Event,
                   include_usage: bool) -> AsyncIterator[bytes]:
     if reply.chat:
         yield sse(reply.chunk(role=True))
     event: Event | None = first
     while event is not None:
+        note_usage(stream.scope, event.stats, finished=isinstance(event, Result))
         if isinstance(event, Result):
             if event.finish_reason == "cancelled" and job.jobs.closing:
                 yield sse(shutting_down().body())  # cut short: no finish, no [DONE]

@@ -1,0 +1,56 @@
+"""One line per request on stderr, as llama-server and uvicorn users expect:
+`2026-12-02 20:59:01 127.0.0.1 POST /v1/chat/completions 200 12+32 tok 1.42 s`.
+Completions add their prompt+completion tokens (noted by the routes in the scope);
+a stream the client left before its end says `disconnected`. --quiet turns it off."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+USAGE_KEY = "localchat.usage"  # the scope entry the routes fill: tokens, whether it finished
+
+
+def note_usage(scope: Scope, stats, *, finished: bool = True) -> None:
+    """Record a completion's token counts for its log line."""
+    usage = scope.get(USAGE_KEY)
+    if usage is not None and stats is not None:
+        usage.update(prompt=stats.prompt_tokens, completion=stats.completion_tokens,
+                     finished=finished)
+
+
+class AccessLog:
+    """ASGI middleware: after each HTTP request, its line on `stream`."""
+
+    def __init__(self, app: ASGIApp, stream=None) -> None:
+        self.app, self.stream = app, stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), [0]
+        scope[USAGE_KEY] = usage = {}
+
+        async def send_noting_status(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_noting_status)
+        finally:
+            self._write(scope, status[0] or 500, usage, time.perf_counter() - start)
+
+    def _write(self, scope: Scope, status: int, usage: dict, seconds: float) -> None:
+        client = (scope.get("client") or ("-",))[0]
+        parts = [time.strftime("%Y-%m-%d %H:%M:%S"), client, scope["method"], scope["path"],
+                 str(status)]
+        if "completion" in usage:
+            parts.append(f"{usage['prompt']}+{usage['completion']} tok")
+            if not usage["finished"]:
+                parts.append("disconnected")
+        parts.append(f"{seconds:.2f} s")
+        print(" ".join(parts), file=self.stream or sys.stderr, flush=True)
