@@ -1,7 +1,8 @@
 """`localchat quantize` and `localchat eval` (besides --agreement, in localchat/agreement.py).
 
 User mistakes are one-line UsageErrors; the source goes through the loaders' checks
-(pickles refused, truncated or corrupt files refused) before anything is written.
+(pickles refused, truncated or corrupt files refused, every HF tensor's shape and type
+against config.json) and the disk's free space is checked before anything is written.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from localchat.errors import UsageError
 from quantize.gguf_quantize import GGUF_TYPES
 from quantize.quality import Protocol
-from quantize.safe_output import OutputError, check_output
+from quantize.safe_output import OutputError, check_free_space, check_output, stop_signals_clean_up
 
 DIR_TYPES = ("nf4", "int8", "int4")
 ALL_TYPES = GGUF_TYPES + DIR_TYPES
@@ -65,23 +66,10 @@ def _write_dir(src: Path, out: Path, type_name: str, group_size: int | None,
         write(export_gguf_to_hf(src, Path(tmp) / "float32"))  # dequantized float32 first
 
 
-def cmd_quantize(args) -> int:
-    from localchat.models import resolve_model_facts, validate_model_path
+def _write(src: Path, out: Path, type_name: str, threads: int, args) -> None:
+    """The conversion itself; OS errors (a full disk) become one line, nothing left behind."""
     from quantize.gguf_quantize import quantize_gguf
 
-    type_name = _type_name(args.type)
-    if args.method == "gptq" and type_name != "int4":
-        raise UsageError("--method gptq writes int4 only (--type int4)")
-    if args.calibration is not None and args.method != "gptq":
-        raise UsageError("--calibration applies to --method gptq only")
-    if args.group_size is not None and type_name != "int4":
-        raise UsageError("--group-size applies to --type int4 only")
-    if args.double_quant and type_name != "nf4":
-        raise UsageError("--double-quant applies to --type nf4 only")
-    src_facts = resolve_model_facts(args.src)  # the loaders' checks: pickles, truncation
-    src, out = src_facts.path, Path(args.output).expanduser()
-    check_output(src, out, replace=args.force and type_name in GGUF_TYPES)
-    threads = args.threads or os.cpu_count() or 2
     try:
         if type_name in GGUF_TYPES:
             if src.is_dir():  # HF -> float32 GGUF beside OUT first (removed afterwards)
@@ -101,6 +89,34 @@ def cmd_quantize(args) -> int:
                        args.method == "gptq", args.calibration)
     except OSError as e:  # atomic_directory / temp files: already cleaned up
         raise OutputError(f"cannot write {out}: {e.strerror or e}; nothing was written") from None
+
+
+def cmd_quantize(args) -> int:
+    from localchat.models import resolve_model_facts, validate_model_path
+
+    type_name = _type_name(args.type)
+    if args.method == "gptq" and type_name != "int4":
+        raise UsageError("--method gptq writes int4 only (--type int4)")
+    if args.calibration is not None and args.method != "gptq":
+        raise UsageError("--calibration applies to --method gptq only")
+    if args.group_size is not None and type_name != "int4":
+        raise UsageError("--group-size applies to --type int4 only")
+    if args.double_quant and type_name != "nf4":
+        raise UsageError("--double-quant applies to --type nf4 only")
+    src_facts = resolve_model_facts(args.src)  # the loaders' checks: pickles, truncation
+    src, out = src_facts.path, Path(args.output).expanduser()
+    check_output(src, out, replace=args.force and type_name in GGUF_TYPES)
+    if src.is_dir():  # the torch loader's config checks (activation, RoPE scaling, ...)
+        from localchat.engine.executors.torch.hf_weights import hf_llama_config
+        from localchat.hf_model_files import read_json
+
+        hf_llama_config(read_json(src / "config.json"), src.name)
+    from quantize.output_size import min_bytes_written
+
+    check_free_space(out, min_bytes_written(src, type_name))
+    threads = args.threads or os.cpu_count() or 2
+    with stop_signals_clean_up():
+        _write(src, out, type_name, threads, args)
     facts = validate_model_path(out)
     print(f"wrote {out} ({facts.quant_type}, {facts.file_size / 2**20:.1f} MiB; "
           f"source {src_facts.quant_type}, {src_facts.file_size / 2**20:.1f} MiB)", file=sys.stderr)

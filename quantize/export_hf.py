@@ -17,7 +17,6 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
-from safetensors.torch import save_file
 
 from localchat.engine.executors.torch.weights import LlamaConfig
 from localchat.atomic import atomic_directory
@@ -25,6 +24,7 @@ from localchat.errors import ModelFormatError, UsageError
 from localchat.gguf_checks import check_model_metadata
 from localchat.gguf_reader import GGUFFile, read_gguf
 from quantize.hf_tokenizer import build_tokenizer, tokenizer_config
+from quantize.safe_output import save_safetensors
 
 HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _LAYER_NAMES = {
@@ -145,7 +145,7 @@ def export_gguf_to_hf(gguf_path: str | Path, out_dir: str | Path,
             "tokenizer_config.json": tokenizer_config(meta, config.context_length),
         }
     with atomic_directory(out_dir) as tmp:
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_safetensors(tensors, tmp / "model.safetensors")
         tokenizer.save(str(tmp / "tokenizer.json"))
         for filename, content in files.items():
             write_json(tmp / filename, content)

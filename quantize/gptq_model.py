@@ -226,10 +226,9 @@ def _write_first_layers(src: Path, dst: Path, packed: dict, qconfig: dict, layer
     """A model cut to its first `layers` blocks (a small real model for tests)."""
     import shutil
 
-    from safetensors.torch import save_file
-
     from localchat.atomic import atomic_directory
     from quantize.export_hf import write_json
+    from quantize.safe_output import save_safetensors
 
     config = read_json(src / "config.json")
     out: dict[str, torch.Tensor] = {}
@@ -244,7 +243,7 @@ def _write_first_layers(src: Path, dst: Path, packed: dict, qconfig: dict, layer
                 else:
                     out[name] = f.get_tensor(name)
     with atomic_directory(dst) as tmp:
-        save_file(out, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_safetensors(out, tmp / "model.safetensors")
         for extra in src.iterdir():
             if extra.is_file() and extra.suffix != ".safetensors" and extra.name != "config.json" \
                     and not extra.name.endswith(".index.json"):

@@ -16,13 +16,13 @@ from typing import Callable
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from localchat.atomic import atomic_directory
 from localchat.errors import UsageError
 from localchat.hf_model_files import INDEX_FILE, read_json, safetensors_files
 from quantize.export_hf import write_json
 from quantize.progress import Progress
+from quantize.safe_output import save_safetensors
 
 QUANTIZED = re.compile(r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight")
 
@@ -54,7 +54,7 @@ def rewrite_projections(src: str | Path, dst: str | Path, encode: Encoder,
                         out[name] = t
                     bar.advance(note=name)
                 bar.close()
-            save_file(out, str(tmp / shard.name), metadata={"format": "pt"})
+            save_safetensors(out, tmp / shard.name)
             weight_map |= {name: shard.name for name in out}
         for extra in src.iterdir():  # tokenizer files, generation config, chat template
             if extra.is_file() and extra.suffix != ".safetensors" and \
