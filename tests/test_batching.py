@@ -179,3 +179,64 @@ def test_preempted_sequence_comes_back_through_a_prefix_hit():
     assert chunks[0].seq is seq and chunks[0].start == 8  # two blocks found again
     assert seq.recomputed_tokens == 2  # it had computed 10; 8 came back from the cache
     pool.check_invariants()
+
+
+def _slots(n: int, copy: bool = True) -> BlockManager:
+    return BlockManager(KVLayout(pools=n, blocks_per_pool=16, exclusive=True, cache_key=b"t",
+                                 slot_copy=copy))
+
+
+def _run(blocks: BlockManager, seq_id: int, tokens: list[int]) -> Sequence:
+    """Admit a sequence, compute all of it and free it (its KV stays in its slot)."""
+    seq = Sequence(seq_id, list(tokens), len(tokens))
+    seq.computed = blocks.allocate(seq)
+    copied = blocks.take_copy(seq)
+    seq.computed = len(tokens)
+    blocks.commit(seq, len(tokens))
+    blocks.free(seq)
+    seq.copied = copied
+    return seq
+
+
+def test_a_branch_continues_in_a_copy_so_both_branches_stay_cached():
+    shared, a, b = list(range(40)), list(range(100, 140)), list(range(200, 240))
+    blocks = _slots(3)
+    first = _run(blocks, 1, shared + a)
+    assert first.copied is None
+    branch = Sequence(2, shared + b, 80)
+    assert blocks.allocate(branch) == 40  # the shared prefix, read from first's slot ...
+    assert blocks.take_copy(branch) == first.slot != branch.slot  # ... in a copy of it
+    assert blocks.take_copy(branch) is None  # once
+    branch.computed = 80
+    blocks.commit(branch, 80)
+    blocks.free(branch)
+    back = Sequence(3, shared + a + [7], 81)  # switching back: all of branch a is still there
+    assert blocks.allocate(back) == 80 and back.slot == first.slot
+    assert blocks.take_copy(back) is None
+    blocks.free(back)
+
+
+def test_no_copy_for_a_continuation_a_small_prefix_or_without_the_feature():
+    shared = list(range(40))
+    blocks = _slots(2)
+    _run(blocks, 1, shared)
+    assert _run(blocks, 2, shared + [1] * 30).copied is None  # extends it: nothing to keep
+    blocks = _slots(2)
+    _run(blocks, 1, list(range(8)) + [5] * 40)
+    assert _run(blocks, 2, list(range(8)) + [6] * 40).copied is None  # under a block shared
+    blocks = _slots(2, copy=False)
+    first = _run(blocks, 1, shared + [5] * 40)
+    second = _run(blocks, 2, shared + [6] * 40)
+    assert second.copied is None and second.slot == first.slot  # the slot is cut back instead
+
+
+def test_a_copy_that_never_ran_leaves_its_slot_empty():
+    blocks = _slots(2)
+    first = _run(blocks, 1, list(range(80)))
+    seq = Sequence(2, list(range(40)) + [9] * 40, 80)
+    seq.computed = blocks.allocate(seq)  # as the scheduler admits it
+    assert seq.computed == 40 and seq.slot != first.slot
+    blocks.free(seq)  # preempted or cancelled before its first chunk: nothing was copied
+    assert blocks._hits(seq.slot, list(range(40))) == 0  # so its slot claims no KV
+    again = Sequence(3, list(range(80)) + [1], 81)
+    assert blocks.allocate(again) == 80 and again.slot == first.slot

@@ -182,3 +182,19 @@ def test_a_request_cancelled_while_queued_computes_nothing(engine):
                                           max_tokens=8), cancel))
     assert len(events) == 1 and events[0].finish_reason == "cancelled"
     assert events[0].text == "" and events[0].stats.completion_tokens == 0
+
+
+def test_a_branch_keeps_the_other_branch_cached_and_the_copy_is_exact(engine, fresh_engine):
+    """Editing a message mid-conversation: the new branch continues in a copy of the
+    shared prefix's slot, so going back to the first branch reuses all of its KV, and
+    what it generates there is what an engine with nothing cached generates."""
+    text = "Here are my notes on the trip: " + "we walked along the river and ate well. " * 6
+    first = [Message("user", text + "Where did we walk?")]
+    reply = engine.complete(Request(messages=first, sampling=GREEDY, max_tokens=12))
+    edited = [Message("user", text + "What did we eat?")]
+    engine.complete(Request(messages=edited, sampling=GREEDY, max_tokens=12))
+    back = first + [Message("assistant", reply.text), Message("user", "Say it again.")]
+    again = engine.complete(Request(messages=back, sampling=GREEDY, max_tokens=12))
+    assert again.stats.cached_tokens >= reply.stats.prompt_tokens  # all of branch one
+    assert again.text == fresh_engine.complete(
+        Request(messages=back, sampling=GREEDY, max_tokens=12)).text

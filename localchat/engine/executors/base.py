@@ -27,6 +27,8 @@ class Chunk:
     write_from: int  # positions before this already hold their KV (shared blocks): not written
     n_prompt: int = 0  # positions from here on are generated tokens (an executor may treat
     # them alike however they are batched, so they compute the same bits alone or together)
+    copy_from: int | None = None  # first make this slot's KV a copy of that slot's
+    # (KVLayout.slot_copy; every copy in a pass happens before any chunk runs)
 
 
 class Executor(ABC):

@@ -135,7 +135,7 @@ class LlamaCppExecutor(Executor):
         key = hashlib.blake2b(f"llama.cpp:{facts.path}:{facts.file_size}".encode()).digest()
         self.layout = KVLayout(pools=parallel, blocks_per_pool=slot_cells // BLOCK_SIZE,
                                exclusive=True, cache_key=key,
-                               prefix_cache=self.supports_rollback)
+                               prefix_cache=self.supports_rollback, slot_copy=True)
         self.info = ModelInfo.from_facts(facts, n_ctx=n_ctx,
                                          kv_bytes_per_token=kv_bytes,
                                          weights_bytes=self._model.size())
@@ -144,6 +144,10 @@ class LlamaCppExecutor(Executor):
         self._batch = _Batch(MAX_BATCH)
 
     def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
+        for chunk in chunks:  # copies first: a later chunk may cut a copy's source
+            if chunk.copy_from is not None:  # across streams llama.cpp copies the whole buffer
+                llama_cpp.llama_memory_seq_cp(self._memory, chunk.copy_from, chunk.slot, -1, -1)
+                self._filled[chunk.slot] = self._filled[chunk.copy_from]
         for chunk in chunks:
             if self._filled[chunk.slot] > chunk.start:  # rollback, or a new sequence
                 self._cut(chunk.slot, chunk.start)

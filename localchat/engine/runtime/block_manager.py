@@ -5,7 +5,10 @@ blocks shared between sequences by reference. An exclusive layout (llama.cpp, on
 stream per slot) is one pool per slot, each holding at most one live sequence; a slot
 keeps what its last sequence computed as a reusable prefix, to the token (a slot's block
 ids are bookkeeping only there), and a new sequence goes to the free slot that shares
-most of its prompt (then the least recently used).
+most of its prompt (then the least recently used). Where the prompt leaves that slot's
+KV part way (another branch of a conversation) and the executor can copy a slot, the
+shared prefix is copied into the least recently used free slot instead, so that the
+other branch's KV stays cached too.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class KVLayout:
     cache_key: bytes  # model + KV dtype: different caches never share blocks
     prefix_cache: bool = True  # False where the KV cannot be cut back (recurrent state)
     block_size: int = BLOCK_SIZE
+    slot_copy: bool = False  # exclusive: the executor can copy one slot's KV into another
 
 
 class BlockManager:
@@ -40,6 +44,7 @@ class BlockManager:
         self._kept: list[list[int]] = [[] for _ in range(layout.pools)]  # exclusive: KV held
         self._clock = itertools.count()
         self._last_used = [0] * layout.pools
+        self._copies: dict[int, int] = {}  # seq_id -> the slot its KV is copied from first
 
     def pool(self, seq) -> BlockPool:
         return self.pools[seq.slot]
@@ -81,6 +86,11 @@ class BlockManager:
         slot = self._choose(seq.tokens)
         if slot is None:
             raise RuntimeError("no free slot: can_admit() must be asked first")
+        spare = self._spare(slot, seq.tokens)
+        if spare is not None:  # keep the slot's other branch: continue in a copy of it
+            self._kept[spare] = list(self._kept[slot])
+            self._copies[seq.seq_id] = slot
+            slot = spare
         pool = self.pools[slot]
         cached = pool.allocate(seq.seq_id, seq.tokens)  # 0 without a prefix cache: nothing commits
         if self.layout.exclusive:
@@ -93,6 +103,21 @@ class BlockManager:
         self._last_used[slot] = next(self._clock)
         seq.slot = slot
         return cached
+
+    def _spare(self, slot: int, tokens: list[int]) -> int | None:
+        """The free slot to copy `slot` into before a prompt that shares at least a block
+        with it but would overwrite at least a block of it; None: use `slot` itself."""
+        if not (self.layout.exclusive and self.layout.slot_copy and self.layout.prefix_cache):
+            return None
+        hits = self._hits(slot, tokens)
+        if hits < self.block_size or len(self._kept[slot]) - hits < self.block_size:
+            return None
+        free = [i for i, live in enumerate(self._live) if live is None and i != slot]
+        return min(free, key=lambda i: (bool(self._kept[i]), self._last_used[i]), default=None)
+
+    def take_copy(self, seq) -> int | None:
+        """The slot whose KV the sequence's slot must copy before its first chunk (once)."""
+        return self._copies.pop(seq.seq_id, None)
 
     # ---- per-sequence operations ----------------------------------------------------------
 
@@ -112,8 +137,9 @@ class BlockManager:
     def free(self, seq) -> None:
         """Release a finished or preempted sequence; its full committed blocks stay cached."""
         self.pool(seq).free(seq.seq_id)
+        never_ran = self._copies.pop(seq.seq_id, None) is not None  # so nothing was copied
         if self.layout.exclusive:
-            self._kept[seq.slot] = seq.tokens[:seq.computed]
+            self._kept[seq.slot] = [] if never_ran else seq.tokens[:seq.computed]
             self._live[seq.slot] = None
             self._last_used[seq.slot] = next(self._clock)
 

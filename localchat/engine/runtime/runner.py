@@ -155,7 +155,8 @@ class Runner:
                      start=chunk.start,
                      n_logits=1 + len(chunk.drafts) if chunk.samples else 0,
                      block_table=self.blocks.block_table(seq),
-                     write_from=self.blocks.num_committed(seq), n_prompt=seq.n_prompt)
+                     write_from=self.blocks.num_committed(seq), n_prompt=seq.n_prompt,
+                     copy_from=self.blocks.take_copy(seq))
 
     # ---- speculation ---------------------------------------------------------------------
 

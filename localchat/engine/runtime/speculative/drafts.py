@@ -59,7 +59,8 @@ class ModelDraft:
                                     start=mirror.computed, n_logits=1,
                                     block_table=self.blocks.block_table(mirror),
                                     write_from=self.blocks.num_committed(mirror),
-                                    n_prompt=mirror.n_prompt))
+                                    n_prompt=mirror.n_prompt,
+                                    copy_from=self.blocks.take_copy(mirror)))
             logits = self.executor.forward(chunks)
             rows = [Row(seq.params, seq.completion + drafts[i], seq.generator)
                     for seq, i in ((requests[i][0], i) for i in live)]
