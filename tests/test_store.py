@@ -76,12 +76,82 @@ def test_list_is_newest_first_and_search_finds_titles_and_text(store):
     assert store.last_conversation().id == a.id
 
 
-def test_delete_messages_from_cuts_the_tail(store):
+def test_delete_branch_cuts_the_tail(store):
     c = store.create_conversation()
     ids = [store.add_message(c.id, r, t) for r, t in
            [("user", "1"), ("assistant", "2"), ("user", "3"), ("assistant", "4")]]
-    assert store.delete_messages_from(c.id, ids[2]) == 2
+    assert store.delete_branch(c.id, ids[2]) == 2
     assert [m.content for m in store.messages(c.id)] == ["1", "2"]
+    assert store.add_message(c.id, "user", "5") and \
+        [m.content for m in store.messages(c.id)] == ["1", "2", "5"]
+
+
+def _contents(messages):
+    return [(m.content, m.version) for m in messages]
+
+
+def test_an_edit_or_a_regeneration_adds_a_sibling_branch_and_loses_nothing(store):
+    c = store.create_conversation()
+    u1 = store.add_message(c.id, "user", "Q1")
+    a1 = store.add_message(c.id, "assistant", "A1")
+    u2 = store.add_message(c.id, "user", "Q2")
+    store.add_message(c.id, "assistant", "A2")
+    # regenerate A1: a second version after Q1; the branch on screen is Q1, A1'
+    a1b = store.begin_reply(c.id, parent=u1)
+    store.finish_reply(a1b, "A1'", status="complete")
+    assert _contents(store.messages(c.id)) == [("Q1", (1, 1)), ("A1'", (2, 2))]
+    # edit Q1: a second first message
+    u1b = store.add_message(c.id, "user", "Q1 edited", parent=None)
+    store.add_message(c.id, "assistant", "A1 edited")
+    assert _contents(store.messages(c.id)) == [("Q1 edited", (2, 2)), ("A1 edited", (1, 1))]
+    assert store.message_count(c.id) == 7  # nothing was lost
+    assert store.versions(c.id, u1b) == (u1, u1b) and store.versions(c.id, a1b) == (a1, a1b)
+    assert store.versions(c.id, 10_000) == ()
+    # back to the first version of Q1: lands on the newest message written under it
+    assert _contents(store.switch_branch(c.id, u1)) == [("Q1", (1, 2)), ("A1'", (2, 2))]
+    assert _contents(store.switch_branch(c.id, a1)) == [
+        ("Q1", (1, 2)), ("A1", (1, 2)), ("Q2", (1, 1)), ("A2", (1, 1))]
+    assert store.messages(c.id)[2].id == u2
+    # the leaf is stored: a second store (another process) sees the same branch
+    again = ConversationStore.open(store.path)
+    try:
+        assert [m.content for m in again.messages(c.id)] == ["Q1", "A1", "Q2", "A2"]
+        again.add_message(c.id, "user", "Q3")  # appends to the branch on screen
+    finally:
+        again.close()
+    assert [m.content for m in store.messages(c.id)][-2:] == ["A2", "Q3"]
+    with pytest.raises(ValueError):
+        store.switch_branch(c.id, 10_000)
+    other = store.create_conversation()
+    with pytest.raises(ValueError):
+        store.add_message(other.id, "user", "x", parent=u1b)  # a parent from elsewhere
+
+
+def test_deleting_a_branch_keeps_its_siblings(store):
+    c = store.create_conversation()
+    u = store.add_message(c.id, "user", "Q")
+    store.add_message(c.id, "assistant", "A")
+    b = store.add_message(c.id, "assistant", "B", parent=u)
+    store.add_message(c.id, "user", "after B")
+    assert store.delete_branch(c.id, b) == 2
+    assert _contents(store.messages(c.id)) == [("Q", (1, 1))]
+    assert _contents(store.switch_branch(c.id, u)) == [("Q", (1, 1)), ("A", (1, 1))]
+
+
+def test_fork_copies_the_branch_on_screen_into_a_new_conversation(store):
+    c = store.create_conversation("Trip", model="m", system_prompt="Be brief.",
+                                  params={"temperature": 0.3})
+    u = store.add_message(c.id, "user", "Q")
+    store.add_message(c.id, "assistant", "A", stats={"completion_tokens": 1})
+    store.add_message(c.id, "assistant", "B", parent=u)
+    f = store.fork(c.id)
+    assert (f.title, f.model, f.system_prompt, f.params) == \
+        ("Trip (fork)", "m", "Be brief.", {"temperature": 0.3})
+    assert _contents(store.messages(f.id)) == [("Q", (1, 1)), ("B", (1, 1))]
+    assert store.message_count(c.id) == 3 and store.message_count(f.id) == 2
+    store.add_message(f.id, "user", "only in the fork")
+    assert [m.content for m in store.messages(c.id)] == ["Q", "B"]
+    assert store.fork(f.id).title == "Trip (fork)"
 
 
 def test_reply_writer_flushes_on_interval_and_at_the_end(store):
@@ -149,6 +219,35 @@ def test_migrations_from_an_older_schema_keep_data(tmp_path):
         assert [m.content for m in s.messages(1)] == ["kept"]
         cols = [r[1] for r in s._db.execute("PRAGMA table_info(messages)")]
         assert "writer_pid" in cols
+    finally:
+        s.close()
+
+
+def test_the_tree_migration_keeps_a_history_written_by_the_linear_schema(tmp_path):
+    """A database as localchat wrote it before branches (schema 2): every conversation
+    comes back in order, as one branch, and goes on growing from its last message."""
+    path = tmp_path / "linear.db"
+    db = connect(path)
+    assert migrate(db, MIGRATIONS[:2]) == 2
+    for cid, title in ((1, "one"), (2, "two"), (3, "empty")):
+        db.execute("INSERT INTO conversations (id, title, created, updated, params) "
+                   "VALUES (?, ?, 1, 1, '{}')", (cid, title))
+    rows = [(1, "user", "a"), (2, "user", "x"), (1, "assistant", "b"), (2, "assistant", "y"),
+            (1, "user", "c"), (1, "assistant", "d")]  # interleaved ids, as two chats write
+    for cid, role, text in rows:
+        db.execute("INSERT INTO messages (conversation_id, role, content, status, created) "
+                   "VALUES (?, ?, ?, 'complete', 1)", (cid, role, text))
+    db.close()
+    s = ConversationStore.open(path)
+    try:
+        assert s._db.execute("SELECT version FROM schema_version").fetchone()[0] == SCHEMA_VERSION
+        assert _contents(s.messages(1)) == [(t, (1, 1)) for t in "abcd"]
+        assert [m.content for m in s.messages(2)] == ["x", "y"] and s.messages(3) == []
+        parents = [m.parent_id for m in s.messages(1)]
+        assert parents == [None] + [m.id for m in s.messages(1)][:-1]
+        s.add_message(1, "user", "e")
+        assert [m.content for m in s.messages(1)] == list("abcde")
+        assert s.integrity_check() == "ok"
     finally:
         s.close()
 

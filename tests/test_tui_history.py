@@ -357,7 +357,8 @@ async def test_f1_help_rows_keep_commands_with_a_bar_in_one_row(engine):
         rows = [[cell.plain for cell in row] for table in app.screen.query(MarkdownTable)
                 for row in table._rows]
         export = next(row for row in rows if row[0].startswith("/export"))
-        assert export == ["/export [md|json] [PATH]", "write this conversation to a file"]
+        assert export == ["/export [md|json] [PATH]",
+                          "write this conversation (the branch on screen) to a file"]
 
 
 async def test_copy_without_code_block_is_an_error(engine):

@@ -1,5 +1,7 @@
 """Conversations and their messages in SQLite: the one place that reads and writes them.
 
+A conversation is a tree (tree.py): an edit or a regeneration adds a sibling, and
+`messages()` is the branch on screen, from the first message to the conversation's leaf.
 A reply is written while it streams (status 'streaming', see reply_writer.py) and gets
 its final status at the end: 'complete', or 'interrupted' when it was stopped or its
 process died. Opening the store marks replies left 'streaming' by a process that no
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localchat.errors import LocalchatError
+from localchat.storage import tree
 from localchat.storage.db import (
     BUSY_TIMEOUT_MS,
     Connections,
@@ -65,6 +68,14 @@ class StoredMessage:
     params: dict | None = None
     stats: dict | None = None
     created: float = 0.0
+    parent_id: int | None = None
+    siblings: tuple[int, ...] = ()  # the versions of this message, itself included, oldest first
+
+    @property
+    def version(self) -> tuple[int, int]:
+        """(which version this is, counting from 1; how many there are)."""
+        return (self.siblings.index(self.id) + 1 if self.id in self.siblings else 1,
+                max(len(self.siblings), 1))
 
 
 def title_from(text: str) -> str:
@@ -212,26 +223,37 @@ class ConversationStore:
 
     @_wrapped
     def add_message(self, conversation_id: int, role: str, content: str, *,
-                    model: str | None = None, params: dict | None = None,
-                    stats: dict | None = None, status: str = "complete") -> int:
+                    parent: int | None | type(...) = ..., model: str | None = None,
+                    params: dict | None = None, stats: dict | None = None,
+                    status: str = "complete") -> int:
+        """Append a message after `parent` (left out: after the branch on screen; None: as
+        another first message) and make it the conversation's leaf."""
         if status not in STATUSES:
             raise ValueError(f"unknown status {status!r}")
         now = time.time()
         with transaction(self._db) as db:
+            if parent is ...:
+                parent = self._leaf(conversation_id)
+            elif parent is not None:
+                row = db.execute("SELECT conversation_id FROM messages WHERE id = ?",
+                                 (parent,)).fetchone()
+                if row is None or row[0] != conversation_id:
+                    raise ValueError(f"message {parent} is not in conversation {conversation_id}")
             cur = db.execute(
-                "INSERT INTO messages (conversation_id, role, content, model, params, stats, "
-                "status, created, writer_pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (conversation_id, role, content, model, _json(params), _json(stats), status,
-                 now, os.getpid() if status == "streaming" else None))
-            db.execute("UPDATE conversations SET updated = ? WHERE id = ?",
-                       (now, conversation_id))
+                "INSERT INTO messages (conversation_id, parent_id, role, content, model, params, "
+                "stats, status, created, writer_pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, parent, role, content, model, _json(params), _json(stats),
+                 status, now, os.getpid() if status == "streaming" else None))
+            db.execute("UPDATE conversations SET updated = ?, leaf_id = ? WHERE id = ?",
+                       (now, cur.lastrowid, conversation_id))
         return cur.lastrowid
 
-    def begin_reply(self, conversation_id: int, *, model: str | None = None,
-                    params: dict | None = None, content: str = "") -> int:
+    def begin_reply(self, conversation_id: int, *, parent: int | None | type(...) = ...,
+                    model: str | None = None, params: dict | None = None,
+                    content: str = "") -> int:
         """An assistant message that is being written (status 'streaming')."""
-        return self.add_message(conversation_id, "assistant", content, model=model,
-                                params=params, status="streaming")
+        return self.add_message(conversation_id, "assistant", content, parent=parent,
+                                model=model, params=params, status="streaming")
 
     @_wrapped
     def update_reply(self, message_id: int, content: str) -> None:
@@ -258,20 +280,111 @@ class ConversationStore:
             db.execute("UPDATE conversations SET updated = ? WHERE id = "
                        "(SELECT conversation_id FROM messages WHERE id = ?)", (now, message_id))
 
-    @_wrapped
-    def delete_messages_from(self, conversation_id: int, message_id: int) -> int:
-        """Delete a message and every later one in its conversation (regenerate, edit)."""
-        with transaction(self._db) as db:
-            return db.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?",
-                              (conversation_id, message_id)).rowcount
+    # -- the tree ----------------------------------------------------------------------
+
+    def _parents(self, conversation_id: int) -> dict[int, int | None]:
+        return {r[0]: r[1] for r in self._db.execute(
+            "SELECT id, parent_id FROM messages WHERE conversation_id = ?", (conversation_id,))}
+
+    def _leaf(self, conversation_id: int) -> int | None:
+        """The last message of the branch on screen (the newest message where none is set)."""
+        row = self._db.execute(
+            "SELECT c.leaf_id, (SELECT MAX(id) FROM messages WHERE conversation_id = c.id), "
+            "EXISTS (SELECT 1 FROM messages WHERE id = c.leaf_id AND conversation_id = c.id) "
+            "FROM conversations c WHERE c.id = ?", (conversation_id,)).fetchone()
+        if row is None:
+            return None
+        return row[0] if row[2] else row[1]
 
     @_wrapped
     def messages(self, conversation_id: int) -> list[StoredMessage]:
-        rows = self._db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id",
-                                (conversation_id,)).fetchall()
-        return [StoredMessage(r["id"], r["conversation_id"], r["role"], r["content"],
-                              r["status"], r["model"], _load(r["params"]), _load(r["stats"]),
-                              r["created"]) for r in rows]
+        """The branch on screen, first message first, each with its sibling versions."""
+        rows = {r["id"]: r for r in self._db.execute(
+            "SELECT * FROM messages WHERE conversation_id = ?", (conversation_id,))}
+        parents = {i: r["parent_id"] for i, r in rows.items()}
+        children = tree.children_of(parents)
+        return [self._message(rows[i], tuple(children[parents[i]]))
+                for i in tree.path_to(self._leaf(conversation_id), parents)]
+
+    @staticmethod
+    def _message(r: sqlite3.Row, siblings: tuple[int, ...]) -> StoredMessage:
+        return StoredMessage(r["id"], r["conversation_id"], r["role"], r["content"], r["status"],
+                             r["model"], _load(r["params"]), _load(r["stats"]), r["created"],
+                             r["parent_id"], siblings)
+
+    @_wrapped
+    def versions(self, conversation_id: int, message_id: int) -> tuple[int, ...]:
+        """The versions of a message (it and its siblings), oldest first."""
+        row = self._db.execute("SELECT parent_id FROM messages WHERE id = ? AND "
+                               "conversation_id = ?", (message_id, conversation_id)).fetchone()
+        if row is None:
+            return ()
+        return tuple(r[0] for r in self._db.execute(
+            "SELECT id FROM messages WHERE conversation_id = ? AND parent_id IS ? ORDER BY id",
+            (conversation_id, row[0])))
+
+    @_wrapped
+    def child_count(self, message_id: int) -> int:
+        """How many messages follow this one directly (its replies' versions)."""
+        return self._db.execute("SELECT COUNT(*) FROM messages WHERE parent_id = ?",
+                                (message_id,)).fetchone()[0]
+
+    @_wrapped
+    def message_count(self, conversation_id: int) -> int:
+        """Every message of the conversation, in all its branches."""
+        return self._db.execute("SELECT COUNT(*) FROM messages WHERE conversation_id = ?",
+                                (conversation_id,)).fetchone()[0]
+
+    @_wrapped
+    def switch_branch(self, conversation_id: int, message_id: int) -> list[StoredMessage]:
+        """Show the branch through `message_id` (down to the newest message written under
+        it) and return it."""
+        with transaction(self._db) as db:
+            parents = self._parents(conversation_id)
+            if message_id not in parents:
+                raise ValueError(f"message {message_id} is not in conversation {conversation_id}")
+            db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?",
+                       (tree.latest_leaf(message_id, parents), conversation_id))
+        return self.messages(conversation_id)
+
+    @_wrapped
+    def delete_branch(self, conversation_id: int, message_id: int) -> int:
+        """Delete a message and everything that followed it, in every branch (a turn that
+        got no reply); the branch on screen ends at its parent. Returns how many went."""
+        with transaction(self._db) as db:
+            parents, leaf = self._parents(conversation_id), self._leaf(conversation_id)
+            gone = tree.subtree(message_id, parents)
+            db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in gone])
+            if leaf in gone:
+                db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?",
+                           (parents.get(message_id), conversation_id))
+        return len(gone)
+
+    @_wrapped
+    def fork(self, conversation_id: int, title: str | None = None) -> Conversation:
+        """A new conversation holding a copy of the branch on screen, with the same
+        settings; the original is left as it is."""
+        conv = self.get_conversation(conversation_id)
+        if conv is None:
+            raise ValueError(f"no conversation {conversation_id}")
+        branch = self.messages(conversation_id)
+        now = time.time()
+        title = title or (conv.title if conv.title.endswith("(fork)") else f"{conv.title} (fork)")
+        with transaction(self._db) as db:
+            new_id = db.execute(
+                "INSERT INTO conversations (title, created, updated, model, system_prompt, "
+                "params) VALUES (?, ?, ?, ?, ?, ?)",
+                (title, now, now, conv.model, conv.system_prompt, _json(conv.params))).lastrowid
+            parent = None
+            for m in branch:
+                status = "interrupted" if m.status == "streaming" else m.status
+                parent = db.execute(
+                    "INSERT INTO messages (conversation_id, parent_id, role, content, model, "
+                    "params, stats, status, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (new_id, parent, m.role, m.content, m.model, _json(m.params),
+                     _json(m.stats), status, m.created)).lastrowid
+            db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (parent, new_id))
+        return self.get_conversation(new_id)
 
     @_wrapped
     def recover_interrupted(self) -> int:

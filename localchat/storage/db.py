@@ -73,7 +73,20 @@ def _v2(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX conversations_by_updated ON conversations(updated)")
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2]
+def _v3(db: sqlite3.Connection) -> None:
+    # Conversations become trees (an edit or a regeneration adds a sibling branch): each
+    # message gets its parent, the one before it so far; a conversation remembers the last
+    # message of the branch on screen (leaf_id).
+    db.execute("ALTER TABLE messages ADD COLUMN parent_id INTEGER")
+    db.execute("UPDATE messages SET parent_id = (SELECT MAX(p.id) FROM messages p "
+               "WHERE p.conversation_id = messages.conversation_id AND p.id < messages.id)")
+    db.execute("ALTER TABLE conversations ADD COLUMN leaf_id INTEGER")
+    db.execute("UPDATE conversations SET leaf_id = "
+               "(SELECT MAX(m.id) FROM messages m WHERE m.conversation_id = conversations.id)")
+    db.execute("CREATE INDEX messages_by_parent ON messages(conversation_id, parent_id)")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -1,4 +1,5 @@
-"""A conversation as Markdown or JSON, written atomically (never a half-written file)."""
+"""A conversation's branch on screen as Markdown or JSON, written atomically (never a
+half-written file); a message with other versions says which one it is."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def to_markdown(conv: Conversation, messages: list[StoredMessage],
         heading = _ROLE_HEADINGS.get(m.role, m.role)
         if m.status != "complete":
             heading += f" ({m.status})"
+        if m.version[1] > 1:
+            heading += f" (version {m.version[0]} of {m.version[1]})"
         lines += ["", f"## {heading}", "", m.content]
     return "\n".join(lines).rstrip("\n") + "\n"
 
@@ -43,7 +46,8 @@ def to_json(conv: Conversation, messages: list[StoredMessage],
         "model": conv.model, "model_name": model_name, "system_prompt": conv.system_prompt, "params": conv.params,
         "messages": [{"role": m.role, "content": m.content, "status": m.status,
                       "model": m.model, "params": m.params, "stats": m.stats,
-                      "created": m.created} for m in messages],
+                      "created": m.created, "version": m.version[0], "versions": m.version[1]}
+                     for m in messages],
     }
     return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
 

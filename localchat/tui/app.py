@@ -4,7 +4,7 @@ the history database.
 This module is the shell: the layout, the keys, loading the model in a worker thread,
 the one-line notices and errors, and shutting down. What the app does is split by
 concern into mixins: generation.py (replies streamed from the engine), conversations.py
-(the history database and the sidebar), controls.py (the input, slash commands and
+(the history database and the sidebar), branches.py (message versions and /fork), controls.py (the input, slash commands and
 chat actions), drafts.py (speculative decoding shown in the replies) and switching.py
 (the parameters panel, the model picker and speculation on/off, reloading the engine). The model loads and generates in worker threads, so the UI never blocks.
 """
@@ -32,6 +32,7 @@ from localchat.errors import LocalchatError
 from localchat.settings import ChatSettings
 from localchat.storage import ConversationStore, StoreUnavailable
 from localchat.storage.db import BUSY_TIMEOUT_MS
+from localchat.tui.branches import BranchesMixin
 from localchat.tui.controls import ControlsMixin
 from localchat.tui.conversations import ConversationsMixin
 from localchat.tui.drafts import DraftColoursMixin
@@ -56,8 +57,8 @@ def _css_path() -> Path:
     return Path(str(files("localchat.assets").joinpath("app.tcss")))
 
 
-class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMixin,
-              SwitchingMixin, App):
+class ChatApp(ControlsMixin, ConversationsMixin, BranchesMixin, GenerationMixin,
+              DraftColoursMixin, SwitchingMixin, App):
     CSS_PATH = _css_path()
     TITLE = "localchat"
     COMMANDS = App.COMMANDS | {ChatCommands}
@@ -67,6 +68,14 @@ class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMi
         Binding("ctrl+n", "new_conversation", "New", show=False, id="new_conversation"),
         Binding("ctrl+r", "regenerate", "Regen", show=False, id="regenerate"),
         Binding("ctrl+g", "continue_reply", "Continue", show=False, id="continue_reply"),
+        Binding("alt+up", "select_previous", "Select message", show=False, priority=True,
+                id="select_previous"),
+        Binding("alt+down", "select_next", "Select next", show=False, priority=True,
+                id="select_next"),
+        Binding("alt+left", "previous_version", "Previous version", show=False, priority=True,
+                id="previous_version"),
+        Binding("alt+right", "next_version", "Next version", show=False, priority=True,
+                id="next_version"),
         Binding("f2", "copy_reply", "Copy", show=False, id="copy_reply"),
         Binding("f3", "copy_code", "Copy code", show=False, id="copy_code"),
         Binding("f4", "toggle_draft_colours", "Draft colours", show=False,
@@ -98,6 +107,7 @@ class ChatApp(ControlsMixin, ConversationsMixin, GenerationMixin, DraftColoursMi
         self.last_error: str | None = None
         self.last_export: Path | None = None
         self.editing: int | None = None  # index of the user message being edited
+        self.selected: int | None = None  # index of the message the controls act on
         self._open_store = store == "open"
         self._db_path, self._busy_ms = db_path, db_busy_timeout_ms
         self._continue_last = continue_last

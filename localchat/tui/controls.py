@@ -84,6 +84,8 @@ class ControlsMixin:
             await self.action_continue_reply()
         elif name == "edit":
             self.action_edit_last()
+        elif name == "fork":
+            await self.action_fork()
         elif name == "copy":
             copies = {"": self.action_copy_reply, "code": self.action_copy_code,
                       "think": self.action_copy_reasoning}
@@ -155,6 +157,8 @@ class ControlsMixin:
             self.editing = None
             self.query_one(PromptInput).clear()
             self._set_editing_title()
+        elif self.selected is not None and self.screen is self.screen_stack[0]:
+            self._select(None)
         else:
             raise SkipAction()
 
@@ -168,13 +172,18 @@ class ControlsMixin:
         return True
 
     async def action_regenerate(self) -> None:
+        """A new version of the selected reply (a selected message of yours: of the reply
+        to it), else of the last reply; the old one stays as a sibling branch."""
         if not self._ready_for_control():
             return
         if not self.entries:
             self._error("nothing to regenerate yet")
             return
-        if self.entries[-1].role == "assistant":
-            await self._truncate(len(self.entries) - 1)
+        index = len(self.entries) - 1 if self.selected is None else self.selected
+        if self.entries[index].role == "user":
+            index += 1
+        if index < len(self.entries):
+            await self._truncate(index)
         await self._start_reply()
 
     async def action_continue_reply(self) -> None:
@@ -187,10 +196,13 @@ class ControlsMixin:
         await self._start_reply(continuing=last)
 
     def action_edit_last(self) -> None:
+        """Put the selected (else the last) message of yours into the input; Enter sends it
+        as a new version, the old one staying as a sibling branch."""
         if self._generating:
             self._error("a reply is being generated (Esc stops it)")
             return
-        users = [i for i, e in enumerate(self.entries) if e.role == "user"]
+        upto = len(self.entries) if self.selected is None else self.selected + 1
+        users = [i for i, e in enumerate(self.entries[:upto]) if e.role == "user"]
         if not users:
             self._error("no message to edit yet")
             return
@@ -203,12 +215,17 @@ class ControlsMixin:
 
     def _set_editing_title(self) -> None:
         self.query_one(PromptInput).border_title = (
-            "editing your last message · Enter resends · Esc cancels"
+            ("editing your last message" if self.editing == self._last_user_index()
+             else "editing an earlier message") + " · Enter sends a new version · Esc cancels"
             if self.editing is not None else None)
 
     def _on_prompt_input_edit_last(self, message: PromptInput.EditLast) -> None:
         if self.entries and not self._generating:
             self.action_edit_last()
+
+    def _last_user_index(self) -> int | None:
+        return next((i for i in range(len(self.entries) - 1, -1, -1)
+                     if self.entries[i].role == "user"), None)
 
     def _last_reply(self) -> Entry | None:
         return next((e for e in reversed(self.entries) if e.role == "assistant"), None)

@@ -14,15 +14,14 @@ from typing import Callable, TypeVar
 
 from textual.containers import VerticalScroll
 
-from localchat.engine.base import Stats
 from localchat.errors import UsageError
 from localchat.settings import ChatSettings
 from localchat.storage import ConversationStore, StoreError, StoreUnavailable, set_aside, title_from
 from localchat.storage.export import default_export_path, export_conversation
-from localchat.tui.messages import Entry, StoreFailed
+from localchat.tui.messages import StoreFailed
 from localchat.tui.screens import ConfirmScreen, TextInputScreen
 from localchat.tui.sidebar import Sidebar
-from localchat.tui.widgets import GaugeBar, MessageView, PromptInput, RateSparkline
+from localchat.tui.widgets import GaugeBar, PromptInput, RateSparkline
 
 T = TypeVar("T")
 
@@ -102,19 +101,7 @@ class ConversationsMixin:
         self.settings = replace(self.settings.with_params(conv.params),
                                 system=conv.system_prompt or None)
         self.show_system_prompt()
-        chat = self.query_one("#chat", VerticalScroll)
-        for m in stored:
-            if m.role == "system":
-                continue
-            view = MessageView(m.role, m.content)
-            await chat.mount(view)
-            stats = Stats(**{k: v for k, v in (m.stats or {}).items()
-                             if k in Stats.__dataclass_fields__})
-            entry = Entry(m.role, m.content, view, m.id, m.status,
-                          stats if m.stats else None)
-            self.entries.append(entry)
-            if m.role == "assistant":
-                self._show_status(entry)
+        await self._mount_stored(stored)
         self._use_conversation_model(conv)
         await self._refresh_sidebar()
         return True
@@ -139,7 +126,7 @@ class ConversationsMixin:
         """An empty chat pane; the gauges drop the last reply's figures (not this chat's)."""
         self.entries = []
         self.attachments = []
-        self.editing = None
+        self.editing = self.selected = None
         self._set_editing_title()
         await self.query_one("#chat", VerticalScroll).remove_children()
         self.query_one(GaugeBar).stats = None
@@ -225,7 +212,7 @@ class ConversationsMixin:
         if self._generating and self.conversation and self.conversation.id == conversation_id:
             self._error("a reply is being generated in this conversation (Esc stops it)")
             return
-        count = len(self._db(lambda st: st.messages(conversation_id)) or [])
+        count = self._db(lambda st: st.message_count(conversation_id)) or 0
 
         async def done(yes: bool | None) -> None:
             if not yes:

@@ -32,13 +32,21 @@ UI_INTERVAL_S = 0.1  # redraw at most 10 times a second: a redraw per token halv
 class GenerationMixin:
     """The reply side of ChatApp (uses its engine, settings, entries and cancel event)."""
 
+    def _parent_id(self) -> int | None:
+        """The message a new one follows: the last on screen (None: a first message)."""
+        return self.entries[-1].db_id if self.entries else None
+
     async def _send(self, text: str) -> None:
         self._ensure_conversation(text)
+        self._select(None)
         view = MessageView("user", text)
         await self.query_one("#chat", VerticalScroll).mount(view)
-        conv = self.conversation
-        db_id = self._db(lambda st: st.add_message(conv.id, "user", text)) if conv else None
-        self.entries.append(Entry("user", text, view, db_id))
+        conv, parent = self.conversation, self._parent_id()
+        db_id = self._db(lambda st: st.add_message(conv.id, "user", text, parent=parent)) \
+            if conv else None
+        entry = Entry("user", text, view, db_id)
+        self.entries.append(entry)
+        self._note_versions(entry)
         await self._start_reply()
 
     async def _start_reply(self, continuing: Entry | None = None) -> None:
@@ -48,9 +56,11 @@ class GenerationMixin:
             await self.query_one("#chat", VerticalScroll).mount(view)
             entry = Entry("assistant", "", view, runs=[])
             if conv is not None:
+                parent = self._parent_id()
                 entry.db_id = self._db(lambda st: st.begin_reply(
-                    conv.id, model=s.model, params=self._params()))
+                    conv.id, parent=parent, model=s.model, params=self._params()))
             self.entries.append(entry)
+            self._note_versions(entry)
             prefix = ""
         else:
             entry, view, prefix = continuing, continuing.view, continuing.content
@@ -183,6 +193,8 @@ class GenerationMixin:
         if s is not None:
             parts.append(f"{s.completion_tokens} tokens · {s.decode_tok_s:.1f} tok/s · TTFT "
                          f"{s.ttft_s * 1000:.0f} ms")
+            if s.cached_tokens:  # an earlier turn or branch's prefix, not recomputed
+                parts.append(f"{s.cached_tokens} of {s.prompt_tokens} prompt tokens cached")
         if label:
             parts.append(label)
         entry.view.status.update(" · ".join(parts))
@@ -197,13 +209,23 @@ class GenerationMixin:
                 self._db(lambda st: st.finish_reply(entry.db_id, entry.content,
                                                     status="interrupted"))
         elif entry is not None:
-            # the user's message did not get a reply: keep it visible only
             index = self.entries.index(entry)
-            start = index - 1 if index and self.entries[index - 1].role == "user" else index
-            first = next((e.db_id for e in self.entries[start:] if e.db_id is not None), None)
-            if first is not None and self.conversation is not None:
-                self._db(lambda st: st.delete_messages_from(self.conversation.id, first))
-            del self.entries[start:]
+            user = self.entries[index - 1] if index and self.entries[index - 1].role == "user" \
+                else None
+            cid = self.conversation.id if self.conversation is not None else None
+            if cid is not None and entry.db_id is not None:
+                self._db(lambda st: st.delete_branch(cid, entry.db_id))
+            if cid is not None and user is not None and user.db_id is not None and \
+                    self._db(lambda st: st.child_count(user.db_id)):
+                # a new version failed: the one it was to replace comes back
+                branch = self._db(lambda st: st.switch_branch(cid, user.db_id)) or []
+                await self._replace_from(index, branch[index:])
+                self._notice(f"error: {message.error} (the earlier reply is back)")
+                return
+            # the user's message did not get a reply: keep it visible only
+            if cid is not None and user is not None and user.db_id is not None:
+                self._db(lambda st: st.delete_branch(cid, user.db_id))
+            del self.entries[index - (user is not None):]
         message.view.status.update(f"error: {message.error}")
 
     async def _finish(self, view: MessageView) -> None:
@@ -214,11 +236,10 @@ class GenerationMixin:
         self.query_one(GaugeBar).state = "ready"
 
     async def _truncate(self, index: int) -> None:
-        """Remove entries[index:] from the screen and the history."""
+        """Take entries[index:] off the screen before a new version of entries[index] is
+        written; in the history they stay, as a sibling branch."""
+        self._select(None)
         gone = self.entries[index:]
-        first = next((e.db_id for e in gone if e.db_id is not None), None)
-        if first is not None and self.conversation is not None:
-            self._db(lambda st: st.delete_messages_from(self.conversation.id, first))
         del self.entries[index:]
         for entry in gone:
             await entry.view.remove()

@@ -15,6 +15,7 @@ from pathlib import Path
 from localchat.models import config_path
 
 ACTIONS = ("stop", "toggle_sidebar", "new_conversation", "regenerate", "continue_reply",
+           "select_previous", "select_next", "previous_version", "next_version",
            "copy_reply", "copy_code", "toggle_draft_colours", "toggle_reasoning", "parameters",
            "pick_model", "toggle_speculation", "toggle_theme", "help", "quit")
 

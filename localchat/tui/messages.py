@@ -27,6 +27,7 @@ class Entry:
     stats: Stats | None = None
     finish_reason: str | None = None
     runs: list[Run] | None = None
+    siblings: tuple[int, ...] = ()  # db ids of this message's versions (branches), oldest first
 
 
 class EngineLoaded(TextualMessage):

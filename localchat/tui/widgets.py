@@ -247,7 +247,7 @@ class MessageView(Vertical):
         self._splitter = ReasoningSplitter()
 
     def compose(self):
-        yield Static("You" if self.role == "user" else "Assistant", classes="role")
+        yield Static(self._role_name, classes="role")
         if self.role == "assistant":
             yield Static("", classes="thinking-head hidden")
             yield Static("", classes="thinking-text hidden")
@@ -259,6 +259,15 @@ class MessageView(Vertical):
     def on_mount(self) -> None:
         if self.reasoning:
             self._show_reasoning()
+
+    @property
+    def _role_name(self) -> str:
+        return "You" if self.role == "user" else "Assistant"
+
+    def show_version(self, position: int, count: int) -> None:
+        """'2/3' beside the role when the message has other versions (branches)."""
+        label = self._role_name + (f"  ‹ {position}/{count} ›  Alt+←/→" if count > 1 else "")
+        self.query_one(".role", Static).update(label)
 
     @property
     def markdown(self) -> Markdown:
