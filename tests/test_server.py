@@ -500,11 +500,17 @@ def test_each_request_gets_one_log_line_with_status_tokens_and_seconds(tmp_path)
                                json={"messages": CHAT, "stream": True, **GREEDY}) as response:
                 assert response.status_code == 200 and response.read()
             assert client.post("/v1/chat/completions", json={"messages": []}).status_code == 400
-        wait_for(lambda: len(_log_lines(server, "/v1/chat/completions")) >= 3)
+        long_reply = [{"role": "user", "content": "Write a long essay about the history of the sea."}]
+        with httpx2.Client(base_url=server.url, timeout=0.5) as impatient, \
+                pytest.raises(httpx2.TimeoutException):  # leaves a non-streamed request
+            impatient.post("/v1/chat/completions",
+                           json={"messages": long_reply, **GREEDY, "max_tokens": 150})  # ~2.8 s here
+        wait_for(lambda: len(_log_lines(server, "/v1/chat/completions")) >= 4)
         lines = _log_lines(server, "/v1/chat/completions")
     finally:
         server.stop()
-    assert len(lines) == 3, lines
+    assert len(lines) == 4, lines
+    assert re.search(r" 503 \d+\+\d+ tok disconnected \d+\.\d\d s$", lines[3]), lines[3]
     pattern = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d 127\.0\.0\.1 POST /v1/chat/completions "
     assert all(re.match(pattern, line) for line in lines), lines
     for line in lines[:2]:

@@ -128,7 +128,9 @@ class Server:
         if first is None:
             raise internal_error()
         if isinstance(first, Result) and first.finish_reason == "cancelled":
-            raise shutting_down()  # or the client is gone, and reads nothing
+            if not self.jobs.closing:  # the client is gone (it reads nothing): log what it cost
+                note_usage(request.scope, first.stats, finished=False)
+            raise shutting_down()
         if not body.stream:
             note_usage(request.scope, first.stats)
             return JSONResponse(reply.body(first))
