@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -290,6 +291,18 @@ def test_a_kv_cache_the_memory_cannot_hold_is_refused_before_allocating(monkeypa
     monkeypatch.setattr("localchat.units.available_memory", lambda: 50 * 2**20)  # 50 MiB free
     with pytest.raises(UsageError, match=r"needs .* and 50\.0 MiB is available"):
         load_engine("default", engine=engine_name, ctx_size=8192, parallel=1, threads=2)
+
+
+def test_attached_text_feeds_prompt_lookup_drafts_and_the_stats_show_it(tmp_path):
+    code = tmp_path / "units.py"
+    code.write_text((Path(__file__).parents[1] / "localchat" / "units.py").read_text()[:1500])
+    args = ("run", "--no-history", "--temp", "0", "-n", "60", "--draft", "ngram", "--json")
+    quoted = localchat(*args, "--attach", str(code), "Repeat the attached file exactly.")
+    unquoted = localchat(*args, "Write a story about a cat.")
+    assert quoted.returncode == 0 and unquoted.returncode == 0, quoted.stderr + unquoted.stderr
+    with_file, without = json.loads(quoted.stdout)["draft"], json.loads(unquoted.stdout)["draft"]
+    assert with_file["source"] == "ngram" and with_file["accepted"] > 0, with_file
+    assert with_file["acceptance_rate"] > without["acceptance_rate"], (with_file, without)
 
 
 def test_attach_puts_a_named_text_file_before_the_prompt_and_refuses_binaries(tmp_path):
