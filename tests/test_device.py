@@ -7,11 +7,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
-from localchat.engine.executors.torch import qlinear
 from localchat.engine.executors.torch.device import pick_device
 from localchat.errors import UsageError
 
@@ -37,24 +35,3 @@ def test_device_flag_errors_are_one_line():
     assert done.returncode == 2 and done.stderr.startswith("localchat: error: unknown device")
     assert "Traceback" not in done.stderr
 
-
-def _random_q4(rows=64, cols=128, seed=0):
-    rng = np.random.default_rng(seed)
-    q = rng.integers(0, 16, (rows, cols)).astype(np.int32)
-    d = rng.random((rows, cols // 32)).astype(np.float32) * 0.1
-    zeros = rng.standard_normal((rows, cols // 32)).astype(np.float32) * 0.1
-    return q, d, zeros
-
-
-def test_a_failing_gpu_kernel_falls_back_to_dense_weights(monkeypatch):
-    """Off the CPU, a missing int4 kernel (or one failing the reference check) becomes a
-    float32 dense layer with the same weights; on the CPU the failure is an error."""
-    def broken(*args, **kwargs):
-        raise RuntimeError("no kernel for this device")
-
-    monkeypatch.setattr(qlinear.Int4Linear, "__init__", broken)
-    parts = [_random_q4()]
-    layer = qlinear.int4_linear(parts, torch.device("meta"))
-    assert isinstance(layer, qlinear.DenseLinear) and layer.weight.device.type == "meta"
-    with pytest.raises(RuntimeError):
-        qlinear.int4_linear(parts, torch.device("cpu"))

@@ -155,8 +155,7 @@ def test_written_gguf_loads_in_both_engines(tmp_path, f32_gguf, type_name):
 @pytest.mark.parametrize("bits,group", [(8, None), (4, 128)])
 def test_int_safetensors_outputs_run_on_int_kernels(hf_dir, tmp_path, bits, group):
     from localchat.engine.executors.torch.hf_weights import load_hf_weights
-    from localchat.engine.executors.torch.intq import Int8Linear
-    from localchat.engine.executors.torch.qlinear import Int4Linear
+    from localchat.engine.executors.torch.qlinear import Int4Linear, Int8Linear
     from quantize.int_hf import quantize_hf_dir_to_int
 
     out = quantize_hf_dir_to_int(hf_dir, tmp_path / "int", bits, group)

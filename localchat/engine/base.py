@@ -151,10 +151,11 @@ class ModelInfo:
     kv_bytes_per_token: int
     weights_bytes: int = 0  # model weights as the engine holds them in memory
     chat_template: str = ""  # which chat template renders prompts, and where it came from
+    kernels: dict[str, str] = field(default_factory=dict)  # "ffn_down 576x1536 Q4_1" -> "int4pack"
 
     @classmethod
     def from_facts(cls, facts: "GGUFFacts", *, n_ctx: int, kv_bytes_per_token: int,
-                   weights_bytes: int) -> "ModelInfo":
+                   weights_bytes: int, kernels: dict[str, str] | None = None) -> "ModelInfo":
         """The file's facts plus what only the loaded engine knows."""
         return cls(
             name=facts.name, path=str(facts.path), architecture=facts.architecture,
@@ -162,7 +163,7 @@ class ModelInfo:
             n_ctx_train=facts.context_length, n_ctx=n_ctx, n_layers=facts.n_layers,
             n_kv_heads=facts.n_kv_heads, head_dim=facts.head_dim,
             kv_bytes_per_token=kv_bytes_per_token, weights_bytes=weights_bytes,
-            chat_template=facts.chat_template_name,
+            chat_template=facts.chat_template_name, kernels=dict(kernels or {}),
         )
 
 

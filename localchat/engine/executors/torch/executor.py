@@ -20,11 +20,13 @@ from localchat.engine.base import ModelInfo
 from localchat.engine.executors.base import Chunk, Executor
 from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary
 from localchat.engine.executors.torch.device import pick_device
+from localchat.engine.executors.torch.kernels import KernelChooser
 from localchat.engine.executors.torch.model import Batch, KVStore, LlamaModel
 from localchat.engine.executors.torch.weights import load_weights
 from localchat.engine.runtime.block_manager import BLOCK_SIZE, KVLayout
 from localchat.errors import UsageError
 from localchat.model_files import GGUFFacts
+from localchat.models import data_dir
 from localchat.units import available_memory, human_bytes, refuse_beyond_available
 
 KV_DTYPE = torch.float16  # as llama.cpp's default cache: 2 bytes per value
@@ -50,14 +52,16 @@ def kv_blocks(config, n_ctx: int, kv_memory: int | None) -> int:
     return max(needed, available_memory() // 10 // per_block)
 
 
-def open_model(facts: GGUFFacts, device: torch.device = torch.device("cpu")):
+def open_model(facts: GGUFFacts, device: torch.device = torch.device("cpu"),
+               chooser: KernelChooser | None = None):
     """(weights on `device`, vocabulary) for a GGUF file or a Hugging Face directory."""
     if facts.path.is_dir():
         from localchat.engine.executors.torch.hf_vocab import HFVocabulary
         from localchat.engine.executors.torch.hf_weights import load_hf_weights
 
-        return load_hf_weights(facts.path).to(device), HFVocabulary(facts.path)
-    return load_weights(facts.path, device), LlamaCppVocabulary.vocab_only(str(facts.path))
+        return load_hf_weights(facts.path, chooser).to(device), HFVocabulary(facts.path)
+    return (load_weights(facts.path, device, chooser),
+            LlamaCppVocabulary.vocab_only(str(facts.path)))
 
 
 class TorchExecutor(Executor):
@@ -69,7 +73,10 @@ class TorchExecutor(Executor):
         self.facts = facts
         self.device = pick_device(device)
         torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
-        weights, self.vocab = open_model(facts, self.device)
+        # a Hugging Face directory is built on the CPU and moved (its kernels are the CPU's)
+        build_on = torch.device("cpu") if facts.path.is_dir() else self.device
+        chooser = KernelChooser(build_on, cache_dir=data_dir())
+        weights, self.vocab = open_model(facts, self.device, chooser)
         self.config = weights.config
         self.model = LlamaModel(weights, max_positions=n_ctx + 64)  # + room for drafts
         n_blocks = kv_blocks(self.config, n_ctx, kv_memory)
@@ -81,7 +88,8 @@ class TorchExecutor(Executor):
         self.layout = KVLayout(pools=1, blocks_per_pool=n_blocks, exclusive=False, cache_key=key)
         self.info = ModelInfo.from_facts(facts, n_ctx=n_ctx,
                                          kv_bytes_per_token=self.kv.bytes_per_token,
-                                         weights_bytes=weights.nbytes())
+                                         weights_bytes=weights.nbytes(),
+                                         kernels=chooser.chosen)
 
     def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
         bs = BLOCK_SIZE

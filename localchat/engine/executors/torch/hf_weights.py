@@ -23,6 +23,7 @@ from localchat.engine.executors.torch.gptq_weights import (QUANT_METHOD as GPTQ_
                                                  load_gptq)
 from localchat.engine.executors.torch.intq import (QUANT_METHOD, SCALE_SUFFIX, IntMatrix, dequantize_int,
                                         int_linear, load_int)
+from localchat.engine.executors.torch.kernels import KernelChooser
 from localchat.engine.executors.torch.nf4 import QUANT_STATE_KEY, NF4Linear, dequantize, load_nf4, stack_nf4
 from localchat.engine.executors.torch.qlinear import DenseLinear
 from localchat.engine.executors.torch.rope import llama3_rope_factors
@@ -85,8 +86,10 @@ class _Tensors:
     """Every tensor of the directory's safetensors files, by name, read on demand."""
 
     def __init__(self, directory: Path, stack: ExitStack, int_bits: int | None = None,
-                 int_group: int | None = None, gptq=None) -> None:
+                 int_group: int | None = None, gptq=None,
+                 chooser: KernelChooser | None = None) -> None:
         self.name = directory.name
+        self.chooser = chooser or KernelChooser(torch.device("cpu"))
         self.int_bits, self.int_group = int_bits, int_group  # localchat-int files
         self.gptq = gptq  # GPTQConfig for GPTQ checkpoints
         self.where: dict[str, object] = {}
@@ -137,7 +140,7 @@ class _Tensors:
         """One layer for matrices stacked by rows: NF4 or INT when all are, else float32."""
         parts = [self.matrix(k + ".weight", s) for k, s in zip(keys, shapes)]
         if all(isinstance(p, IntMatrix) for p in parts):
-            return int_linear(parts)
+            return int_linear(parts, self.chooser, keys[0].rsplit(".", 1)[-1])
         if all(isinstance(p, GPTQMatrix) for p in parts):
             return gptq_linear(parts)
         if all(not isinstance(p, (torch.Tensor, IntMatrix, GPTQMatrix)) for p in parts):
@@ -148,7 +151,8 @@ class _Tensors:
             dequantize_gptq(p) if isinstance(p, GPTQMatrix) else dequantize(p) for p in parts]))
 
 
-def load_hf_weights(directory: Path) -> ModelWeights:
+def load_hf_weights(directory: Path, chooser: KernelChooser | None = None) -> ModelWeights:
+    """The model in `directory`, on the CPU; INT layers on the kernels `chooser` picks."""
     directory = Path(directory)
     cfg = read_json(directory / "config.json")
     config, rope_freqs = hf_llama_config(cfg, directory.name)
@@ -163,7 +167,7 @@ def load_hf_weights(directory: Path) -> ModelWeights:
     gptq = gptq_config(q, directory.name) if isinstance(q, dict) and \
         q.get("quant_method") == GPTQ_METHOD else None
     with ExitStack() as stack:
-        t = _Tensors(directory, stack, int_bits, int_group, gptq)
+        t = _Tensors(directory, stack, int_bits, int_group, gptq, chooser)
         with_bias = c.arch == "qwen2" or bool(cfg.get("attention_bias"))
 
         def layer(i: int) -> LayerWeights:

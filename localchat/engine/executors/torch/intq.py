@@ -11,10 +11,9 @@ The format (written by quantize/int_hf.py; config.json's quantization_config is
                   per row); a row that is not whole groups ends in a shorter group
 
 w = code · scale (symmetric absmax: scale = max|w| / 127 or / 7 over the row or group).
-INT8 runs on PyTorch's int8 weight-only kernel (_weight_int8pack_mm, float32
-activations); INT4 on the int4pack kernel when the group size is one it takes (32, 64,
-128, 256; a row of 576 with groups of 128 runs as groups of 64, each 128-group's scale
-repeated), checked against dequantize-then-matmul at load; otherwise dense float32.
+INT8 (per row) runs on PyTorch's int8 weight-only kernel; INT4 on the int4pack kernel
+when the group size is one it takes (32, 64, 128, 256; a row of 576 with groups of 128
+runs as groups of 64, each 128-group's scale repeated); kernels.py measures and checks.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from localchat.engine.executors.torch.qlinear import DenseLinear, Int4Linear
+from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix
 from localchat.errors import EngineError
 
 QUANT_METHOD = "localchat-int"
@@ -85,51 +84,29 @@ def dequantize_int(m: IntMatrix) -> torch.Tensor:
     return m.codes.float() * column_scales(m, 1)
 
 
-class Int8Linear(torch.nn.Module):
-    """y = x @ Wᵀ with W int8 per row: PyTorch's int8 weight-only kernel."""
-
-    def __init__(self, m: IntMatrix) -> None:
-        super().__init__()
-        self.out_features, self.in_features = m.shape
-        self.codes = m.codes.contiguous()
-        self.scales = m.scales[:, 0].contiguous()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).float(),
-                                               self.codes, self.scales)
-        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
-
-
 def kernel_group(m: IntMatrix) -> int | None:
     """The largest group the int4 kernel takes that divides both the row and m.group."""
     return next((g for g in reversed(INT4_KERNEL_GROUPS)
                  if m.shape[1] % g == 0 and m.group % g == 0), None)
 
 
-def int_linear(parts: list[IntMatrix], device: torch.device = torch.device("cpu")) -> torch.nn.Module:
-    """One layer for matrices stacked by rows (fused q/k/v, gate/up)."""
+def int_linear(parts: list[IntMatrix], chooser: KernelChooser, label: str) -> torch.nn.Module:
+    """One layer for matrices stacked by rows (fused q/k/v, gate/up), on the kernel the
+    chooser measures fastest among those that run the codes as stored."""
     first = parts[0]
     if any(p.bits != first.bits or p.group != first.group or p.shape[1] != first.shape[1]
            for p in parts):
         raise EngineError("INT matrices to fuse differ in bits, group size or width")
     m = IntMatrix(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
                   first.bits, first.group)
-    dense = dequantize_int(m)
-    try:
-        if m.bits == 8 and m.scales.shape[1] == 1 and device.type == "cpu":
-            layer = Int8Linear(m)
-        elif m.bits == 4 and (g := kernel_group(m)) and device.type == "cpu":
-            q = (m.codes.to(torch.int32) + 8)
-            scales = column_scales(m, g)
-            layer = Int4Linear(q, scales, torch.zeros_like(scales), device, group=g)
-        else:
-            return DenseLinear(dense.to(device))
-        x = torch.randn(2, m.shape[1], generator=torch.Generator().manual_seed(0))
-        expected = x @ dense.t()
-        err = (layer(x) - expected).abs().max().item()
-        if err > 2e-2 * max(1.0, expected.abs().max().item()):
-            raise EngineError(f"INT{m.bits} kernel check failed (max error {err:.3g})")
-        return layer
-    except (RuntimeError, NotImplementedError):
-        return DenseLinear(dense.to(device))  # a PyTorch build without the kernel
+    per_row = m.scales.shape[1] == 1
+    int8 = (m.codes, m.scales[:, 0]) if m.bits == 8 and per_row else None
+    int4 = None
+    if m.bits == 4 and (g := kernel_group(m)):
+        scales = column_scales(m, g)
+        int4 = (m.codes.to(torch.int32) + 8, scales, torch.zeros_like(scales), g)
+    kind = f"int{m.bits}" + ("" if per_row else f"-g{m.group}")
+    n_bytes = m.codes.numel() * m.bits // 8 + m.scales.numel() * 4
+    source = SourceMatrix(dequantize_int(m), kind, n_bytes, 8 * n_bytes / m.codes.numel(),
+                          int4=int4, int8=int8)
+    return chooser.build(source, label)

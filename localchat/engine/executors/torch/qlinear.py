@@ -1,11 +1,8 @@
-"""Linear layers that keep GGUF weights quantized in memory.
+"""Linear layers over PyTorch's weight-only kernels (int4pack, int8pack) and dense floats.
 
-GGUF's 4-bit blocks map exactly onto PyTorch's int4 weight-only kernels: a Q4_1 block
-of 32 weights is w = d·q + m with q in 0..15, and the int4pack kernels compute
-w = (q − 8)·scale + zero per group, so scale = d and zero = m + 8·d (Q4_0: zero = 0,
-since w = d·(q − 8)). Weights are packed at load, per device, never persisted, and
-each packed layer is checked against a dequantize-then-matmul reference when built.
-Other types are dequantized to a dense matrix (the fallback path).
+GGUF's 4-bit blocks map exactly onto the int4 kernels' w = (q − 8)·scale + zero per
+32-weight group (Q4_1: scale = d, zero = m + 8·d; Q4_0: zero = 0; Q4_K: per-group d·sc and
+dmin·m). kernels.py decides which layer each matrix gets.
 """
 
 from __future__ import annotations
@@ -14,6 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
+from gguf.quants import Q4_K as GGUFQ4K
 
 from localchat.errors import EngineError
 
@@ -68,6 +66,22 @@ class Int4Linear(torch.nn.Module):
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
 
+class Int4PairLinear(torch.nn.Module):
+    """Q8_0 exactly on two int4 kernels: with u = code + 128 = 16·hi + lo, w = d·(u − 128)
+    = [(lo − 8)·d + 8·d] + [(hi − 8)·16d]; the low and high nibbles run as two layers."""
+
+    def __init__(self, codes: torch.Tensor, d: torch.Tensor,
+                 device: torch.device = torch.device("cpu")) -> None:
+        super().__init__()
+        self.out_features, self.in_features = codes.shape
+        u = codes.to(torch.int32) + 128
+        self.low = Int4Linear(u & 15, d, 8 * d, device)
+        self.high = Int4Linear(u >> 4, 16 * d, torch.zeros_like(d), device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.low(x) + self.high(x)
+
+
 class DenseLinear(torch.nn.Module):
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
@@ -79,12 +93,7 @@ class DenseLinear(torch.nn.Module):
 
 
 class HalfLinear(torch.nn.Module):
-    """The output head (vocab × dim, the largest matrix of a small model) in 16 bits:
-    bfloat16 where the CPU multiplies it natively (AVX512-BF16), else float16. Both give
-    a row the same bits whatever other rows share the call (float32's gemm does not on
-    AVX2: one row alone takes another kernel than two), and both are faster than float32
-    there; measured figures are in the README. Logits keep ~3 significant digits, as
-    llama.cpp's own 8-bit activations do."""
+    """A dense matrix held in float16 or bfloat16; activations are cast to it and back."""
 
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype) -> None:
         super().__init__()
@@ -95,50 +104,58 @@ class HalfLinear(torch.nn.Module):
         return F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
 
 
-def head_linear(weight: torch.Tensor) -> torch.nn.Module:
-    """The output projection of a head stored at 8 bits or fewer: 16 bits on the CPU."""
-    if weight.device.type != "cpu":
-        return DenseLinear(weight)
-    native_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return HalfLinear(weight, torch.bfloat16 if native_bf16 else torch.float16)
+class Int8Linear(torch.nn.Module):
+    """y = x @ Wᵀ with W int8 per row: PyTorch's int8 weight-only kernel, activations in
+    `act_dtype` (which one is faster differs by CPU: kernels.py measures it)."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, act_dtype: torch.dtype,
+                 device: torch.device = torch.device("cpu")) -> None:
+        super().__init__()
+        self.out_features, self.in_features = codes.shape
+        self.act_dtype = act_dtype
+        self.codes = codes.to(device=device, dtype=torch.int8).contiguous()
+        self.scales = scales.to(device=device, dtype=act_dtype).contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).to(self.act_dtype),
+                                               self.codes, self.scales)
+        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
 
 def q4_parts(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int):
-    """A Q4_0/Q4_1 matrix as (q [N, K] int32, scale [N, K/32], zero [N, K/32]) for the
-    int4 kernel's w = (q − 8)·scale + zero."""
+    """A Q4_0/Q4_1/Q4_K matrix as (q [N, K] int32, scale [N, K/32], zero [N, K/32]) for
+    the int4 kernel's w = (q − 8)·scale + zero: exact, as the kernel's groups are 32."""
+    if ggml_type == Q.Q4_K:
+        return _q4k_parts(raw, n_rows, n_cols)
     q, d, m = _split_q4_blocks(raw, n_rows, n_cols, with_min=ggml_type == Q.Q4_1)
     zeros = m + 8 * d if m is not None else np.zeros_like(d)
     return q, d, zeros
 
 
-def int4_linear(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
-                device: torch.device = torch.device("cpu")) -> torch.nn.Module:
-    """One Int4Linear for several matrices stacked by rows (fused q/k/v, gate/up). Off
-    the CPU, where the int4 kernels vary by GPU and PyTorch build, a layer whose kernel
-    is missing or fails the reference check is dequantized to float32 instead."""
-    q, d, zeros = (np.concatenate(xs) for xs in zip(*parts))
-    try:
-        layer = Int4Linear(torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(zeros),
-                           device)
-        _check_against_reference(layer, q, d, zeros, device)
-    except (RuntimeError, NotImplementedError, EngineError):
-        if device.type == "cpu":
-            raise
-        return DenseLinear(_dequantized(q, d, zeros).to(device))
-    return layer
+def _q4k_parts(raw: np.ndarray, n_rows: int, n_cols: int):
+    """Q4_K: 256-weight super-blocks of eight 32-weight groups, w = d·sc·q − dmin·m with
+    6-bit sc and m per group (unpacked as gguf-py does)."""
+    blocks = raw.reshape(-1, 144)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)  # [B, 1]
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, mins = GGUFQ4K.get_scale_min(blocks[:, 4:16])  # [B, 8] each
+    qs = blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    q = (qs & 0x0F).reshape(n_rows, n_cols).astype(np.int32)
+    scale = (d * sc.astype(np.float32)).reshape(n_rows, n_cols // GROUP)
+    zero = (8 * scale - (dmin * mins.astype(np.float32)).reshape(n_rows, n_cols // GROUP))
+    return q, scale, zero
 
 
-def _dequantized(q, d, zeros) -> torch.Tensor:
+def q8_parts(raw: np.ndarray, n_rows: int, n_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q8_0 matrix as (codes int8 [N, K], scales float32 [N, K/32])."""
+    blocks = raw.reshape(n_rows, n_cols // GROUP, 34)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    codes = blocks[..., 2:].copy().view(np.int8).reshape(n_rows, n_cols)
+    return torch.from_numpy(codes), torch.from_numpy(d)
+
+
+def dequantized_q4(q, d, zeros) -> torch.Tensor:
     n_rows, n_cols = q.shape
     w = (q.reshape(n_rows, -1, GROUP) - 8) * d[..., None] + zeros[..., None]
     return torch.from_numpy(w.reshape(n_rows, n_cols).astype(np.float32))
-
-
-def _check_against_reference(layer: Int4Linear, q, d, zeros, device: torch.device) -> None:
-    """The packed kernel must reproduce dequantize-then-matmul; refuse to run otherwise."""
-    w = _dequantized(q, d, zeros)
-    x = torch.randn(2, q.shape[1], generator=torch.Generator().manual_seed(0))
-    expected, got = x @ w.t(), layer(x.to(device)).cpu()
-    err = (got - expected).abs().max().item()
-    if err > 2e-2 * max(1.0, expected.abs().max().item()):  # bfloat16 activations
-        raise EngineError(f"int4 kernel check failed (max error {err:.3g}); use --engine llama.cpp")

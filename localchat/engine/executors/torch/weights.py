@@ -1,7 +1,8 @@
 """GGUF tensors -> the torch engine's config and layers.
 
-4-bit blocks stay quantized (qlinear.Int4Linear); norms stay float32; anything else is
-dequantized with gguf-py's reference dequantizers (the correct-but-slower path).
+Each matrix runs on the kernel kernels.py chose for its shape and type (4-bit blocks on
+int4pack exactly, 5- to 8-bit types on int8pack or 16-bit floats within 1.5x the file's
+bytes); the token embedding keeps the file's rows and dequantizes those looked up.
 """
 
 from __future__ import annotations
@@ -14,12 +15,37 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
-from localchat.engine.executors.torch.qlinear import DenseLinear, head_linear, int4_linear, q4_parts
+from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix
+from localchat.engine.executors.torch.qlinear import dequantized_q4, q4_parts, q8_parts
 from localchat.gguf_checks import check_model_metadata
 from localchat.gguf_reader import read_gguf
 from localchat.errors import EngineError
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+INT4_EXACT = (Q.Q4_0, Q.Q4_1, Q.Q4_K)  # types the int4 kernel reproduces exactly
+FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
+
+
+class QuantizedEmbedding:
+    """Token rows kept as the file stores them (e.g. Q8_0) and dequantized when looked
+    up: exactly llama.cpp's rows, at the file's size."""
+
+    def __init__(self, raw: np.ndarray, ggml_type: int, n_rows: int,
+                 device: torch.device = torch.device("cpu")) -> None:
+        self.raw = raw.reshape(n_rows, -1)
+        self.ggml_type = ggml_type
+        self.device = device
+
+    def __getitem__(self, tokens: torch.Tensor) -> torch.Tensor:
+        rows = dequantize(self.raw[tokens.cpu().numpy()], self.ggml_type).astype(np.float32)
+        return torch.from_numpy(rows).to(self.device)
+
+    def to(self, device: torch.device) -> "QuantizedEmbedding":
+        return QuantizedEmbedding(self.raw, self.ggml_type, self.raw.shape[0], device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.raw.nbytes
 
 
 @dataclass(frozen=True)
@@ -83,7 +109,7 @@ class LayerWeights:
 @dataclass
 class ModelWeights:
     config: LlamaConfig
-    embedding: torch.Tensor  # [vocab, dim] float32 (looked up, never multiplied whole)
+    embedding: torch.Tensor | QuantizedEmbedding  # [vocab, dim], looked up by token
     layers: list[LayerWeights]
     output_norm: torch.Tensor
     output: torch.nn.Module  # tied to the embedding when the file has no output.weight
@@ -122,12 +148,16 @@ class ModelWeights:
         seen: dict[int, int] = {}
 
         def add(obj) -> None:
-            if isinstance(obj, torch.Tensor):
+            if isinstance(obj, QuantizedEmbedding):
+                seen[id(obj)] = obj.nbytes
+            elif isinstance(obj, torch.Tensor):
                 seen[obj.data_ptr()] = obj.numel() * obj.element_size()
             elif isinstance(obj, torch.nn.Module):
-                for t in list(obj.parameters()) + list(obj.buffers()) + [
-                        v for v in vars(obj).values() if isinstance(v, torch.Tensor)]:
-                    add(t)
+                for module in obj.modules():  # tensors held as plain attributes too
+                    for t in list(module.parameters(recurse=False)) + list(
+                            module.buffers(recurse=False)) + [
+                            v for v in vars(module).values() if isinstance(v, torch.Tensor)]:
+                        add(t)
 
         add(self.embedding)
         add(self.output_norm)
@@ -139,53 +169,74 @@ class ModelWeights:
         return sum(seen.values())
 
 
-def load_weights(path: Path, device: torch.device = torch.device("cpu")) -> ModelWeights:
+def load_weights(path: Path, device: torch.device = torch.device("cpu"),
+                 chooser: KernelChooser | None = None) -> ModelWeights:
+    """The model in `path` with each matrix on the kernel `chooser` picks (a fresh one,
+    measuring without a cache, when None)."""
     gguf_file = read_gguf(path)  # the validating reader every model path goes through
     check_model_metadata(gguf_file)
     config = LlamaConfig.from_metadata(gguf_file.metadata)
     tensors = gguf_file.tensors
+    chooser = chooser or KernelChooser(device)
 
     def dense(name: str) -> torch.Tensor:
+        return dequantized(name).to(device)
+
+    def dequantized(name: str) -> torch.Tensor:
         t, raw = tensors[name], gguf_file.tensor_data(name)
         shape = tuple(reversed(t.shape))  # ggml lists the fastest dimension first
         if t.ggml_type == Q.F32:
             arr = np.frombuffer(raw, dtype=np.float32).copy()
         else:
             arr = dequantize(raw.reshape(shape[:-1] + (-1,)), t.ggml_type).astype(np.float32)
-        return torch.from_numpy(arr.reshape(shape)).to(device)
+        return torch.from_numpy(arr.reshape(shape))
 
-    def linear(*names: str, dense_layer=DenseLinear) -> torch.nn.Module:
-        """One layer for matrices stacked by rows; 4-bit when they all are."""
+    def source(names: tuple[str, ...]) -> SourceMatrix:
+        """Matrices stacked by rows (fused q/k/v, gate/up) as the kernel chooser sees them."""
         infos = [tensors[n] for n in names]
-        if all(t.ggml_type in (Q.Q4_0, Q.Q4_1) for t in infos):
-            return int4_linear([q4_parts(gguf_file.tensor_data(t.name), t.ggml_type,
-                                         t.shape[1], t.shape[0]) for t in infos], device)
-        return dense_layer(torch.cat([dense(n) for n in names]))
+        types = {t.ggml_type for t in infos}
+        kind = Q(next(iter(types))).name if len(types) == 1 else "mixed"
+        file_bytes = sum(gguf_file.tensor_data(n).nbytes for n in names)
+        q8_blocks = None
+        if all(t.ggml_type == Q.Q8_0 for t in infos):
+            q8_blocks = tuple(torch.cat(xs) for xs in zip(*(
+                q8_parts(gguf_file.tensor_data(t.name), t.shape[1], t.shape[0]) for t in infos)))
+        if all(t.ggml_type in INT4_EXACT for t in infos):
+            q, scale, zero = (np.concatenate(xs) for xs in zip(*(
+                q4_parts(gguf_file.tensor_data(t.name), t.ggml_type, t.shape[1], t.shape[0])
+                for t in infos)))
+            int4 = (torch.from_numpy(q), torch.from_numpy(scale), torch.from_numpy(zero), 32)
+            reference = dequantized_q4(q, scale, zero)
+        else:
+            int4, reference = None, torch.cat([dequantized(n) for n in names])
+        return SourceMatrix(reference, kind, file_bytes, 8 * file_bytes / reference.numel(),
+                            int4=int4, q8_blocks=q8_blocks)
+
+    def linear(label: str, *names: str) -> torch.nn.Module:
+        return chooser.build(source(names), label)
 
     def biases(*names: str) -> torch.Tensor | None:
         return torch.cat([dense(n) for n in names]) if all(n in tensors for n in names) else None
 
     try:
-        embedding = dense("token_embd.weight")
+        embd = tensors["token_embd.weight"]
+        embedding = dense(embd.name) if embd.ggml_type == Q.F32 else QuantizedEmbedding(
+            gguf_file.tensor_data(embd.name).copy(), embd.ggml_type, embd.shape[1], device)
         layers = [
             LayerWeights(
                 attn_norm=dense(f"blk.{i}.attn_norm.weight"),
-                wqkv=linear(*(f"blk.{i}.attn_{x}.weight" for x in "qkv")),
+                wqkv=linear("attn_qkv", *(f"blk.{i}.attn_{x}.weight" for x in "qkv")),
                 bqkv=biases(*(f"blk.{i}.attn_{x}.bias" for x in "qkv")),
-                wo=linear(f"blk.{i}.attn_output.weight"),
+                wo=linear("attn_output", f"blk.{i}.attn_output.weight"),
                 ffn_norm=dense(f"blk.{i}.ffn_norm.weight"),
-                w_gate_up=linear(f"blk.{i}.ffn_gate.weight", f"blk.{i}.ffn_up.weight"),
-                w_down=linear(f"blk.{i}.ffn_down.weight"),
+                w_gate_up=linear("ffn_gate_up", f"blk.{i}.ffn_gate.weight",
+                                 f"blk.{i}.ffn_up.weight"),
+                w_down=linear("ffn_down", f"blk.{i}.ffn_down.weight"),
             )
             for i in range(config.n_layers)
         ]
         head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
-        # a file that keeps its head at 16/32 bits asked for that precision; an 8-bit (or
-        # smaller) one loses nothing that matters in bfloat16
-        head_layer = DenseLinear if tensors[head].ggml_type in (Q.F32, Q.F16, Q.BF16) \
-            else head_linear
-        output = linear(head, dense_layer=head_layer) if head == "output.weight" \
-            else head_layer(embedding)
+        output = linear("output" if head == "output.weight" else "output (tied)", head)
         rope_freqs = dense("rope_freqs.weight") if "rope_freqs.weight" in tensors else None
         return ModelWeights(config, embedding, layers, dense("output_norm.weight"), output,
                             rope_freqs)

@@ -1,0 +1,275 @@
+"""Each weight matrix's kernel, chosen by measurement on this machine and remembered.
+
+For one (shape, source type) the candidates are the kernels PyTorch offers here that keep
+the file's precision within 1.5x its bytes; each must match the dequantized reference. The
+fastest at 1 and 16 rows wins, those giving a row the same bits alone as in a batch first,
+then those that keep the file's values; the choice is kept in kernels.json in the data
+dir per (device, torch version, threads). Float32 is the fallback when none passes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+import torch
+
+from localchat.atomic import atomic_write_text
+from localchat.engine.executors.torch.qlinear import (DenseLinear, HalfLinear, Int4Linear,
+                                                     Int4PairLinear, Int8Linear)
+from localchat.errors import EngineError
+
+CACHE_FILE = "kernels.json"
+MEMORY_LIMIT = 1.5  # a kernel may hold at most this many times the file's bytes
+TOLERANCE = 2e-2  # of the largest output: bfloat16 activations round about this much
+REQUANTIZED_RMS = 3e-2  # a requantizing kernel's error, relative to the output's RMS
+TIMED_ROWS = (1, 16)  # a decode step; a batched step or a prompt block
+FLOAT_SOURCES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+@dataclass
+class SourceMatrix:
+    """A weight as the file has it: its dequantized reference and any exact integer form."""
+
+    dense: torch.Tensor  # float32 [N, K]
+    kind: str  # "Q4_1", "Q8_0", "F16", "int8", ...: the file's type, part of the cache key
+    file_bytes: int
+    bits: float  # bits per weight in the file (a kernel below them would lose precision)
+    int4: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None  # q, scale, zero, group
+    int8: tuple[torch.Tensor, torch.Tensor] | None = None  # codes [N, K], per-row scales [N]
+    q8_blocks: tuple[torch.Tensor, torch.Tensor] | None = None  # Q8_0: codes, scales [N, K/32]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    bits_per_weight: float  # in memory, scales included
+    usable: Callable[[SourceMatrix], bool]
+    build: Callable[[SourceMatrix, torch.device], torch.nn.Module]
+    exact: Callable[[SourceMatrix], bool] = lambda m: True  # False: it requantizes the file
+
+
+def _int8_parts(m: SourceMatrix) -> tuple[torch.Tensor, torch.Tensor]:
+    """The file's own int8 codes, else a per-row absmax requantization of the reference."""
+    if m.int8 is not None:
+        return m.int8
+    scales = (m.dense.abs().amax(dim=1) / 127).clamp_min(1e-12)
+    return torch.round(m.dense / scales[:, None]).to(torch.int8), scales
+
+
+def _dense(dtype: torch.dtype) -> Callable[[SourceMatrix, torch.device], torch.nn.Module]:
+    def build(m: SourceMatrix, device: torch.device) -> torch.nn.Module:
+        w = m.dense.to(device)
+        return DenseLinear(w) if dtype == torch.float32 else HalfLinear(w, dtype)
+    return build
+
+
+def _keeps_float_precision(dtype: torch.dtype) -> Callable[[SourceMatrix], bool]:
+    """A float file runs at its own precision or float32; a quantized one in any float."""
+    def usable(m: SourceMatrix) -> bool:
+        source = FLOAT_SOURCES.get(m.kind)
+        return source is None or dtype in (source, torch.float32)
+    return usable
+
+
+def _int8_usable(m: SourceMatrix) -> bool:
+    return m.bits >= 5 and m.kind not in FLOAT_SOURCES
+
+
+KERNELS = (
+    Kernel("int4pack", 5.0, lambda m: m.int4 is not None,
+           lambda m, dev: Int4Linear(*m.int4[:3], dev, group=m.int4[3])),
+    Kernel("int4pack-x2", 10.0, lambda m: m.q8_blocks is not None,
+           lambda m, dev: Int4PairLinear(*m.q8_blocks, dev)),
+    Kernel("int8pack-bf16", 8.0, _int8_usable,
+           lambda m, dev: Int8Linear(*_int8_parts(m), torch.bfloat16, dev),
+           exact=lambda m: m.int8 is not None),
+    Kernel("int8pack-f32", 8.0, _int8_usable,
+           lambda m, dev: Int8Linear(*_int8_parts(m), torch.float32, dev),
+           exact=lambda m: m.int8 is not None),
+    Kernel("f16", 16.0, _keeps_float_precision(torch.float16), _dense(torch.float16)),
+    Kernel("bf16", 16.0, _keeps_float_precision(torch.bfloat16), _dense(torch.bfloat16)),
+    Kernel("f32", 32.0, _keeps_float_precision(torch.float32), _dense(torch.float32)),
+)
+BY_NAME = {k.name: k for k in KERNELS}
+
+
+def candidates(m: SourceMatrix) -> list[Kernel]:
+    """Kernels that keep the file's precision within MEMORY_LIMIT x its bytes."""
+    n_weights = m.dense.numel()
+    return [k for k in KERNELS if k.usable(m)
+            and k.bits_per_weight * n_weights / 8 <= MEMORY_LIMIT * m.file_bytes]
+
+
+def check(layer: torch.nn.Module, m: SourceMatrix, kernel: Kernel,
+          device: torch.device) -> str | None:
+    """Why `layer` may not stand for `m` (None: it may): an exact mapping must match the
+    dequantized reference to activation rounding, a requantized one to REQUANTIZED_RMS."""
+    x = _probe(m)
+    expected = x @ m.dense.t()
+    err = layer(x.to(device)).float().cpu() - expected
+    if kernel.exact(m):
+        worst = err.abs().max().item()
+        if not worst <= TOLERANCE * max(1.0, expected.abs().max().item()):
+            return f"max error {worst:.3g}"
+    else:
+        rms = (err.pow(2).mean() / expected.pow(2).mean().clamp_min(1e-30)).sqrt().item()
+        if not rms <= REQUANTIZED_RMS:
+            return f"relative RMS error {rms:.3g}"
+    return None
+
+
+def row_invariant(layer: torch.nn.Module, m: SourceMatrix, device: torch.device) -> bool:
+    """Whether a row gets the same bits alone as in a batch of 16 (exact batching)."""
+    x = _probe(m).to(device)
+    return torch.equal(layer(x[:1]).cpu(), layer(x)[:1].cpu())
+
+
+def _probe(m: SourceMatrix) -> torch.Tensor:
+    return torch.randn(16, m.dense.shape[1], generator=torch.Generator().manual_seed(0))
+
+
+def _time_us(layer: torch.nn.Module, n_in: int, rows: int, device: torch.device) -> float:
+    x = torch.randn(rows, n_in, device=device)
+    reps = 0
+    with torch.inference_mode():
+        for _ in range(2):
+            layer(x)
+        _sync(device)
+        start = time.perf_counter()
+        while reps < 5 or (time.perf_counter() - start < 0.02 and reps < 200):
+            layer(x)
+            reps += 1
+        _sync(device)
+    return (time.perf_counter() - start) / reps * 1e6
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class KernelChooser:
+    """Builds layers on the chosen kernel; measures a (shape, kind) once per process and
+    once per machine (kernels.json). `chosen` records what each layer label got."""
+
+    def __init__(self, device: torch.device, cache_dir=None) -> None:
+        self.device = device
+        self.cache_path = None if cache_dir is None else cache_dir / CACHE_FILE
+        self.chosen: dict[str, str] = {}  # "attn_qkv 960x576 Q4_1" -> "int4pack"
+        self.measured: dict[str, dict] = {}  # cache key -> the record written to kernels.json
+
+    def build(self, m: SourceMatrix, label: str) -> torch.nn.Module:
+        """A layer for `m` on the kernel chosen for its shape and kind."""
+        key = self._key(m)
+        name = self._remembered(key)
+        if name is not None and (BY_NAME.get(name) in candidates(m) or name == "f32"):
+            layer = self._try(BY_NAME[name], m)
+            if layer is not None:
+                self._note(label, m, name)
+                return layer
+        name, layer = self._measure(m, key)
+        self._note(label, m, name)
+        return layer
+
+    def _try(self, kernel: Kernel, m: SourceMatrix) -> torch.nn.Module | None:
+        try:
+            layer = kernel.build(m, self.device)
+            return layer if check(layer, m, kernel, self.device) is None else None
+        except (RuntimeError, NotImplementedError, EngineError):
+            return None  # a kernel this PyTorch build or device lacks
+
+    def _measure(self, m: SourceMatrix, key: str) -> tuple[str, torch.nn.Module]:
+        """The fastest kernel that passes its check, preferring those that batch exactly,
+        then those that keep the file's values; float32 when none within the memory limit
+        passes."""
+        timings: dict[str, float | str] = {}
+        ranked: list[tuple[bool, bool, float, str, torch.nn.Module]] = []
+        fastest_row = float("inf")
+        for kernel in candidates(m):
+            layer = self._try(kernel, m)
+            if layer is None:
+                timings[kernel.name] = "failed its check"
+                continue
+            one_row = _time_us(layer, m.dense.shape[1], 1, self.device)
+            if one_row > 3 * fastest_row:  # not worth timing the larger shapes
+                timings[kernel.name] = f"{one_row:.1f} at 1 row"
+                continue
+            fastest_row = min(fastest_row, one_row)
+            us = one_row + sum(_time_us(layer, m.dense.shape[1], rows, self.device)
+                               for rows in TIMED_ROWS[1:])
+            exact = row_invariant(layer, m, self.device)
+            timings[kernel.name] = round(us, 1) if exact else f"{us:.1f} (rows differ batched)"
+            ranked.append((not exact, not kernel.exact(m), us, kernel.name, layer))
+        if ranked:
+            *_, name, layer = min(ranked, key=lambda r: r[:3])
+        else:
+            name, layer = "f32", self._try(BY_NAME["f32"], m)
+            if layer is None:
+                raise EngineError(f"no kernel here reproduces a {m.kind} matrix of shape "
+                                  f"{list(m.dense.shape)}; use --engine llama.cpp")
+        self.measured[key] = {"kernel": name, "us_at_1_plus_16_rows": timings}
+        self._save(key)
+        return name, layer
+
+    def _note(self, label: str, m: SourceMatrix, name: str) -> None:
+        n, k = m.dense.shape
+        self.chosen[f"{label} {n}x{k} {m.kind}"] = name
+
+    def _key(self, m: SourceMatrix) -> str:
+        n, k = m.dense.shape
+        return (f"{device_name(self.device)} | torch {torch.__version__} | "
+                f"{torch.get_num_threads()} threads | {m.kind} {n}x{k}")
+
+    def _remembered(self, key: str) -> str | None:
+        if key in self.measured:
+            return self.measured[key]["kernel"]
+        record = self._read().get(key)
+        return record.get("kernel") if isinstance(record, dict) else None
+
+    def _read(self) -> dict:
+        if self.cache_path is None:
+            return {}
+        try:
+            data = json.loads(self.cache_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}  # missing or damaged: measure again and rewrite it
+        return data if isinstance(data, dict) else {}
+
+    def _save(self, key: str) -> None:
+        if self.cache_path is None:
+            return
+        data = self._read()
+        data[key] = self.measured[key]
+        try:
+            atomic_write_text(self.cache_path, json.dumps(data, indent=1, sort_keys=True))
+        except OSError:
+            pass  # a read-only data dir only costs the measurement next time
+
+
+@lru_cache(maxsize=None)
+def device_name(device: torch.device) -> str:
+    """The processor or GPU a choice was measured on: model name plus a hash of its flags."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type != "cpu":
+        return device.type
+    name, flags = platform.processor() or platform.machine(), ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name") and ":" in line:
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and ":" in line:
+                    flags = line.split(":", 1)[1].strip()
+                if name and flags:
+                    break
+    except OSError:
+        pass
+    digest = hashlib.blake2b(flags.encode(), digest_size=4).hexdigest() if flags else "?"
+    return f"{name} (flags {digest})"

@@ -1,0 +1,139 @@
+"""The torch executor's kernels: exact mappings of GGUF blocks, the choice by measurement
+(checked, limited to 1.5x the file's bytes, remembered per machine) and its fallbacks."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+from localchat.engine.executors.torch import kernels, qlinear
+from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix, candidates
+
+ROWS, COLS = 96, 256
+BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q4_K: 144, Q.Q8_0: 34}
+WEIGHTS_PER_BLOCK = {Q.Q4_0: 32, Q.Q4_1: 32, Q.Q4_K: 256, Q.Q8_0: 32}
+
+
+def _random_blocks(ggml_type: int, seed: int = 0) -> np.ndarray:
+    """Random bytes laid out as `ggml_type` blocks, with small finite f16 scales."""
+    rng = np.random.default_rng(seed)
+    n_blocks = ROWS * COLS // WEIGHTS_PER_BLOCK[ggml_type]
+    blocks = rng.integers(0, 256, (n_blocks, BLOCK_BYTES[ggml_type]), dtype=np.uint8)
+    n_scales = {Q.Q4_0: 1, Q.Q8_0: 1}.get(ggml_type, 2)  # d (and m or dmin) lead each block
+    scales = (rng.random((n_blocks, n_scales)) * 0.02 + 0.001).astype(np.float16)
+    blocks[:, :2 * n_scales] = scales.view(np.uint8)
+    return blocks.reshape(ROWS, -1)
+
+
+def _source(ggml_type: int, seed: int = 0) -> SourceMatrix:
+    raw = _random_blocks(ggml_type, seed)
+    dense = torch.from_numpy(dequantize(raw, ggml_type).astype(np.float32))
+    int4 = q8 = None
+    if ggml_type == Q.Q8_0:
+        q8 = qlinear.q8_parts(raw, ROWS, COLS)
+    else:
+        q, scale, zero = qlinear.q4_parts(raw, ggml_type, ROWS, COLS)
+        int4 = (torch.from_numpy(q), torch.from_numpy(scale), torch.from_numpy(zero), 32)
+    return SourceMatrix(dense, Q(ggml_type).name, raw.nbytes, 8 * raw.nbytes / dense.numel(),
+                        int4=int4, q8_blocks=q8)
+
+
+@pytest.mark.parametrize("ggml_type", [Q.Q4_0, Q.Q4_1, Q.Q4_K])
+def test_4_bit_blocks_map_exactly_onto_the_int4_kernels_formula(ggml_type):
+    raw = _random_blocks(ggml_type)
+    q, scale, zero = qlinear.q4_parts(raw, ggml_type, ROWS, COLS)
+    assert q.min() >= 0 and q.max() <= 15
+    ours = qlinear.dequantized_q4(q, scale, zero).numpy()
+    np.testing.assert_allclose(ours, dequantize(raw, ggml_type), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("ggml_type,kernel", [(Q.Q4_0, "int4pack"), (Q.Q4_1, "int4pack"),
+                                              (Q.Q4_K, "int4pack"), (Q.Q8_0, "int4pack-x2")])
+def test_exact_kernels_reproduce_the_dequantized_matrix(ggml_type, kernel):
+    m = _source(ggml_type)
+    layer = kernels.BY_NAME[kernel].build(m, torch.device("cpu"))
+    assert kernels.check(layer, m, kernels.BY_NAME[kernel], torch.device("cpu")) is None
+    assert kernels.row_invariant(layer, m, torch.device("cpu"))
+
+
+def test_candidates_keep_the_files_precision_within_the_memory_limit():
+    def names(kind: str, bits: float, **parts) -> set[str]:
+        dense = torch.zeros(ROWS, COLS)
+        return {k.name for k in candidates(
+            SourceMatrix(dense, kind, int(dense.numel() * bits / 8), bits, **parts))}
+
+    q4 = _source(Q.Q4_1)
+    assert names("Q4_1", 5.0, int4=q4.int4) == {"int4pack"}  # int8 would be 1.6x
+    q8 = _source(Q.Q8_0)
+    assert names("Q8_0", 8.5, q8_blocks=q8.q8_blocks) == {"int4pack-x2", "int8pack-bf16",
+                                                          "int8pack-f32"}
+    assert names("Q5_0", 5.5) == {"int8pack-bf16", "int8pack-f32"}  # requantized, lossy
+    assert names("F16", 16) == {"f16"}  # never below the file's own precision
+    assert names("F32", 32) == {"f32"}
+
+
+def test_the_choice_is_measured_once_and_remembered_per_machine(tmp_path, monkeypatch):
+    m = _source(Q.Q8_0)
+    first = KernelChooser(torch.device("cpu"), cache_dir=tmp_path)
+    first.build(m, "ffn")
+    record = json.loads((tmp_path / "kernels.json").read_text())
+    (key, entry), = record.items()
+    assert kernels.device_name(torch.device("cpu")) in key and torch.__version__ in key
+    assert entry["kernel"] == "int4pack-x2"  # exact beats the faster requantized int8
+    assert set(entry["us_at_1_plus_16_rows"]) == {"int4pack-x2", "int8pack-bf16", "int8pack-f32"}
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(kernels, "_time_us", no_timing)
+    second = KernelChooser(torch.device("cpu"), cache_dir=tmp_path)
+    second.build(m, "ffn")
+    assert second.chosen == {f"ffn {ROWS}x{COLS} Q8_0": "int4pack-x2"}
+    (tmp_path / "kernels.json").write_text("{not json")
+    monkeypatch.undo()
+    KernelChooser(torch.device("cpu"), cache_dir=tmp_path).build(m, "ffn")  # measured, rewritten
+    assert json.loads((tmp_path / "kernels.json").read_text())[key]["kernel"] == "int4pack-x2"
+
+
+def test_a_kernel_that_is_missing_or_wrong_is_not_used(monkeypatch):
+    """A kernel this build lacks (it raises) or that computes something else (it fails the
+    reference check) is skipped; float32 is the fallback of last resort."""
+    def missing(*args, **kwargs):
+        raise RuntimeError("no kernel for this device")
+
+    monkeypatch.setattr(qlinear.Int4Linear, "__init__", missing)
+    chooser = KernelChooser(torch.device("cpu"))
+    layer = chooser.build(_source(Q.Q4_1), "ffn")
+    assert isinstance(layer, qlinear.DenseLinear) and chooser.chosen == {"ffn 96x256 Q4_1": "f32"}
+    monkeypatch.undo()
+
+    monkeypatch.setattr(qlinear.Int4Linear, "forward", lambda self, x: x.new_zeros(
+        *x.shape[:-1], self.out_features))
+    chooser = KernelChooser(torch.device("cpu"))
+    chooser.build(_source(Q.Q8_0), "ffn")
+    (record,) = chooser.measured.values()
+    assert record["us_at_1_plus_16_rows"]["int4pack-x2"] == "failed its check"
+    assert record["kernel"].startswith("int8pack")
+
+
+def test_the_bundled_model_keeps_its_file_size_and_names_each_layers_kernel():
+    from localchat.engine import load_engine
+
+    engine = load_engine("default", engine="torch", ctx_size=256, threads=2,
+                         kv_memory=512 * 23040)
+    try:
+        info = engine.info
+    finally:
+        engine.close()
+    tensor_bytes = sum(int(t.n_bytes) for t in GGUFReader(info.path).tensors)
+    assert info.weights_bytes <= 1.5 * tensor_bytes, (info.weights_bytes, tensor_bytes)
+    assert info.kernels == {
+        "attn_qkv 960x576 Q4_1": "int4pack", "attn_output 576x576 Q4_1": "int4pack",
+        "ffn_gate_up 3072x576 Q4_1": "int4pack", "ffn_down 576x1536 Q4_1": "int4pack",
+        "output (tied) 49152x576 Q8_0": "int4pack-x2"}
