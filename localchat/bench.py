@@ -73,6 +73,7 @@ def bench_engine(engine, prompt_len: int, gen_len: int, repeats: int,
         "ttft_s": ttft["median"], "ttft_turn1_s": turn1, "ttft_turn8_s": turn8,
         "weights_bytes": engine.info.weights_bytes,
         "kv_bytes_per_token": engine.info.kv_bytes_per_token,
+        "kernels": engine.info.kernels,
         "spread": {"prefill_tok_s": prefill, "decode_tok_s": decode, "ttft_s": ttft},
         "gen_tokens": [s.completion_tokens for s in runs],
         "cached_tokens": [s.cached_tokens for s in runs],
@@ -196,6 +197,11 @@ def format_table(report: dict) -> str:
         lines.append(f"{names[0]} / {names[1]}: prefill "
                      f"{a['prefill_tok_s'] / b['prefill_tok_s']:.2f}x, decode "
                      f"{a['decode_tok_s'] / b['decode_tok_s']:.2f}x")
+    for name in names:
+        chosen = report["engines"][name].get("kernels")
+        if chosen:
+            lines.append(f"{name} kernels (measured on this machine): " +
+                         ", ".join(f"{layer} {kernel}" for layer, kernel in chosen.items()))
     k = report.get("kernel_limit")
     if k:
         ours = report["engines"].get("llama.cpp", {}).get("decode_tok_s", 0.0)
