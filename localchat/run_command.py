@@ -18,6 +18,7 @@ from dataclasses import replace
 from localchat.chat.context import fit_history, prompt_budget
 from localchat.engine.base import Delta, Message, Request, Result, Stats
 from localchat.errors import UsageError
+from localchat.sampling_fields import SAMPLING_FIELDS
 from localchat.settings import ChatSettings
 from localchat.units import human_bytes
 
@@ -130,19 +131,11 @@ def _ctrl_c_cancels(cancel: threading.Event) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-# flag dest -> the conversation parameter it sets
-_PARAM_FLAGS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-                "repeat_penalty": "repeat_penalty", "seed": "seed", "max_tokens": "max_tokens"}
-
-
 def explicit_params(args: argparse.Namespace) -> dict:
     """Sampling flags whose value differs from the flag's default: with --continue these
     override what the conversation stored."""
-    from localchat.cli import _sampling_flags
-
-    defaults = _sampling_flags().parse_args([])
-    return {field: getattr(args, flag) for flag, field in _PARAM_FLAGS.items()
-            if getattr(args, flag) != getattr(defaults, flag)}
+    return {f.name: getattr(args, f.dest) for f in SAMPLING_FIELDS
+            if getattr(args, f.dest) != f.default}
 
 
 def _continue_settings(settings: ChatSettings, conv, args: argparse.Namespace) -> ChatSettings:
