@@ -20,6 +20,7 @@ from localchat.engine.base import Delta, Message, Request, Result, Stats
 from localchat.errors import UsageError
 from localchat.sampling_fields import SAMPLING_FIELDS
 from localchat.settings import ChatSettings
+from localchat.storage.reply_status import ReplyStatus
 from localchat.units import human_bytes
 
 
@@ -198,8 +199,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     result = event
         assert result is not None
         if writer is not None:
-            status = "interrupted" if result.finish_reason == "cancelled" else "complete"
-            writer.finish(status, result.stats.to_dict(), result.text)
+            writer.finish(ReplyStatus.after(result.finish_reason), result.stats.to_dict(),
+                          result.text)
             writer = None
         if args.json:
             out = {"text": result.text, "finish_reason": result.finish_reason,
@@ -215,7 +216,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if writer is not None:  # interrupted at once (second Ctrl+C) or failed: keep the text
             try:
-                writer.finish("interrupted")
+                writer.finish(ReplyStatus.INTERRUPTED)
             except Exception:  # noqa: BLE001 -- the original error matters more
                 pass
         engine.close()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from localchat.storage.reply_status import ReplyStatus
+
 if TYPE_CHECKING:
     from localchat.tui.messages import Entry
 
@@ -52,7 +54,7 @@ class DraftColoursMixin:
         """The runs to show for entry now, or None for its Markdown."""
         drafted = entry.stats is not None and entry.stats.draft is not None
         if (self.draft_colours and entry.role == "assistant" and entry.runs
-                and drafted and entry.status != "streaming"):
+                and drafted and entry.status != ReplyStatus.STREAMING):
             return entry.runs
         return None
 
