@@ -15,7 +15,7 @@ from typing import Iterator
 
 from dataclasses import replace
 
-from localchat.chat.context import fit_history, prompt_budget
+from localchat.chat.context import fit_to_context
 from localchat.engine.base import Delta, Message, Request, Result, Stats
 from localchat.errors import UsageError
 from localchat.sampling_fields import SAMPLING_FIELDS
@@ -172,11 +172,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         messages = settings.system_messages() + earlier + [Message("user", prompt)]
         if earlier:  # --continue: the history that fits
             n_ctx = engine.info.n_ctx
-            fit = fit_history(messages, engine.count_prompt_tokens,
-                              prompt_budget(n_ctx, settings.max_tokens))
+            fit = fit_to_context(messages, engine.count_prompt_tokens, n_ctx, settings.max_tokens)
             if fit.dropped_turns:
-                print(f"localchat: {fit.dropped_turns} earlier turn(s) dropped to fit the "
-                      f"{n_ctx}-token context", file=sys.stderr)
+                print(f"localchat: {fit.dropped_note(n_ctx)}", file=sys.stderr)
             messages = list(fit.messages)
         request = Request(
             messages=messages,

@@ -18,7 +18,7 @@ from textual import work
 from textual.containers import VerticalScroll
 from textual.widgets import Markdown
 
-from localchat.chat.context import fit_history, prompt_budget
+from localchat.chat.context import fit_to_context
 from localchat.engine.base import Delta, Message, Request, Result
 from localchat.errors import LocalchatError
 from localchat.storage import ReplyStatus, ReplyWriter, StoreError
@@ -92,14 +92,11 @@ class GenerationMixin:
             n_ctx = engine.info.n_ctx
             counted = (lambda ms: engine.count_prompt_tokens(list(ms) + [Message("assistant", prefix)])) \
                 if prefix else engine.count_prompt_tokens
-            fit = fit_history(history, counted, prompt_budget(n_ctx, self.settings.max_tokens))
+            fit = fit_to_context(history, counted, n_ctx, self.settings.max_tokens)
             if fit.dropped_turns:
-                self.call_from_thread(
-                    self._notice,
-                    f"{fit.dropped_turns} earlier turn(s) dropped to fit the "
-                    f"{n_ctx}-token context (system prompt kept).",
-                    before=view,
-                )
+                self.call_from_thread(self._notice,
+                                      f"{fit.dropped_note(n_ctx)} (system prompt kept).",
+                                      before=view)
             request = Request(messages=fit.messages, sampling=self.settings.sampling,
                               max_tokens=self.settings.max_tokens, assistant_prefix=prefix)
             self._stream_events(engine.generate(request, self._cancel), view, writer)
