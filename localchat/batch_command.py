@@ -22,7 +22,8 @@ from typing import Iterable
 from localchat.engine.base import Message, Request, Result, SamplingParams
 from localchat.errors import LocalchatError, UsageError
 from localchat.json_text import first_lone_surrogate
-from localchat.run_command import _ctrl_c_cancels, read_stdin_text
+from localchat.interrupts import ctrl_c_cancels
+from localchat.run_command import read_stdin_text
 from localchat.sampling_fields import FIELD, SAMPLING_PARAMS
 from localchat.settings import ChatSettings
 
@@ -186,7 +187,7 @@ def _run_all(engine, lines: list[Line], *, verbose: bool) -> int:
 
     start = time.perf_counter()
     failed = written = tokens = 0
-    with _ctrl_c_cancels(cancel), ThreadPoolExecutor(
+    with ctrl_c_cancels(cancel), ThreadPoolExecutor(
             max_workers=min(MAX_IN_FLIGHT, len(lines)), thread_name_prefix="batch") as pool:
         futures: list[Future | dict] = []
         for line in lines:

@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import threading
-from contextlib import contextmanager
-from typing import Iterator
-
 from dataclasses import replace
 
 from localchat.chat.context import fit_to_context
 from localchat.engine.base import Delta, Message, Request, Result, Stats
 from localchat.errors import UsageError
+from localchat.interrupts import ctrl_c_cancels
 from localchat.sampling_fields import SAMPLING_FIELDS
 from localchat.settings import ChatSettings
 from localchat.storage.reply_status import ReplyStatus
@@ -115,23 +112,6 @@ def format_stats(stats: Stats) -> str:
     return "\n".join(f"{name + ':':<22}{value}" for name, value in rows)
 
 
-@contextmanager
-def _ctrl_c_cancels(cancel: threading.Event) -> Iterator[None]:
-    """First Ctrl+C stops the reply cleanly (finish_reason 'cancelled', exit 130, the
-    text so far kept); a second one interrupts at once, as in llama.cpp."""
-
-    def on_sigint(signum, frame) -> None:
-        if cancel.is_set():
-            raise KeyboardInterrupt
-        cancel.set()
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def explicit_params(args: argparse.Namespace) -> dict:
     """Sampling flags whose value differs from the flag's default: with --continue these
     override what the conversation stored."""
@@ -183,7 +163,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         cancel = threading.Event()
         result = None
-        with _ctrl_c_cancels(cancel):
+        with ctrl_c_cancels(cancel):
             for event in engine.generate(request, cancel):
                 if isinstance(event, Delta):
                     if writer is None and store is not None:  # saved once a reply begins
