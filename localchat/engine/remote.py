@@ -23,9 +23,9 @@ from localchat.engine.remote_http import (ConnectionLost, server_message, split_
                                           status_error, stream_error, transport_errors)
 from localchat.engine.sse import BackgroundStream, Cancelled, sse_data
 from localchat.errors import EngineError, ModelNotFoundError, UsageError
+from localchat.engine.context_size import DEFAULT_CTX
 from localchat.sampling_fields import SAMPLING_PARAMS
 
-DEFAULT_CTX = 4096  # when neither -c nor the server says how large the context is
 CONNECT_TIMEOUT_S = 10.0
 DEFAULT_TIMEOUT_S = 60.0  # --timeout: the longest wait for any answer (first byte, next chunk)
 # count_prompt_tokens: chat-template tokens around each message and before the reply
@@ -73,7 +73,7 @@ class RemoteEngine(Engine):
         except BaseException:
             self._client.close()
             raise
-        n_ctx = ctx_size or n_ctx_server or DEFAULT_CTX
+        n_ctx = ctx_size or n_ctx_server or DEFAULT_CTX  # neither -c nor the server says
         name = self.model.rsplit("/", 1)[-1] if self.model.startswith("/") else self.model
         self.info = ModelInfo(
             name=name, path=self.base, architecture="remote", quant_type="remote",

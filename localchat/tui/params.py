@@ -20,10 +20,10 @@ from textual.widgets import Button, Input, Label, Static
 
 from localchat.chat.commands import apply_set, parse_set
 from localchat.engine.base import SamplingParams
+from localchat.engine.context_size import MIN_CTX
 from localchat.errors import UsageError
 from localchat.sampling_fields import FIELD, SAMPLING_FIELDS
 
-MIN_CTX = 16  # what load_engine() accepts (0: the model's full training context)
 
 # (field, label, `/set` name, hint shown as the input's placeholder): SAMPLING_FIELDS,
 # with the context size before the seed
@@ -74,7 +74,7 @@ def check_values(texts: dict[str, str], sampling: SamplingParams, max_tokens: in
         except ValueError:
             errors["ctx_size"] = f"context size must be a whole number, got {raw!r}"
         else:
-            if ctx != 0 and ctx < MIN_CTX or ctx < 0:
+            if ctx != 0 and ctx < MIN_CTX or ctx < 0:  # 0: the model's full context
                 errors["ctx_size"] = (f"context size must be at least {MIN_CTX} tokens "
                                       "(0: the model's full context)")
             elif ctx != n_ctx:
