@@ -31,10 +31,10 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         except OSError:
             pass
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
     """Make the rename itself durable where the OS allows it (not on Windows)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
@@ -66,4 +66,4 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)

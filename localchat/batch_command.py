@@ -22,19 +22,16 @@ from typing import Iterable
 from localchat.engine.base import Message, Request, Result, SamplingParams
 from localchat.errors import LocalchatError, UsageError
 from localchat.json_text import first_lone_surrogate
-from localchat.run_command import _ctrl_c_cancels, read_stdin_text
+from localchat.interrupts import ctrl_c_cancels
+from localchat.run_command import read_stdin_text
+from localchat.sampling_fields import FIELD, SAMPLING_PARAMS
 from localchat.settings import ChatSettings
 
 MAX_IN_FLIGHT = 32
 PARALLEL = 16  # requests computed at once by default (the llama.cpp engine's KV slots)
 
-# line field -> (SamplingParams field, accepted JSON types)
-_NUMBER = (int, float)
-_SAMPLING_FIELDS = {
-    "temperature": _NUMBER, "top_k": (int,), "top_p": _NUMBER, "min_p": _NUMBER,
-    "repeat_penalty": _NUMBER, "seed": (int,),
-}
-_OTHER_FIELDS = {"id", "prompt", "messages", "max_tokens", "stop"}
+# a line's fields: these and SAMPLING_FIELDS (with max_tokens)
+_OTHER_FIELDS = {"id", "prompt", "messages", "stop"}
 _ROLES = ("system", "user", "assistant")
 
 
@@ -116,9 +113,9 @@ def parse_line(number: int, text: str, settings: ChatSettings) -> Line:
 
 
 def _request(obj: dict, settings: ChatSettings) -> Request:
-    unknown = sorted(set(obj) - _OTHER_FIELDS - set(_SAMPLING_FIELDS))
+    unknown = sorted(set(obj) - _OTHER_FIELDS - set(FIELD))
     if unknown:
-        allowed = ", ".join(sorted(_OTHER_FIELDS | set(_SAMPLING_FIELDS)))
+        allowed = ", ".join(sorted(_OTHER_FIELDS | set(FIELD)))
         raise UsageError(f"unknown field {unknown[0]!r} (fields: {allowed})")
     if ("prompt" in obj) == ("messages" in obj):
         raise UsageError("a line needs exactly one of 'prompt' or 'messages'")
@@ -128,12 +125,13 @@ def _request(obj: dict, settings: ChatSettings) -> Request:
         messages = settings.system_messages() + [Message("user", obj["prompt"])]
     else:
         messages = _messages(obj["messages"])
-    overrides = {f: None if f == "seed" and obj[f] is None else _typed(obj[f], types, f)
-                 for f, types in _SAMPLING_FIELDS.items() if f in obj}
+    overrides = {f.name: None if f.nullable and obj[f.name] is None
+                 else _typed(obj[f.name], f.json_types, f.name)
+                 for f in SAMPLING_PARAMS if f.name in obj}
     sampling: SamplingParams = replace(settings.sampling, **overrides)  # UsageError if invalid
     max_tokens = settings.max_tokens
     if "max_tokens" in obj and obj["max_tokens"] is not None:
-        max_tokens = _typed(obj["max_tokens"], (int,), "max_tokens")
+        max_tokens = _typed(obj["max_tokens"], FIELD["max_tokens"].json_types, "max_tokens")
     stop = _stop(obj["stop"]) if "stop" in obj else ()
     return Request(messages=messages, sampling=sampling, max_tokens=max_tokens, stop=stop)
 
@@ -189,7 +187,7 @@ def _run_all(engine, lines: list[Line], *, verbose: bool) -> int:
 
     start = time.perf_counter()
     failed = written = tokens = 0
-    with _ctrl_c_cancels(cancel), ThreadPoolExecutor(
+    with ctrl_c_cancels(cancel), ThreadPoolExecutor(
             max_workers=min(MAX_IN_FLIGHT, len(lines)), thread_name_prefix="batch") as pool:
         futures: list[Future | dict] = []
         for line in lines:

@@ -11,108 +11,8 @@ import argparse
 import sys
 
 from localchat import __version__
+from localchat.cli_flags import endpoint_flags, model_flags, quality_flags, sampling_flags
 from localchat.errors import LocalchatError
-
-
-def _model_flags() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
-    g = p.add_argument_group("model")
-    g.add_argument("-m", "--model", default="default", metavar="SPEC",
-                   help="'default' (bundled SmolLM2-135M), a .gguf path, or OWNER/REPO:FILE.gguf "
-                        "or OWNER/REPO:QUANT on Hugging Face (default: %(default)s)")
-    g.add_argument("--engine", default="llama.cpp", choices=["llama.cpp", "torch", "auto"],
-                   help="executor under localchat's runtime: llama.cpp's kernels (every GGUF "
-                        "architecture), localchat's torch model (Llama-family GGUF, NF4, "
-                        "INT8/INT4, GPTQ, Hugging Face directories), or auto (torch where it "
-                        "supports the model) (default: %(default)s)")
-    g.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
-                   help="context window in tokens (default: min(model's, 4096); 0 = model's)")
-    g.add_argument("-t", "--threads", type=int, default=None, metavar="N",
-                   help="CPU threads (default: all cores)")
-    g.add_argument("--device", default=None, metavar="DEVICE",
-                   help="auto, cpu, cuda[:N] or mps (default: auto: CUDA, else MPS, else CPU; "
-                        "the llama.cpp engine offloads to its GPU unless this is cpu)")
-    g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="gpu_layers", type=int,
-                   default=None, metavar="N",
-                   help="llama.cpp engine: layers to offload to the GPU, 0 = none, -1 = all "
-                        "(default: all where its build has a GPU)")
-    g.add_argument("--kv-memory", default=None, metavar="SIZE",
-                   help="torch engine: memory for the paged KV cache, e.g. 2GB "
-                        "(default: 10%% of available memory, at least one context)")
-    g.add_argument("-np", "--parallel", type=int, default=None, metavar="N",
-                   help="requests computed at once; the llama.cpp engine keeps a KV slot of "
-                        "one full context for each (default: 4)")
-    for kv in ("k", "v"):
-        g.add_argument(f"-ct{kv}", f"--cache-type-{kv}", dest=f"cache_type_{kv}", default=None,
-                       choices=["f16", "bf16", "q8_0"],
-                       help=f"llama.cpp engine: the KV cache's {kv.upper()} type (default on the "
-                            "CPU: q8_0 K, f16 V, which keeps batched replies identical to "
-                            "lone ones; f16 K is faster and does not)")
-    g.add_argument("--chat-template", default=None, metavar="NAME|FILE",
-                   help="render prompts with a built-in format (chatml, llama3, gemma, mistral, "
-                        "llama2, phi3) or a Jinja file instead of the model's own template "
-                        "(default: the model's; a file without one gets its family's format)")
-    d = p.add_argument_group("speculative decoding")
-    d.add_argument("--draft-model", default=None, metavar="SPEC",
-                   help="a small model (or a more quantized copy of this one) with the same "
-                        "vocabulary drafts tokens that the model verifies")
-    d.add_argument("--draft", default=None, choices=["ngram"],
-                   help="ngram: draft by prompt lookup (no model)")
-    d.add_argument("--num-draft-tokens", "--draft-max", dest="num_draft_tokens", type=int,
-                   default=None, metavar="K",
-                   help="draft K tokens per step (default: adaptive, off when it does not pay)")
-    d.add_argument("--no-draft", action="store_true", help="no speculative decoding")
-    return p
-
-
-def _endpoint_flags() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
-    g = p.add_argument_group("remote engine")
-    g.add_argument("--endpoint", default=None, metavar="URL",
-                   help="use an OpenAI-compatible server (localchat serve, llama.cpp's server, "
-                        "vLLM, Ollama) instead of loading a model here, e.g. "
-                        "http://127.0.0.1:8080/v1")
-    g.add_argument("--api-key", default=None, metavar="KEY",
-                   help="--endpoint's API key (default: $LOCALCHAT_API_KEY)")
-    g.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                   help="--endpoint: the longest wait for the server to connect (at most 10 s) "
-                        "or to answer, first byte or next token (default: 60)")
-    return p
-
-
-def _sampling_flags() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
-    g = p.add_argument_group("sampling")
-    g.add_argument("-sys", "--system-prompt", "--system", dest="system", default=None,
-                   metavar="TEXT", help="system prompt")
-    g.add_argument("-n", "--max-tokens", "--n-predict", "--predict", dest="max_tokens",
-                   type=int, default=None, metavar="N",
-                   help="most tokens to generate (default: until done or context end)")
-    g.add_argument("--temp", "--temperature", dest="temp", type=float, default=0.8,
-                   help="temperature, 0 = greedy (default: %(default)s)")
-    g.add_argument("--top-k", type=int, default=40, help="(default: %(default)s)")
-    g.add_argument("--top-p", type=float, default=0.95, help="(default: %(default)s)")
-    g.add_argument("--min-p", type=float, default=0.05, help="(default: %(default)s)")
-    g.add_argument("--repeat-penalty", type=float, default=1.0, help="(default: %(default)s)")
-    g.add_argument("-s", "--seed", type=int, default=None,
-                   help="sampling seed (default: random)")
-    return p
-
-
-def _quality_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("quality measurement")
-    g.add_argument("--tokens", type=int, default=1024, metavar="N",
-                   help="scored tokens of held-out text (default: %(default)s)")
-    g.add_argument("--window", type=int, default=512, metavar="N",
-                   help="context window per forward pass (default: %(default)s)")
-    g.add_argument("--stride", type=int, default=None, metavar="N",
-                   help="new tokens scored per window after the first (default: window/2)")
-    g.add_argument("--text", default=None, metavar="FILE",
-                   help="held-out text (default: Python's own docs, pydoc_data.topics)")
-    g.add_argument("--cost-ratio", type=float, default=0.3, metavar="C",
-                   help="draft/target cost ratio for the predicted speedup (default: %(default)s)")
-    g.add_argument("--gamma", type=int, default=4, metavar="G",
-                   help="draft tokens per step for the predicted speedup (default: %(default)s)")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -123,7 +23,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    model, sampling, endpoint = _model_flags(), _sampling_flags(), _endpoint_flags()
+    model, sampling, endpoint = model_flags(), sampling_flags(), endpoint_flags()
     parser = OneLineParser(
         prog="localchat",
         parents=[model, endpoint, sampling],
@@ -221,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="--agreement: teacher-forced positions (default: %(default)s)")
     evaluate.add_argument("--no-float32", action="store_true",
                           help="--agreement: skip the float32 reference copy of a quantized file")
-    _quality_flags(evaluate)
+    quality_flags(evaluate)
     evaluate.add_argument("--threads", type=int, default=None, metavar="N")
     evaluate.add_argument("--json", action="store_true", help="print JSON")
 
@@ -242,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--force", action="store_true", help="replace an existing OUT file")
     quant.add_argument("--report", action="store_true",
                        help="then measure OUT against SRC (as `localchat eval --reference`)")
-    _quality_flags(quant)
+    quality_flags(quant)
     quant.add_argument("--threads", type=int, default=None, metavar="N")
     quant.add_argument("--json", action="store_true", help="--report as JSON")
 

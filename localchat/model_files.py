@@ -47,9 +47,13 @@ class GGUFFacts:
     chat_markers: tuple[str, ...] = ()  # chat-format control tokens in the vocabulary
     chat_template_name: str = "the model file's"  # where chat_template came from
 
-    def kv_bytes_per_token(self, bytes_per_value: int = 2) -> int:
-        """KV-cache bytes one token costs: K and V, for every layer and KV head."""
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * bytes_per_value
+    def kv_bytes_per_token(self, bytes_per_value: float = 2,
+                           v_bytes_per_value: float | None = None) -> int:
+        """KV-cache bytes one token costs: K and V, for every layer and KV head, at
+        bytes_per_value (V at v_bytes_per_value when given), rounded to whole bytes."""
+        values = self.n_layers * self.n_kv_heads * self.head_dim  # per token, K and V each
+        v_bytes = bytes_per_value if v_bytes_per_value is None else v_bytes_per_value
+        return round(values * (bytes_per_value + v_bytes))
 
 
 def validate_model_file(path: str | Path) -> GGUFFacts:

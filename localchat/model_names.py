@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from localchat.errors import UsageError
+from localchat.paths import config_path
 
 # name:size -> OWNER/REPO:QUANT (instruct/chat builds, small enough for a laptop)
 BUILTIN_NAMES = {
@@ -61,8 +62,6 @@ def short_name_for(repo_id: str, config: Path | None = None) -> str | None:
 
 def _configured(config: Path | None) -> dict[str, str]:
     """config.toml's [models]; a bad table is a UsageError naming the entry."""
-    from localchat.models import config_path
-
     path = config or config_path()
     try:
         text = path.read_text(encoding="utf-8")

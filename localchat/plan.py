@@ -13,6 +13,7 @@ import argparse
 import json
 from dataclasses import dataclass
 
+from localchat.engine.context_size import DEFAULT_CTX
 from localchat.errors import UsageError
 from localchat.gguf_reader import read_gguf
 from localchat.model_files import GGUFFacts
@@ -33,8 +34,7 @@ class ModelSize:
     facts: GGUFFacts
 
     def kv_bytes_per_token(self, kv_type: str = "f16") -> int:
-        f = self.facts
-        return round(2 * f.n_layers * f.n_kv_heads * f.head_dim * KV_BYTES_PER_VALUE[kv_type])
+        return self.facts.kv_bytes_per_token(KV_BYTES_PER_VALUE[kv_type])
 
     def weights_bytes_as(self, quant: str) -> int:
         if quant == self.facts.quant_type:
@@ -95,7 +95,7 @@ def format_plan(plan: dict) -> str:
 def cmd_plan(args: argparse.Namespace) -> int:
     budgets = ([parse_memory(m) for m in args.memory.split(",")] if args.memory
                else [machine_memory()])
-    ctx = args.ctx_size or 4096
+    ctx = args.ctx_size or DEFAULT_CTX
     if ctx < 1:
         raise UsageError(f"context size must be >= 1, got {ctx}")
     plan = build_plan(model_size(resolve_model_facts(args.model)), budgets, ctx)

@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import threading
-from contextlib import contextmanager
-from typing import Iterator
-
 from dataclasses import replace
 
-from localchat.chat.context import fit_history, prompt_budget
+from localchat.chat.context import fit_to_context
 from localchat.engine.base import Delta, Message, Request, Result, Stats
 from localchat.errors import UsageError
+from localchat.interrupts import ctrl_c_cancels
+from localchat.sampling_fields import SAMPLING_FIELDS
 from localchat.settings import ChatSettings
+from localchat.storage.reply_status import ReplyStatus
 from localchat.units import human_bytes
 
 
@@ -113,36 +112,11 @@ def format_stats(stats: Stats) -> str:
     return "\n".join(f"{name + ':':<22}{value}" for name, value in rows)
 
 
-@contextmanager
-def _ctrl_c_cancels(cancel: threading.Event) -> Iterator[None]:
-    """First Ctrl+C stops the reply cleanly (finish_reason 'cancelled', exit 130, the
-    text so far kept); a second one interrupts at once, as in llama.cpp."""
-
-    def on_sigint(signum, frame) -> None:
-        if cancel.is_set():
-            raise KeyboardInterrupt
-        cancel.set()
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-# flag dest -> the conversation parameter it sets
-_PARAM_FLAGS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-                "repeat_penalty": "repeat_penalty", "seed": "seed", "max_tokens": "max_tokens"}
-
-
 def explicit_params(args: argparse.Namespace) -> dict:
     """Sampling flags whose value differs from the flag's default: with --continue these
     override what the conversation stored."""
-    from localchat.cli import _sampling_flags
-
-    defaults = _sampling_flags().parse_args([])
-    return {field: getattr(args, flag) for flag, field in _PARAM_FLAGS.items()
-            if getattr(args, flag) != getattr(defaults, flag)}
+    return {f.name: getattr(args, f.dest) for f in SAMPLING_FIELDS
+            if getattr(args, f.dest) != f.default}
 
 
 def _continue_settings(settings: ChatSettings, conv, args: argparse.Namespace) -> ChatSettings:
@@ -178,11 +152,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         messages = settings.system_messages() + earlier + [Message("user", prompt)]
         if earlier:  # --continue: the history that fits
             n_ctx = engine.info.n_ctx
-            fit = fit_history(messages, engine.count_prompt_tokens,
-                              prompt_budget(n_ctx, settings.max_tokens))
+            fit = fit_to_context(messages, engine.count_prompt_tokens, n_ctx, settings.max_tokens)
             if fit.dropped_turns:
-                print(f"localchat: {fit.dropped_turns} earlier turn(s) dropped to fit the "
-                      f"{n_ctx}-token context", file=sys.stderr)
+                print(f"localchat: {fit.dropped_note(n_ctx)}", file=sys.stderr)
             messages = list(fit.messages)
         request = Request(
             messages=messages,
@@ -191,7 +163,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         cancel = threading.Event()
         result = None
-        with _ctrl_c_cancels(cancel):
+        with ctrl_c_cancels(cancel):
             for event in engine.generate(request, cancel):
                 if isinstance(event, Delta):
                     if writer is None and store is not None:  # saved once a reply begins
@@ -205,8 +177,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     result = event
         assert result is not None
         if writer is not None:
-            status = "interrupted" if result.finish_reason == "cancelled" else "complete"
-            writer.finish(status, result.stats.to_dict(), result.text)
+            writer.finish(ReplyStatus.after(result.finish_reason), result.stats.to_dict(),
+                          result.text)
             writer = None
         if args.json:
             out = {"text": result.text, "finish_reason": result.finish_reason,
@@ -222,7 +194,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if writer is not None:  # interrupted at once (second Ctrl+C) or failed: keep the text
             try:
-                writer.finish("interrupted")
+                writer.finish(ReplyStatus.INTERRUPTED)
             except Exception:  # noqa: BLE001 -- the original error matters more
                 pass
         engine.close()

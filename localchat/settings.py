@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from localchat.engine.base import Message, SamplingParams
 from localchat.errors import LocalchatError
+from localchat.sampling_fields import SAMPLING_PARAMS
 from localchat.units import parse_memory
 
 
@@ -52,14 +53,7 @@ class ChatSettings:
             chat_template=getattr(args, "chat_template", None),
             system=args.system,
             max_tokens=args.max_tokens,
-            sampling=SamplingParams(
-                temperature=args.temp,
-                top_k=args.top_k,
-                top_p=args.top_p,
-                min_p=args.min_p,
-                repeat_penalty=args.repeat_penalty,
-                seed=args.seed,
-            ),
+            sampling=SamplingParams(**{f.name: getattr(args, f.dest) for f in SAMPLING_PARAMS}),
         )
 
     def params(self) -> dict:

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from localchat.atomic import _fsync_dir
+from localchat.atomic import fsync_dir
 from localchat.errors import LocalchatError, UsageError
 
 
@@ -142,4 +142,4 @@ def atomic_output_file(out: Path) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(out.parent)
+    fsync_dir(out.parent)

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import pytest
 
-from localchat.chat.context import FitResult, fit_history
+from localchat.chat.context import FitResult, fit_history, fit_to_context
 from localchat.engine.base import Message
 from localchat.errors import ContextOverflowError
 
@@ -100,3 +100,11 @@ def test_few_count_calls_for_a_long_chat() -> None:
     assert result.prompt_tokens <= 500
     assert result.dropped_turns == 200 - (500 - 4 - 4) // 10
     assert count.calls <= 12  # 2 + ceil(log2(200)), far from the 200 a linear scan needs
+
+
+def test_fit_to_context_keeps_room_for_the_reply() -> None:
+    messages = _chat(5)  # 58 tokens
+    assert fit_to_context(messages, WordCounter(), n_ctx=64, max_tokens=6).dropped_turns == 0
+    fit = fit_to_context(messages, WordCounter(), n_ctx=64, max_tokens=None)  # 16 kept free
+    assert (fit.dropped_turns, fit.prompt_tokens) == (1, 48)
+    assert fit.dropped_note(64) == "1 earlier turn(s) dropped to fit the 64-token context"

@@ -19,7 +19,8 @@ from localchat.tui.app import ChatApp
 from localchat.tui.keymap import parse_keymap
 from localchat.tui.palette import PALETTE_ACTIONS
 from localchat.tui.params import ParamsScreen, check_values
-from localchat.tui.picker import ModelPickerScreen, load_context, model_row
+from localchat.engine.context_size import load_context
+from localchat.tui.picker import ModelPickerScreen, model_row
 from localchat.tui.widgets import GaugeBar, RateSparkline, format_gauges, live_rate
 from test_tui import send, wait_until
 

@@ -1,7 +1,8 @@
 """Slash commands typed in the chat input: parsing and validation, no UI.
 
 `/set temp 0.7` and friends are checked here with the same rules as the command-line
-flags (SamplingParams), so a bad value is a one-line UsageError and nothing changes.
+flags (SAMPLING_FIELDS, via SamplingParams), so a bad value is a one-line UsageError
+and nothing changes.
 A message that starts with `//` is sent as text starting with `/`.
 """
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from localchat.engine.base import SamplingParams
 from localchat.errors import UsageError
+from localchat.sampling_fields import FIELD, SAMPLING_FIELDS
 
 
 @dataclass(frozen=True)
@@ -19,12 +21,14 @@ class Command:
     arg: str = ""
 
 
+_SET_NAMES = [f.set_names[0] for f in SAMPLING_FIELDS]  # temp, top_k, ... seed
+_CLEARED = " and ".join(f.set_names[0] for f in SAMPLING_FIELDS if f.nullable)
+
 # name -> (argument help, what it does); the order is /help's order
 COMMANDS: dict[str, tuple[str, str]] = {
     "help": ("", "this list of commands and keys"),
     "system": ("TEXT", "set this conversation's system prompt (no TEXT: clear it)"),
-    "set": ("NAME VALUE", "temp, top_k, top_p, min_p, repeat_penalty, max_tokens, seed "
-                          "(`none` clears max_tokens and seed)"),
+    "set": ("NAME VALUE", f"{', '.join(_SET_NAMES)} (`none` clears {_CLEARED})"),
     "model": ("[SPEC]", "switch to model SPEC (default, a .gguf path, OWNER/REPO:QUANT); "
                         "no SPEC: the model picker"),
     "regen": ("", "generate the selected (or last) reply again; the old one stays a version"),
@@ -41,17 +45,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 # /set names (with aliases) -> the field they change
-PARAM_NAMES = {
-    "temp": "temperature", "temperature": "temperature",
-    "top_k": "top_k", "top-k": "top_k",
-    "top_p": "top_p", "top-p": "top_p",
-    "min_p": "min_p", "min-p": "min_p",
-    "repeat_penalty": "repeat_penalty", "repeat-penalty": "repeat_penalty",
-    "max_tokens": "max_tokens", "max-tokens": "max_tokens", "n": "max_tokens",
-    "seed": "seed",
-}
-_INTS = {"top_k", "seed", "max_tokens"}
-_NULLABLE = {"seed", "max_tokens"}
+PARAM_NAMES = {name: f.name for f in SAMPLING_FIELDS
+               for name in (*f.set_names, *f.unlisted_set_names)}
+_LISTED = sorted(name for f in SAMPLING_FIELDS for name in f.set_names)
 
 
 def parse_command(text: str) -> Command | None:
@@ -78,18 +74,19 @@ def parse_set(arg: str) -> tuple[str, int | float | None]:
     parts = arg.split()
     if len(parts) != 2:
         raise UsageError("usage: /set NAME VALUE, e.g. /set temp 0.7 "
-                         f"(names: {', '.join(sorted(set(PARAM_NAMES) - {'n'}))})")
+                         f"(names: {', '.join(_LISTED)})")
     raw_name, raw_value = parts
     name = PARAM_NAMES.get(raw_name.lower())
     if name is None:
-        raise UsageError(f"unknown parameter {raw_name!r} (use temp, top_k, top_p, min_p, "
-                         "repeat_penalty, max_tokens or seed)")
-    if name in _NULLABLE and raw_value.lower() in ("none", "off", "default"):
+        raise UsageError(f"unknown parameter {raw_name!r} (use {', '.join(_SET_NAMES[:-1])} "
+                         f"or {_SET_NAMES[-1]})")
+    field = FIELD[name]
+    if field.nullable and raw_value.lower() in ("none", "off", "default"):
         return name, None
     try:
-        value: int | float = int(raw_value) if name in _INTS else float(raw_value)
+        value: int | float = field.kind(raw_value)
     except ValueError:
-        kind = "a whole number" if name in _INTS else "a number"
+        kind = "a whole number" if field.kind is int else "a number"
         raise UsageError(f"{raw_name} must be {kind}, got {raw_value!r}") from None
     if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
         raise UsageError(f"{raw_name} must be a finite number, got {raw_value!r}")
@@ -99,9 +96,10 @@ def parse_set(arg: str) -> tuple[str, int | float | None]:
 def apply_set(sampling: SamplingParams, max_tokens: int | None,
               name: str, value) -> tuple[SamplingParams, int | None]:
     """The new (sampling, max_tokens) after `/set name value`; invalid -> UsageError."""
-    if name == "max_tokens":
-        if value is not None and value < 1:
-            raise UsageError(f"max_tokens must be >= 1, got {value}")
+    if not FIELD[name].in_sampling:  # max_tokens
+        problem = FIELD[name].problem(value, label=name)
+        if problem is not None:
+            raise UsageError(problem)
         return sampling, value
     return replace(sampling, **{name: value}), max_tokens  # SamplingParams validates
 

@@ -30,6 +30,21 @@ class FitResult:
     dropped_turns: int
     prompt_tokens: int
 
+    def dropped_note(self, n_ctx: int) -> str:
+        """What to tell the user when turns were dropped."""
+        return f"{self.dropped_turns} earlier turn(s) dropped to fit the {n_ctx}-token context"
+
+
+def fit_to_context(
+    messages: Sequence[Message],
+    count_tokens: Callable[[Sequence[Message]], int],
+    n_ctx: int,
+    max_tokens: int | None,
+) -> FitResult:
+    """The most recent history that fits an n_ctx-token context with room for the reply
+    (prompt_budget): what every chat surface sends."""
+    return fit_history(messages, count_tokens, prompt_budget(n_ctx, max_tokens))
+
 
 def _split(messages: Sequence[Message]) -> tuple[list[Message], list[list[Message]], list[Message]]:
     """(leading system messages, droppable turns oldest first, the kept tail)."""

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from localchat.engine.base import Engine
+from localchat.engine.context_size import MIN_CTX, load_context
 from localchat.errors import EngineError, ModelFormatError, UsageError
 from localchat.model_files import GGUFFacts
 
 ENGINES = ("llama.cpp", "torch", "auto")
-DEFAULT_CTX = 4096
 
 
 def load_engine(
@@ -66,12 +66,9 @@ def load_engine(
     if parallel is not None and not 1 <= parallel <= 256:
         raise UsageError(f"--parallel must be 1..256, got {parallel}")
     facts = with_chat_template(resolve_model_facts(spec), chat_template)
-    if ctx_size is None:
-        ctx_size = min(facts.context_length, DEFAULT_CTX)
-    elif ctx_size == 0:
-        ctx_size = facts.context_length
-    if ctx_size < 16:
-        raise UsageError(f"context size must be at least 16 tokens, got {ctx_size}")
+    ctx_size = load_context(ctx_size, facts.context_length)
+    if ctx_size < MIN_CTX:
+        raise UsageError(f"context size must be at least {MIN_CTX} tokens, got {ctx_size}")
     if facts.context_length and ctx_size > facts.context_length:
         raise UsageError(f"-c {ctx_size} is more than {facts.name}'s trained context of "
                          f"{facts.context_length} tokens (-c 0 uses all of it)")

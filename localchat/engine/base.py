@@ -10,14 +10,13 @@ Nothing here imports torch or llama_cpp: the UI depends on this module only.
 
 from __future__ import annotations
 
-import math
-
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Iterator, Literal, Sequence, Union
 
 from localchat.errors import UsageError
+from localchat.sampling_fields import FIELD, check_sampling
 
 if TYPE_CHECKING:  # no import at run time: base.py stays free of file-format code
     from localchat.model_files import GGUFFacts
@@ -34,29 +33,18 @@ class Message:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling as llama.cpp users know it. temperature 0 means greedy."""
+    """Sampling as llama.cpp users know it. temperature 0 means greedy. Defaults and
+    ranges: SAMPLING_FIELDS."""
 
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    seed: int | None = None
+    temperature: float = FIELD["temperature"].default
+    top_k: int = FIELD["top_k"].default
+    top_p: float = FIELD["top_p"].default
+    min_p: float = FIELD["min_p"].default
+    repeat_penalty: float = FIELD["repeat_penalty"].default
+    seed: int | None = FIELD["seed"].default
 
     def __post_init__(self) -> None:
-        checks = [
-            (0 <= self.temperature < math.inf,
-             f"temperature must be >= 0 and finite, got {self.temperature}"),
-            (self.top_k >= 0, f"top-k must be >= 0, got {self.top_k}"),
-            (0 < self.top_p <= 1, f"top-p must be in (0, 1], got {self.top_p}"),
-            (0 <= self.min_p <= 1, f"min-p must be in [0, 1], got {self.min_p}"),
-            (0 < self.repeat_penalty < math.inf,
-             f"repeat penalty must be > 0 and finite, got {self.repeat_penalty}"),
-            (self.seed is None or self.seed >= 0, f"seed must be >= 0, got {self.seed}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise UsageError(message)
+        check_sampling(vars(self))
 
 
 @dataclass(frozen=True)
@@ -78,8 +66,9 @@ class Request:
             raise UsageError("a request needs messages or prompt tokens")
         if self.assistant_prefix and self.prompt_tokens is not None:
             raise UsageError("an assistant prefix needs chat messages, not prompt tokens")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise UsageError(f"max tokens must be >= 1, got {self.max_tokens}")
+        problem = FIELD["max_tokens"].problem(self.max_tokens)
+        if problem is not None:
+            raise UsageError(problem)
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ from localchat.engine.remote_http import (ConnectionLost, server_message, split_
                                           status_error, stream_error, transport_errors)
 from localchat.engine.sse import BackgroundStream, Cancelled, sse_data
 from localchat.errors import EngineError, ModelNotFoundError, UsageError
+from localchat.engine.context_size import DEFAULT_CTX
+from localchat.sampling_fields import SAMPLING_PARAMS
 
-DEFAULT_CTX = 4096  # when neither -c nor the server says how large the context is
 CONNECT_TIMEOUT_S = 10.0
 DEFAULT_TIMEOUT_S = 60.0  # --timeout: the longest wait for any answer (first byte, next chunk)
 # count_prompt_tokens: chat-template tokens around each message and before the reply
@@ -36,7 +37,7 @@ TEMPLATE_TOKENS_FOR_REPLY = 3
 CHARS_PER_TOKEN_ESTIMATE = 3
 # Sampling parameters that llama.cpp-family servers, vLLM and Ollama take but OpenAI's
 # own API refuses: sent unless the server refused them once.
-_EXTENSIONS = ("top_k", "min_p", "repeat_penalty")
+_EXTENSIONS = tuple(f.name for f in SAMPLING_PARAMS if not f.openai)
 _FINISH = {"stop": "stop", "length": "length"}  # anything else (tool_calls, ...) -> stop
 
 
@@ -72,7 +73,7 @@ class RemoteEngine(Engine):
         except BaseException:
             self._client.close()
             raise
-        n_ctx = ctx_size or n_ctx_server or DEFAULT_CTX
+        n_ctx = ctx_size or n_ctx_server or DEFAULT_CTX  # neither -c nor the server says
         name = self.model.rsplit("/", 1)[-1] if self.model.startswith("/") else self.model
         self.info = ModelInfo(
             name=name, path=self.base, architecture="remote", quant_type="remote",
@@ -135,7 +136,7 @@ class RemoteEngine(Engine):
         if stream:
             body["stream_options"] = {"include_usage": True}
         if self._send_extensions:
-            body.update(top_k=s.top_k, min_p=s.min_p, repeat_penalty=s.repeat_penalty)
+            body.update({name: getattr(s, name) for name in _EXTENSIONS})
         if s.seed is not None:
             body["seed"] = s.seed
         if request.max_tokens is not None:

@@ -40,10 +40,10 @@ class Uvicorn(uvicorn.Server):
 def engine_settings(args: argparse.Namespace):
     """ChatSettings from the serve flags: the sampling flags it lacks (requests bring
     their own) take their defaults, and --api-key is this server's, not an endpoint's."""
-    from localchat.cli import _sampling_flags
+    from localchat.cli_flags import sampling_defaults
     from localchat.settings import ChatSettings
 
-    defaults = vars(_sampling_flags().parse_args([]))
+    defaults = sampling_defaults()
     return ChatSettings.from_args(argparse.Namespace(
         **{**defaults, **vars(args), "endpoint": None, "api_key": None}))
 

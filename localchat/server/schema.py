@@ -16,6 +16,7 @@ from typing import Any
 from localchat.engine.base import Message, SamplingParams
 from localchat.errors import UsageError
 from localchat.json_text import first_lone_surrogate
+from localchat.sampling_fields import SAMPLING_PARAMS
 from localchat.server.errors import ApiError
 
 MAX_MESSAGES = 1024
@@ -104,25 +105,23 @@ def _common(body: dict, n_ctx: int, *, messages: tuple[Message, ...],
 
 
 def _sampling(body: dict) -> SamplingParams:
-    defaults = SamplingParams()
-
-    def number(name: str, lo: float, hi: float, default: float, *, lo_open: bool = False) -> float:
-        value = body.get(name)
-        return default if value is None else _number(name, value, lo, hi, lo_open=lo_open)
-
-    top_k, seed = body.get("top_k"), body.get("seed")
+    """SAMPLING_FIELDS' api_range for each field the body gives; the seed is special."""
+    seed = body.get("seed")
     if seed is not None:
         seed = _integer("seed", seed)
         seed = None if seed < 0 else seed % SEED_RANGE  # -1: random, as in llama.cpp
-    values = dict(
-        temperature=number("temperature", 0.0, 2.0, defaults.temperature),
-        top_p=number("top_p", 0.0, 1.0, defaults.top_p, lo_open=True),
-        min_p=number("min_p", 0.0, 1.0, defaults.min_p),
-        repeat_penalty=number("repeat_penalty", 0.0, 10.0, defaults.repeat_penalty,
-                              lo_open=True),
-        top_k=defaults.top_k if top_k is None else _int_range("top_k", top_k, 0, 1_000_000),
-        seed=seed,
-    )
+    values = {"seed": seed}
+    for f in sorted(SAMPLING_PARAMS, key=lambda f: f.kind is int):  # top_k's error after others
+        value, limits = body.get(f.name), f.api_range
+        if limits is None:  # the seed, above
+            continue
+        if value is None:
+            values[f.name] = f.default
+        elif f.kind is int:
+            values[f.name] = _int_range(f.name, value, limits.lo, limits.hi)
+        else:
+            values[f.name] = _number(f.name, value, limits.lo, limits.hi,
+                                     lo_open=limits.lo_open)
     try:
         return SamplingParams(**values)
     except UsageError as exc:  # the ranges above are SamplingParams'; this is a backstop

@@ -1,5 +1,6 @@
 """Conversation history: SQLite in the data dir (db.py), the store API
-(conversations.py), streaming replies into it (reply_writer.py), exports (export.py)."""
+(conversations.py), a reply's status (reply_status.py), streaming replies into it
+(reply_writer.py), exports (export.py)."""
 
 from localchat.storage.conversations import (
     Conversation,
@@ -9,7 +10,8 @@ from localchat.storage.conversations import (
     title_from,
 )
 from localchat.storage.db import StoreUnavailable, default_db_path, set_aside
+from localchat.storage.reply_status import ReplyStatus
 from localchat.storage.reply_writer import ReplyWriter
 
-__all__ = ["Conversation", "ConversationStore", "ReplyWriter", "StoreError",
+__all__ = ["Conversation", "ConversationStore", "ReplyStatus", "ReplyWriter", "StoreError",
            "StoreUnavailable", "StoredMessage", "default_db_path", "set_aside", "title_from"]

@@ -27,8 +27,8 @@ from localchat.storage.db import (
     open_checked,
     transaction,
 )
+from localchat.storage.reply_status import ReplyStatus
 
-STATUSES = ("complete", "interrupted", "streaming")
 TITLE_CHARS = 48
 
 
@@ -63,7 +63,7 @@ class StoredMessage:
     conversation_id: int
     role: str
     content: str
-    status: str = "complete"
+    status: ReplyStatus = ReplyStatus.COMPLETE
     model: str | None = None
     params: dict | None = None
     stats: dict | None = None
@@ -225,11 +225,12 @@ class ConversationStore:
     def add_message(self, conversation_id: int, role: str, content: str, *,
                     parent: int | None | type(...) = ..., model: str | None = None,
                     params: dict | None = None, stats: dict | None = None,
-                    status: str = "complete") -> int:
+                    status: ReplyStatus | str = ReplyStatus.COMPLETE) -> int:
         """Append a message after `parent` (left out: after the branch on screen; None: as
         another first message) and make it the conversation's leaf."""
-        if status not in STATUSES:
+        if status not in tuple(ReplyStatus):
             raise ValueError(f"unknown status {status!r}")
+        status = ReplyStatus(status)
         now = time.time()
         with transaction(self._db) as db:
             if parent is ...:
@@ -243,7 +244,7 @@ class ConversationStore:
                 "INSERT INTO messages (conversation_id, parent_id, role, content, model, params, "
                 "stats, status, created, writer_pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (conversation_id, parent, role, content, model, _json(params), _json(stats),
-                 status, now, os.getpid() if status == "streaming" else None))
+                 status, now, os.getpid() if status == ReplyStatus.STREAMING else None))
             db.execute("UPDATE conversations SET updated = ?, leaf_id = ? WHERE id = ?",
                        (now, cur.lastrowid, conversation_id))
         return cur.lastrowid
@@ -253,7 +254,7 @@ class ConversationStore:
                     content: str = "") -> int:
         """An assistant message that is being written (status 'streaming')."""
         return self.add_message(conversation_id, "assistant", content, parent=parent,
-                                model=model, params=params, status="streaming")
+                                model=model, params=params, status=ReplyStatus.STREAMING)
 
     @_wrapped
     def update_reply(self, message_id: int, content: str) -> None:
@@ -264,19 +265,19 @@ class ConversationStore:
     def reopen_reply(self, message_id: int) -> None:
         """A stopped reply that is being continued: streaming again, by this process."""
         with transaction(self._db) as db:
-            db.execute("UPDATE messages SET status = 'streaming', writer_pid = ? WHERE id = ?",
-                       (os.getpid(), message_id))
+            db.execute("UPDATE messages SET status = ?, writer_pid = ? WHERE id = ?",
+                       (ReplyStatus.STREAMING, os.getpid(), message_id))
 
     @_wrapped
-    def finish_reply(self, message_id: int, content: str, *, status: str,
+    def finish_reply(self, message_id: int, content: str, *, status: ReplyStatus | str,
                      stats: dict | None = None) -> None:
-        if status not in ("complete", "interrupted"):
+        if status not in (ReplyStatus.COMPLETE, ReplyStatus.INTERRUPTED):
             raise ValueError(f"a finished reply is complete or interrupted, not {status!r}")
         now = time.time()
         with transaction(self._db) as db:
             db.execute("UPDATE messages SET content = ?, status = ?, stats = ?, "
                        "writer_pid = NULL WHERE id = ?",
-                       (content, status, _json(stats), message_id))
+                       (content, ReplyStatus(status), _json(stats), message_id))
             db.execute("UPDATE conversations SET updated = ? WHERE id = "
                        "(SELECT conversation_id FROM messages WHERE id = ?)", (now, message_id))
 
@@ -308,7 +309,8 @@ class ConversationStore:
 
     @staticmethod
     def _message(r: sqlite3.Row, siblings: tuple[int, ...]) -> StoredMessage:
-        return StoredMessage(r["id"], r["conversation_id"], r["role"], r["content"], r["status"],
+        return StoredMessage(r["id"], r["conversation_id"], r["role"], r["content"],
+                             ReplyStatus(r["status"]),
                              r["model"], _load(r["params"]), _load(r["stats"]), r["created"],
                              r["parent_id"], siblings)
 
@@ -377,7 +379,8 @@ class ConversationStore:
                 (title, now, now, conv.model, conv.system_prompt, _json(conv.params))).lastrowid
             parent = None
             for m in branch:
-                status = "interrupted" if m.status == "streaming" else m.status
+                status = (ReplyStatus.INTERRUPTED if m.status == ReplyStatus.STREAMING
+                          else m.status)
                 parent = db.execute(
                     "INSERT INTO messages (conversation_id, parent_id, role, content, model, "
                     "params, stats, status, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -390,12 +393,15 @@ class ConversationStore:
     def recover_interrupted(self) -> int:
         """Mark replies whose writing process is gone as interrupted; returns how many."""
         rows = self._db.execute(
-            "SELECT id, writer_pid FROM messages WHERE status = 'streaming'").fetchall()
+            "SELECT id, writer_pid FROM messages WHERE status = ?",
+            (ReplyStatus.STREAMING,)).fetchall()
         dead = [r["id"] for r in rows if not _pid_alive(r["writer_pid"])]
         if dead:
             with transaction(self._db) as db:
-                db.executemany("UPDATE messages SET status = 'interrupted', writer_pid = NULL "
-                               "WHERE id = ? AND status = 'streaming'", [(i,) for i in dead])
+                db.executemany("UPDATE messages SET status = ?, writer_pid = NULL "
+                               "WHERE id = ? AND status = ?",
+                               [(ReplyStatus.INTERRUPTED, i, ReplyStatus.STREAMING)
+                                for i in dead])
         return len(dead)
 
     @_wrapped

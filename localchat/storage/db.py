@@ -33,7 +33,7 @@ class StoreUnavailable(LocalchatError):
 
 
 def default_db_path() -> Path:
-    from localchat.models import data_dir
+    from localchat.paths import data_dir
 
     return data_dir() / DB_FILE
 

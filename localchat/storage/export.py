@@ -10,6 +10,7 @@ from pathlib import Path
 
 from localchat.atomic import atomic_write_text
 from localchat.storage.conversations import Conversation, StoredMessage
+from localchat.storage.reply_status import ReplyStatus
 
 FORMATS = ("md", "json")
 _ROLE_HEADINGS = {"system": "System", "user": "You", "assistant": "Assistant"}
@@ -31,7 +32,7 @@ def to_markdown(conv: Conversation, messages: list[StoredMessage],
         lines += ["", "## System", "", conv.system_prompt]
     for m in messages:
         heading = _ROLE_HEADINGS.get(m.role, m.role)
-        if m.status != "complete":
+        if m.status != ReplyStatus.COMPLETE:
             heading += f" ({m.status})"
         if m.version[1] > 1:
             heading += f" (version {m.version[0]} of {m.version[1]})"

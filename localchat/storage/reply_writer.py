@@ -7,6 +7,7 @@ import time
 from typing import Callable
 
 from localchat.storage.conversations import ConversationStore
+from localchat.storage.reply_status import ReplyStatus
 
 FLUSH_INTERVAL_S = 0.5
 
@@ -42,7 +43,7 @@ class ReplyWriter:
             self.store.update_reply(self.message_id, text)
             self._flushed_len = len(text)
 
-    def finish(self, status: str, stats: dict | None = None, text: str | None = None) -> str:
+    def finish(self, status: ReplyStatus | str, stats: dict | None = None, text: str | None = None) -> str:
         """Final write: the whole text (the engine's Result text plus the prefix, when
         given), its status and stats. Returns the text written."""
         final = self.text if text is None else self.prefix + text

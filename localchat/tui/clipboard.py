@@ -30,7 +30,7 @@ def last_code_block(markdown: str) -> str | None:
 
 
 def clipboard_file() -> Path:
-    from localchat.models import data_dir
+    from localchat.paths import data_dir
 
     return data_dir() / CLIPBOARD_FILE
 

@@ -231,7 +231,7 @@ class ConversationsMixin:
         if self.conversation is None or self.store is None:
             self._error("nothing to export: this conversation is not in the history yet")
             return
-        from localchat.models import data_dir
+        from localchat.paths import data_dir
 
         conv = self._db(lambda st: st.get_conversation(self.conversation.id))
         stored = self._db(lambda st: st.messages(self.conversation.id))

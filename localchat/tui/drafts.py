@@ -9,22 +9,9 @@ text, not where each token came from, so loaded messages stay Markdown.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from localchat.tui.messages import Entry
-
-Run = tuple[str, bool]  # (text, from_draft): a stretch of a reply from one source
-
-
-def add_run(runs: list[Run], text: str, from_draft: bool) -> None:
-    """Append text to runs, extending the last run when it came from the same source."""
-    if not text:
-        return
-    if runs and runs[-1][1] == from_draft:
-        runs[-1] = (runs[-1][0] + text, from_draft)
-    else:
-        runs.append((text, from_draft))
+from localchat.storage.reply_status import ReplyStatus
+from localchat.tui.messages import Entry
+from localchat.tui.runs import Run
 
 
 def draft_markdown(draft: dict) -> str:
@@ -48,15 +35,15 @@ class DraftColoursMixin:
 
     draft_colours = False  # finished replies with runs shown in draft colours
 
-    def _coloured_runs(self, entry: "Entry") -> list[Run] | None:
+    def _coloured_runs(self, entry: Entry) -> list[Run] | None:
         """The runs to show for entry now, or None for its Markdown."""
         drafted = entry.stats is not None and entry.stats.draft is not None
         if (self.draft_colours and entry.role == "assistant" and entry.runs
-                and drafted and entry.status != "streaming"):
+                and drafted and entry.status != ReplyStatus.STREAMING):
             return entry.runs
         return None
 
-    def _show_runs(self, entry: "Entry") -> None:
+    def _show_runs(self, entry: Entry) -> None:
         entry.view.show_runs(self._coloured_runs(entry))
 
     def action_toggle_draft_colours(self) -> None:

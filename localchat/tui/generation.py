@@ -18,11 +18,11 @@ from textual import work
 from textual.containers import VerticalScroll
 from textual.widgets import Markdown
 
-from localchat.chat.context import fit_history, prompt_budget
+from localchat.chat.context import fit_to_context
 from localchat.engine.base import Delta, Message, Request, Result
 from localchat.errors import LocalchatError
-from localchat.storage import ReplyWriter, StoreError
-from localchat.tui.drafts import add_run
+from localchat.storage import ReplyStatus, ReplyWriter, StoreError
+from localchat.tui.runs import add_run
 from localchat.tui.messages import Entry, EngineEvent, GenerationFailed, StoreFailed
 from localchat.tui.widgets import GaugeBar, MessageView, RateSparkline
 
@@ -68,7 +68,7 @@ class GenerationMixin:
                 self._db(lambda st: st.reopen_reply(entry.db_id))
             view.status.update("continuing…")
             view.show_runs(None)  # it streams into the Markdown
-        entry.status = "streaming"
+        entry.status = ReplyStatus.STREAMING
         writer = (ReplyWriter(self.store, entry.db_id, prefix=prefix)
                   if self.store is not None and entry.db_id is not None else None)
         self._streams[id(view)] = Markdown.get_stream(view.markdown)
@@ -92,14 +92,11 @@ class GenerationMixin:
             n_ctx = engine.info.n_ctx
             counted = (lambda ms: engine.count_prompt_tokens(list(ms) + [Message("assistant", prefix)])) \
                 if prefix else engine.count_prompt_tokens
-            fit = fit_history(history, counted, prompt_budget(n_ctx, self.settings.max_tokens))
+            fit = fit_to_context(history, counted, n_ctx, self.settings.max_tokens)
             if fit.dropped_turns:
-                self.call_from_thread(
-                    self._notice,
-                    f"{fit.dropped_turns} earlier turn(s) dropped to fit the "
-                    f"{n_ctx}-token context (system prompt kept).",
-                    before=view,
-                )
+                self.call_from_thread(self._notice,
+                                      f"{fit.dropped_note(n_ctx)} (system prompt kept).",
+                                      before=view)
             request = Request(messages=fit.messages, sampling=self.settings.sampling,
                               max_tokens=self.settings.max_tokens, assistant_prefix=prefix)
             self._stream_events(engine.generate(request, self._cancel), view, writer)
@@ -129,7 +126,7 @@ class GenerationMixin:
                 self.post_message(EngineEvent(merged, view, runs))
                 pending, last_post = [], time.monotonic()
             if isinstance(event, Result):
-                status = "interrupted" if event.finish_reason == "cancelled" else "complete"
+                status = ReplyStatus.after(event.finish_reason)
                 self._save(writer, lambda w: w.finish(status, event.stats.to_dict(), event.text))
                 self.post_message(EngineEvent(event, view))
 
@@ -170,7 +167,7 @@ class GenerationMixin:
         if view.reasoning and self.engine is not None:
             self._count_reasoning(view)
         if entry is not None:
-            entry.status = "interrupted" if event.finish_reason == "cancelled" else "complete"
+            entry.status = ReplyStatus.after(event.finish_reason)
             entry.stats, entry.finish_reason = event.stats, event.finish_reason
             self._show_status(entry)
             self._show_runs(entry)
@@ -186,7 +183,7 @@ class GenerationMixin:
         labels = {"stop": "", "length": "stopped: reached the token limit",
                   "cancelled": "stopped"}
         label = labels.get(entry.finish_reason or "", "")
-        if entry.status == "interrupted" and not label:
+        if entry.status == ReplyStatus.INTERRUPTED and not label:
             label = "interrupted"
         s = entry.stats
         parts = []
@@ -203,11 +200,11 @@ class GenerationMixin:
         await self._finish(message.view)
         entry = self._entry_for(message.view)
         if entry is not None and entry.content:  # a continuation failed: keep the reply
-            entry.status = "interrupted"
+            entry.status = ReplyStatus.INTERRUPTED
             self._show_runs(entry)
             if entry.db_id is not None:
                 self._db(lambda st: st.finish_reply(entry.db_id, entry.content,
-                                                    status="interrupted"))
+                                                    status=ReplyStatus.INTERRUPTED))
         elif entry is not None:
             index = self.entries.index(entry)
             user = self.entries[index - 1] if index and self.entries[index - 1].role == "user" \

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from localchat.models import config_path
+from localchat.paths import config_path
 
 ACTIONS = ("stop", "toggle_sidebar", "new_conversation", "regenerate", "continue_reply",
            "select_previous", "select_next", "previous_version", "next_version",

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from textual.message import Message as TextualMessage
 
 from localchat.engine.base import Delta, Engine, Result, Stats
-from localchat.tui.drafts import Run
+from localchat.storage.reply_status import ReplyStatus
+from localchat.tui.runs import Run
 from localchat.tui.widgets import MessageView
 
 
@@ -23,7 +24,7 @@ class Entry:
     content: str
     view: MessageView
     db_id: int | None = None
-    status: str = "complete"
+    status: ReplyStatus = ReplyStatus.COMPLETE
     stats: Stats | None = None
     finish_reason: str | None = None
     runs: list[Run] | None = None

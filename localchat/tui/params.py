@@ -20,21 +20,16 @@ from textual.widgets import Button, Input, Label, Static
 
 from localchat.chat.commands import apply_set, parse_set
 from localchat.engine.base import SamplingParams
+from localchat.engine.context_size import MIN_CTX
 from localchat.errors import UsageError
+from localchat.sampling_fields import FIELD, SAMPLING_FIELDS
 
-MIN_CTX = 16  # what load_engine() accepts (0: the model's full training context)
 
-# (field, label, `/set` name, hint shown as the input's placeholder)
-FIELDS = [
-    ("temperature", "temperature", "temp", "0 = greedy"),
-    ("top_k", "top-k", "top_k", "0 = off"),
-    ("top_p", "top-p", "top_p", "(0, 1]"),
-    ("min_p", "min-p", "min_p", "[0, 1]"),
-    ("repeat_penalty", "repeat penalty", "repeat_penalty", "1 = off"),
-    ("max_tokens", "max tokens", "max_tokens", "empty: until done"),
-    ("ctx_size", "context size", None, "tokens; reloads"),
-    ("seed", "seed", "seed", "empty: random"),
-]
+# (field, label, `/set` name, hint shown as the input's placeholder): SAMPLING_FIELDS,
+# with the context size before the seed
+FIELDS = [(f.name, f.label, f.set_names[0], f.hint) for f in SAMPLING_FIELDS]
+FIELDS.insert([f for f, *_ in FIELDS].index("seed"),
+              ("ctx_size", "context size", None, "tokens; reloads"))
 
 
 @dataclass(frozen=True)
@@ -62,7 +57,7 @@ def check_values(texts: dict[str, str], sampling: SamplingParams, max_tokens: in
             errors[field] = f"{label}: one value, without spaces"
             continue
         if not raw:
-            if field not in ("max_tokens", "seed"):
+            if not FIELD[field].nullable:
                 errors[field] = f"{label} needs a value"
                 continue
             raw = "none"
@@ -79,7 +74,7 @@ def check_values(texts: dict[str, str], sampling: SamplingParams, max_tokens: in
         except ValueError:
             errors["ctx_size"] = f"context size must be a whole number, got {raw!r}"
         else:
-            if ctx != 0 and ctx < MIN_CTX or ctx < 0:
+            if ctx != 0 and ctx < MIN_CTX or ctx < 0:  # 0: the model's full context
                 errors["ctx_size"] = (f"context size must be at least {MIN_CTX} tokens "
                                       "(0: the model's full context)")
             elif ctx != n_ctx:

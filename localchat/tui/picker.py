@@ -22,7 +22,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
-from localchat.engine import DEFAULT_CTX
+from localchat.engine.context_size import load_context
 from localchat.errors import LocalchatError
 from localchat.models import ModelEntry, list_models
 from localchat.plan import context_that_fits, model_size
@@ -45,13 +45,6 @@ class ModelRow:
     @property
     def needs_bytes(self) -> int:
         return self.weights_bytes + self.ctx * self.kv_bytes_per_token
-
-
-def load_context(ctx_size: int | None, context_length: int) -> int:
-    """The context a model loads with for this --ctx-size, as load_engine() picks it."""
-    if ctx_size is None:
-        return min(context_length, DEFAULT_CTX)
-    return context_length if ctx_size == 0 else ctx_size
 
 
 def model_row(entry: ModelEntry, ctx_size: int | None, memory: int) -> ModelRow:

@@ -72,8 +72,8 @@ def default_cache_types(facts: GGUFFacts, on_cpu: bool) -> tuple[str, str]:
 
 
 def kv_bytes_per_token(facts: GGUFFacts, cache_types: tuple[str, str]) -> int:
-    values = facts.n_layers * facts.n_kv_heads * facts.head_dim  # per token, for K and V each
-    return round(values * sum(CACHE_TYPES[t][1] for t in cache_types))
+    k_type, v_type = cache_types
+    return facts.kv_bytes_per_token(CACHE_TYPES[k_type][1], CACHE_TYPES[v_type][1])
 
 
 def _ptr(array: np.ndarray, ctype):

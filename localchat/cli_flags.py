@@ -1,0 +1,110 @@
+"""The flag groups that several commands share: model, remote endpoint, sampling and
+quality measurement. Sampling flags come from SAMPLING_FIELDS."""
+
+from __future__ import annotations
+
+import argparse
+
+from localchat.sampling_fields import SAMPLING_FIELDS
+
+
+def model_flags() -> argparse.ArgumentParser:
+    """-m and how the model is loaded and run (engine, context, device, draft)."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("model")
+    g.add_argument("-m", "--model", default="default", metavar="SPEC",
+                   help="'default' (bundled SmolLM2-135M), a .gguf path, or OWNER/REPO:FILE.gguf "
+                        "or OWNER/REPO:QUANT on Hugging Face (default: %(default)s)")
+    g.add_argument("--engine", default="llama.cpp", choices=["llama.cpp", "torch", "auto"],
+                   help="executor under localchat's runtime: llama.cpp's kernels (every GGUF "
+                        "architecture), localchat's torch model (Llama-family GGUF, NF4, "
+                        "INT8/INT4, GPTQ, Hugging Face directories), or auto (torch where it "
+                        "supports the model) (default: %(default)s)")
+    g.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
+                   help="context window in tokens (default: min(model's, 4096); 0 = model's)")
+    g.add_argument("-t", "--threads", type=int, default=None, metavar="N",
+                   help="CPU threads (default: all cores)")
+    g.add_argument("--device", default=None, metavar="DEVICE",
+                   help="auto, cpu, cuda[:N] or mps (default: auto: CUDA, else MPS, else CPU; "
+                        "the llama.cpp engine offloads to its GPU unless this is cpu)")
+    g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="gpu_layers", type=int,
+                   default=None, metavar="N",
+                   help="llama.cpp engine: layers to offload to the GPU, 0 = none, -1 = all "
+                        "(default: all where its build has a GPU)")
+    g.add_argument("--kv-memory", default=None, metavar="SIZE",
+                   help="torch engine: memory for the paged KV cache, e.g. 2GB "
+                        "(default: 10%% of available memory, at least one context)")
+    g.add_argument("-np", "--parallel", type=int, default=None, metavar="N",
+                   help="requests computed at once; the llama.cpp engine keeps a KV slot of "
+                        "one full context for each (default: 4)")
+    for kv in ("k", "v"):
+        g.add_argument(f"-ct{kv}", f"--cache-type-{kv}", dest=f"cache_type_{kv}", default=None,
+                       choices=["f16", "bf16", "q8_0"],
+                       help=f"llama.cpp engine: the KV cache's {kv.upper()} type (default on the "
+                            "CPU: q8_0 K, f16 V, which keeps batched replies identical to "
+                            "lone ones; f16 K is faster and does not)")
+    g.add_argument("--chat-template", default=None, metavar="NAME|FILE",
+                   help="render prompts with a built-in format (chatml, llama3, gemma, mistral, "
+                        "llama2, phi3) or a Jinja file instead of the model's own template "
+                        "(default: the model's; a file without one gets its family's format)")
+    d = p.add_argument_group("speculative decoding")
+    d.add_argument("--draft-model", default=None, metavar="SPEC",
+                   help="a small model (or a more quantized copy of this one) with the same "
+                        "vocabulary drafts tokens that the model verifies")
+    d.add_argument("--draft", default=None, choices=["ngram"],
+                   help="ngram: draft by prompt lookup (no model)")
+    d.add_argument("--num-draft-tokens", "--draft-max", dest="num_draft_tokens", type=int,
+                   default=None, metavar="K",
+                   help="draft K tokens per step (default: adaptive, off when it does not pay)")
+    d.add_argument("--no-draft", action="store_true", help="no speculative decoding")
+    return p
+
+
+def endpoint_flags() -> argparse.ArgumentParser:
+    """--endpoint and its key and timeout: the remote engine."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("remote engine")
+    g.add_argument("--endpoint", default=None, metavar="URL",
+                   help="use an OpenAI-compatible server (localchat serve, llama.cpp's server, "
+                        "vLLM, Ollama) instead of loading a model here, e.g. "
+                        "http://127.0.0.1:8080/v1")
+    g.add_argument("--api-key", default=None, metavar="KEY",
+                   help="--endpoint's API key (default: $LOCALCHAT_API_KEY)")
+    g.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="--endpoint: the longest wait for the server to connect (at most 10 s) "
+                        "or to answer, first byte or next token (default: 60)")
+    return p
+
+
+def sampling_flags() -> argparse.ArgumentParser:
+    """The system prompt, then SAMPLING_FIELDS' flags (-n first, as llama.cpp lists it)."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("sampling")
+    g.add_argument("-sys", "--system-prompt", "--system", dest="system", default=None,
+                   metavar="TEXT", help="system prompt")
+    for f in sorted(SAMPLING_FIELDS, key=lambda f: f.name != "max_tokens"):
+        g.add_argument(*f.flags, dest=f.dest, type=f.kind, default=f.default,
+                       metavar=f.metavar, help=f.help)
+    return p
+
+
+def sampling_defaults() -> dict:
+    """{dest: default} of every sampling_flags() flag, for commands that lack them."""
+    return vars(sampling_flags().parse_args([]))
+
+
+def quality_flags(p: argparse.ArgumentParser) -> None:
+    """Adds eval's and quantize --report's measurement flags to p."""
+    g = p.add_argument_group("quality measurement")
+    g.add_argument("--tokens", type=int, default=1024, metavar="N",
+                   help="scored tokens of held-out text (default: %(default)s)")
+    g.add_argument("--window", type=int, default=512, metavar="N",
+                   help="context window per forward pass (default: %(default)s)")
+    g.add_argument("--stride", type=int, default=None, metavar="N",
+                   help="new tokens scored per window after the first (default: window/2)")
+    g.add_argument("--text", default=None, metavar="FILE",
+                   help="held-out text (default: Python's own docs, pydoc_data.topics)")
+    g.add_argument("--cost-ratio", type=float, default=0.3, metavar="C",
+                   help="draft/target cost ratio for the predicted speedup (default: %(default)s)")
+    g.add_argument("--gamma", type=int, default=4, metavar="G",
+                   help="draft tokens per step for the predicted speedup (default: %(default)s)")
