@@ -1,4 +1,5 @@
-"""`localchat quantize` and `localchat eval` (besides --agreement, in localchat/agreement.py).
+"""`localchat quantize` and `localchat eval` (besides --agreement, in
+localchat/cli/eval_agreement.py).
 
 User mistakes are one-line UsageErrors; the source goes through the loaders' checks
 (pickles refused, truncated or corrupt files refused, every HF tensor's shape and type
@@ -137,7 +138,7 @@ def cmd_eval(args) -> int:
     if args.agreement and (args.table or args.reference):
         raise UsageError("--agreement compares engines; it does not combine with --table or --reference")
     if args.agreement:
-        from localchat.agreement import cmd_eval as agreement
+        from localchat.cli.eval_agreement import cmd_eval as agreement
 
         return agreement(args)
     torch.set_num_threads(args.threads or os.cpu_count() or 2)

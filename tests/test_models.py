@@ -12,7 +12,7 @@ import pytest
 from huggingface_hub import constants
 
 from localchat.errors import ModelFormatError, ModelNotFoundError, UnsafeCheckpointError, UsageError
-from localchat.model_commands import cmd_models, cmd_pull
+from localchat.cli.models import cmd_models, cmd_pull
 from localchat.units import human_bytes
 from localchat.models import bundled_model_path, list_models, remembered_paths, resolve_model
 from tiny_files import write_tiny_gguf

@@ -10,7 +10,7 @@ import pytest
 
 from localchat.errors import UsageError
 from localchat.models import resolve_model_facts
-from localchat.plan import build_plan, context_that_fits, model_size
+from localchat.cli.plan import build_plan, context_that_fits, model_size
 from localchat.units import parse_memory
 
 

@@ -40,7 +40,7 @@ class Uvicorn(uvicorn.Server):
 def engine_settings(args: argparse.Namespace):
     """ChatSettings from the serve flags: the sampling flags it lacks (requests bring
     their own) take their defaults, and --api-key is this server's, not an endpoint's."""
-    from localchat.cli_flags import sampling_defaults
+    from localchat.cli.flags import sampling_defaults
     from localchat.settings import ChatSettings
 
     defaults = sampling_defaults()

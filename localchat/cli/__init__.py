@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from localchat import __version__
-from localchat.cli_flags import endpoint_flags, model_flags, quality_flags, sampling_flags
+from localchat.cli.flags import endpoint_flags, model_flags, quality_flags, sampling_flags
 from localchat.errors import LocalchatError
 
 
@@ -153,11 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run" and args.batch is not None:
-        from localchat.batch_command import cmd_batch
+        from localchat.cli.batch import cmd_batch
 
         return cmd_batch(args)
     if args.command == "run":
-        from localchat.run_command import cmd_run
+        from localchat.cli.run import cmd_run
 
         return cmd_run(args)
     if args.command == "serve":
@@ -165,11 +165,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return cmd_serve(args)
     if args.command == "bench":
-        from localchat.bench import cmd_bench
+        from localchat.cli.bench import cmd_bench
 
         return cmd_bench(args)
     if args.command == "plan":
-        from localchat.plan import cmd_plan
+        from localchat.cli.plan import cmd_plan
 
         return cmd_plan(args)
     if args.command == "eval":
@@ -181,11 +181,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return cmd_quantize(args)
     if args.command == "pull":
-        from localchat.model_commands import cmd_pull
+        from localchat.cli.models import cmd_pull
 
         return cmd_pull(args.spec)
     if args.command == "models":
-        from localchat.model_commands import cmd_models
+        from localchat.cli.models import cmd_models
 
         return cmd_models(as_json=args.json)
     from localchat.tui.app import run_tui

@@ -86,7 +86,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     levels = None
     if args.concurrency:
-        from localchat.bench_concurrency import parse_levels
+        from localchat.cli.bench_concurrency import parse_levels
 
         levels = parse_levels(args.concurrency)
     report: dict = {"model": None, "threads": args.threads, "prompt_tokens": args.prompt_tokens,
@@ -114,14 +114,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         finally:
             engine.close()
     if draft is not None:  # beside `engines`: the first engine with and without the draft
-        from localchat.bench_speculative import bench_speculative
+        from localchat.cli.bench_speculative import bench_speculative
 
         settings = ChatSettings(model=args.model, engine=engines[0], ctx_size=args.ctx_size,
                                 threads=args.threads, draft=draft,
                                 num_draft_tokens=args.num_draft_tokens)
         report["speculative"] = bench_speculative(settings, args.gen_tokens)
     if levels is not None:
-        from localchat.bench_concurrency import bench_concurrency, knees
+        from localchat.cli.bench_concurrency import bench_concurrency, knees
 
         settings = ChatSettings(model=args.model, ctx_size=args.ctx_size, threads=args.threads)
         report["concurrency"] = bench_concurrency(settings, levels)
@@ -132,11 +132,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if report["engines"]:
             print(format_table(report))
         if "speculative" in report:
-            from localchat.bench_speculative import format_speculative
+            from localchat.cli.bench_speculative import format_speculative
 
             print("\n" + format_speculative(report["speculative"]))
         if "concurrency" in report:
-            from localchat.bench_concurrency import format_concurrency
+            from localchat.cli.bench_concurrency import format_concurrency
 
             print("\n" + format_concurrency(report["concurrency"]))
     return 0
@@ -147,7 +147,7 @@ class KernelLimit:
     engine's repeats), then the 16 chat prompts of the concurrency bench."""
 
     def __init__(self, engine, args: argparse.Namespace) -> None:
-        from localchat.bench_kernel import BareLoop
+        from localchat.cli.bench_kernel import BareLoop
 
         self.engine, self.args = engine, args
         self.loop = BareLoop(engine.facts, n_ctx=engine.info.n_ctx, threads=args.threads,
@@ -157,7 +157,7 @@ class KernelLimit:
         self.loop.single(prompt, self.args.gen_tokens)
 
     def report(self) -> dict:
-        from localchat.bench_concurrency import GEN_TOKENS, chat_requests
+        from localchat.cli.bench_concurrency import GEN_TOKENS, chat_requests
 
         batch = [self.engine.tokenize_messages(r.messages)
                  for r in chat_requests(16, offset=16000)]
