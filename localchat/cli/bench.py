@@ -80,6 +80,21 @@ def bench_engine(engine, prompt_len: int, gen_len: int, repeats: int,
     }
 
 
+def add_parser(sub, model: argparse.ArgumentParser) -> None:
+    bench = sub.add_parser("bench", parents=[model], help="measure prefill and decode speed",
+                           description="Prefill and decode speed, llama-bench style.")
+    bench.add_argument("-p", "--prompt-tokens", type=int, default=512, help="(default: %(default)s)")
+    bench.add_argument("-g", "--gen-tokens", type=int, default=128, help="(default: %(default)s)")
+    bench.add_argument("-r", "--repeats", type=int, default=5, help="(default: %(default)s)")
+    bench.add_argument("--engines", default="torch,llama.cpp",
+                       help="comma-separated engines to compare (default: %(default)s)")
+    bench.add_argument("--concurrency", default=None, metavar="N[,N...]",
+                       help="also serve N concurrent requests (64 tokens each): the runtime "
+                            "batching them on each executor, and llama.cpp one after "
+                            "another, e.g. 1,4,16")
+    bench.add_argument("--json", action="store_true", help="print JSON")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if min(args.prompt_tokens, args.gen_tokens, args.repeats) < 1:
         raise UsageError("prompt tokens, gen tokens and repeats must each be >= 1")

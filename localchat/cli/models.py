@@ -15,6 +15,16 @@ from localchat.units import human_bytes
 COLUMNS = ("SOURCE", "SPEC/NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "KV/TOKEN")
 
 
+def add_pull_parser(sub) -> None:
+    pull = sub.add_parser("pull", help="download a model from Hugging Face")
+    pull.add_argument("spec", metavar="SPEC", help="OWNER/REPO:FILE.gguf or OWNER/REPO:QUANT")
+
+
+def add_models_parser(sub) -> None:
+    models = sub.add_parser("models", help="list models available locally")
+    models.add_argument("--json", action="store_true", help="print JSON")
+
+
 def cmd_pull(spec: str) -> int:
     """Download (if needed) and validate a model; print where it lives."""
     print(resolve_model(spec, local_only=False))

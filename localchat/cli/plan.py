@@ -92,6 +92,18 @@ def format_plan(plan: dict) -> str:
     return "\n".join(lines)
 
 
+def add_parser(sub) -> None:
+    plan = sub.add_parser("plan", help="how much context, for how many users, fits in memory",
+                          description="Memory plan from a model's metadata: weights, KV per "
+                                      "token, and the context and users a budget allows.")
+    plan.add_argument("-m", "--model", default="default", metavar="SPEC")
+    plan.add_argument("--memory", default=None, metavar="SIZE[,SIZE...]",
+                      help="memory budgets, e.g. 8GB or 8GB,16GB (default: this machine's RAM)")
+    plan.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
+                      help="context per user (default: 4096)")
+    plan.add_argument("--json", action="store_true", help="print JSON")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     budgets = ([parse_memory(m) for m in args.memory.split(",")] if args.memory
                else [machine_memory()])

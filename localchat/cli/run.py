@@ -125,6 +125,33 @@ def _continue_settings(settings: ChatSettings, conv, args: argparse.Namespace) -
     return replace(merged, system=system or None)
 
 
+def add_parser(sub, *parents: argparse.ArgumentParser) -> None:
+    run = sub.add_parser("run", parents=list(parents),
+                         help="one-shot prompt, reply on stdout",
+                         description="Print the model's reply to PROMPT (and/or stdin) on stdout.")
+    run.add_argument("prompt", nargs="?", default=None,
+                     help="the prompt; '-' or piped stdin supplies it (stdin first, then this)")
+    run.add_argument("-p", "--prompt", dest="prompt_flag", default=None, metavar="TEXT",
+                     help="the prompt, as a flag (llama.cpp's spelling of PROMPT)")
+    run.add_argument("-f", "--file", dest="prompt_file", default=None, metavar="FILE",
+                     help="read the prompt from FILE (after stdin, before PROMPT)")
+    run.add_argument("--attach", action="append", default=[], metavar="FILE",
+                     help="put a text file into the prompt, named and fenced (repeatable)")
+    run.add_argument("--batch", default=None, metavar="FILE.jsonl",
+                     help="one request per line ('prompt' or 'messages', optional sampling "
+                          "fields and 'id'; '-' reads stdin): one JSON result per line on "
+                          "stdout, in input order")
+    run.add_argument("--verbose", action="store_true", help="stats block on stderr")
+    run.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
+    run.add_argument("--continue", dest="continue_last", action="store_true",
+                     help="add PROMPT to the last conversation and reply with its history, "
+                          "system prompt and sampling (flags that differ from their defaults "
+                          "override them); saved to the history as it streams")
+    run.add_argument("--no-history", action="store_true",
+                     help="do not save this exchange (by default each run is kept as a "
+                          "conversation, so --continue and the chat UI's list find it)")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     settings = ChatSettings.from_args(args).with_parallel(1)  # one request: one KV slot
     prompt = with_attachments(read_prompt(prompt_argument(args), file=args.prompt_file),

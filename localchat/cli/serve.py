@@ -1,0 +1,23 @@
+"""`localchat serve`'s flags; the server itself is localchat/server/ (cmd_serve)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub, model: argparse.ArgumentParser) -> None:
+    serve = sub.add_parser("serve", parents=[model],
+                           help="OpenAI-compatible HTTP server on this machine",
+                           description="Serve -m over an OpenAI-compatible API "
+                                       "(/v1/chat/completions, /v1/completions, /v1/models, "
+                                       "/health). Binds 127.0.0.1 unless told otherwise; any "
+                                       "other address needs --api-key.")
+    serve.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
+    serve.add_argument("--port", type=int, default=8080, help="(default: %(default)s)")
+    serve.add_argument("--api-key", default=None, metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' (default: $LOCALCHAT_API_KEY)")
+    serve.add_argument("--max-queue", type=int, default=64, metavar="N",
+                       help="requests admitted at once; more get 503 (default: %(default)s)")
+    serve.add_argument("--quiet", action="store_true",
+                       help="no line per request on stderr (method, path, status, tokens, "
+                            "seconds)")
