@@ -4,11 +4,14 @@ UI and CLI never import an engine's heavy dependencies themselves."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from localchat.engine.base import Engine
 from localchat.engine.context_size import MIN_CTX, load_context
 from localchat.errors import EngineError, ModelFormatError, UsageError
-from localchat.model_files import GGUFFacts
+
+if TYPE_CHECKING:
+    from localchat.model_files import GGUFFacts
 
 ENGINES = ("llama.cpp", "torch", "auto")
 
