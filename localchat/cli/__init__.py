@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from localchat import __version__
-from localchat.cli import batch, bench, models, plan, run, serve
+from localchat.cli import bench, models, plan, run, serve
 from localchat.cli import eval as eval_command
 from localchat.cli import quantize as quantize_command
 from localchat.cli.flags import endpoint_flags, model_flags, sampling_flags
@@ -49,30 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "run" and args.batch is not None:
-        return batch.cmd_batch(args)
-    if args.command == "run":
-        return run.cmd_run(args)
-    if args.command == "serve":
-        from localchat.server import cmd_serve
-
-        return cmd_serve(args)
-    if args.command == "bench":
-        return bench.cmd_bench(args)
-    if args.command == "plan":
-        return plan.cmd_plan(args)
-    if args.command == "eval":
-        from quantize.commands import cmd_eval
-
-        return cmd_eval(args)
-    if args.command == "quantize":
-        from quantize.commands import cmd_quantize
-
-        return cmd_quantize(args)
-    if args.command == "pull":
-        return models.cmd_pull(args.spec)
-    if args.command == "models":
-        return models.cmd_models(as_json=args.json)
+    """The subcommand's own handler (set by its module's add_parser), else the chat TUI."""
+    handler = getattr(args, "handler", None)
+    if handler is not None:
+        return handler(args)
     from localchat.tui.app import run_tui
 
     return run_tui(args)

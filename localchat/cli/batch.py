@@ -23,7 +23,7 @@ from localchat.engine.base import Message, Request, Result, SamplingParams
 from localchat.errors import LocalchatError, UsageError
 from localchat.json_text import first_lone_surrogate
 from localchat.interrupts import ctrl_c_cancels
-from localchat.cli.run import read_stdin_text
+from localchat.cli.stdin_text import read_stdin_text
 from localchat.sampling_fields import FIELD, SAMPLING_PARAMS
 from localchat.settings import ChatSettings
 

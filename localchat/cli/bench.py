@@ -93,6 +93,7 @@ def add_parser(sub, model: argparse.ArgumentParser) -> None:
                             "batching them on each executor, and llama.cpp one after "
                             "another, e.g. 1,4,16")
     bench.add_argument("--json", action="store_true", help="print JSON")
+    bench.set_defaults(handler=cmd_bench)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

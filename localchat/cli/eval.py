@@ -30,3 +30,10 @@ def add_parser(sub) -> None:
     quality_flags(evaluate)
     evaluate.add_argument("--threads", type=int, default=None, metavar="N")
     evaluate.add_argument("--json", action="store_true", help="print JSON")
+    evaluate.set_defaults(handler=run_eval)
+
+
+def run_eval(args) -> int:
+    from quantize.commands import cmd_eval  # torch and the quantize package load only here
+
+    return cmd_eval(args)

@@ -18,11 +18,13 @@ COLUMNS = ("SOURCE", "SPEC/NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "KV/TOKEN"
 def add_pull_parser(sub) -> None:
     pull = sub.add_parser("pull", help="download a model from Hugging Face")
     pull.add_argument("spec", metavar="SPEC", help="OWNER/REPO:FILE.gguf or OWNER/REPO:QUANT")
+    pull.set_defaults(handler=lambda args: cmd_pull(args.spec))
 
 
 def add_models_parser(sub) -> None:
     models = sub.add_parser("models", help="list models available locally")
     models.add_argument("--json", action="store_true", help="print JSON")
+    models.set_defaults(handler=lambda args: cmd_models(as_json=args.json))
 
 
 def cmd_pull(spec: str) -> int:

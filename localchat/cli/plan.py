@@ -102,6 +102,7 @@ def add_parser(sub) -> None:
     plan.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
                       help="context per user (default: 4096)")
     plan.add_argument("--json", action="store_true", help="print JSON")
+    plan.set_defaults(handler=cmd_plan)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

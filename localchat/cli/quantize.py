@@ -27,3 +27,10 @@ def add_parser(sub) -> None:
     quality_flags(quant)
     quant.add_argument("--threads", type=int, default=None, metavar="N")
     quant.add_argument("--json", action="store_true", help="--report as JSON")
+    quant.set_defaults(handler=run_quantize)
+
+
+def run_quantize(args) -> int:
+    from quantize.commands import cmd_quantize  # torch and the quantize package load only here
+
+    return cmd_quantize(args)

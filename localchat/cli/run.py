@@ -12,6 +12,8 @@ import threading
 from dataclasses import replace
 
 from localchat.chat.context import fit_to_context
+from localchat.cli import batch
+from localchat.cli.stdin_text import read_stdin_text
 from localchat.engine.base import Delta, Message, Request, Result, Stats
 from localchat.errors import UsageError
 from localchat.interrupts import ctrl_c_cancels
@@ -19,20 +21,6 @@ from localchat.sampling_fields import SAMPLING_FIELDS
 from localchat.settings import ChatSettings
 from localchat.storage.reply_status import ReplyStatus
 from localchat.units import human_bytes
-
-
-def read_stdin_text(stdin) -> str:
-    """stdin as text; bytes that are not UTF-8 become U+FFFD, and stderr says how many."""
-    raw = getattr(stdin, "buffer", None)
-    if raw is None:  # already text (a test's StringIO)
-        return stdin.read()
-    data = raw.read()
-    text = data.decode("utf-8", errors="replace")
-    bad = text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
-    if bad:
-        print(f"localchat: warning: stdin is not valid UTF-8; {bad} invalid byte sequence(s) "
-              "replaced with U+FFFD", file=sys.stderr)
-    return text
 
 
 def read_prompt_file(path: str) -> str:
@@ -150,6 +138,12 @@ def add_parser(sub, *parents: argparse.ArgumentParser) -> None:
     run.add_argument("--no-history", action="store_true",
                      help="do not save this exchange (by default each run is kept as a "
                           "conversation, so --continue and the chat UI's list find it)")
+    run.set_defaults(handler=run_or_batch)
+
+
+def run_or_batch(args: argparse.Namespace) -> int:
+    """`localchat run`, or `run --batch FILE` (batch.py) when that flag is given."""
+    return batch.cmd_batch(args) if args.batch is not None else cmd_run(args)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -21,3 +21,10 @@ def add_parser(sub, model: argparse.ArgumentParser) -> None:
     serve.add_argument("--quiet", action="store_true",
                        help="no line per request on stderr (method, path, status, tokens, "
                             "seconds)")
+    serve.set_defaults(handler=run_server)
+
+
+def run_server(args: argparse.Namespace) -> int:
+    from localchat.server import cmd_serve  # the ASGI stack loads only here
+
+    return cmd_serve(args)
