@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from localchat import __version__
-from localchat.cli import bench, models, plan, run, serve
+from localchat.cli import bench, distill, models, plan, run, serve
 from localchat.cli import eval as eval_command
 from localchat.cli import quantize as quantize_command
 from localchat.cli.flags import endpoint_flags, model_flags, sampling_flags
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
     eval_command.add_parser(sub)
     quantize_command.add_parser(sub)
+    distill.add_parser(sub)
     models.add_models_parser(sub)
     return parser
 

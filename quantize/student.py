@@ -1,0 +1,181 @@
+"""A draft model cut from its target: the target's embedding, output head and a few of its
+layers, as a trainable float32 torch module, written back as a normal GGUF.
+
+The embedding and head stay frozen (the draft shares the target's vocabulary and output
+space); the kept layers and the final norm train. Weights are in GGUF's layout (Q/K rows
+permuted for adjacent-pair RoPE on Llama), so they go back to the file unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize, quant_shape_to_byte_shape, quantize
+
+from localchat.engine.executors.torch.rope import RotaryEmbedding
+from localchat.engine.executors.torch.weights import LlamaConfig
+from localchat.errors import UsageError
+from localchat.gguf_reader import read_gguf
+
+LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+MATRIX_TYPE = Q.Q8_0  # the draft's layer matrices in the written file
+
+
+def default_layers(n_target: int, n_draft: int) -> list[int]:
+    """The first n_draft − 1 target layers and the last one: early layers build the
+    token representations, the last maps them to the output space."""
+    if not 1 <= n_draft < n_target:
+        raise UsageError(f"--layers must be between 1 and {n_target - 1} (the target has {n_target})")
+    return list(range(n_draft - 1)) + [n_target - 1]
+
+
+class Block(torch.nn.Module):
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.w = torch.nn.ParameterDict({k: torch.nn.Parameter(v) for k, v in tensors.items()})
+
+    def forward(self, x: torch.Tensor, config: LlamaConfig, cos: torch.Tensor, sin: torch.Tensor,
+                rope: RotaryEmbedding) -> torch.Tensor:
+        b, t, _ = x.shape
+        w, c = self.w, config
+        h = F.rms_norm(x, (c.dim,), w["attn_norm"], c.norm_eps)
+        q = (h @ w["attn_q"].T).view(b * t, c.n_heads, c.head_dim)
+        k = (h @ w["attn_k"].T).view(b * t, c.n_kv_heads, c.head_dim)
+        v = (h @ w["attn_v"].T).view(b, t, c.n_kv_heads, c.head_dim)
+        q = rope(q, cos, sin).view(b, t, c.n_heads, c.head_dim).transpose(1, 2)
+        k = rope(k, cos, sin).view(b, t, c.n_kv_heads, c.head_dim).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True, enable_gqa=True)
+        x = x + a.transpose(1, 2).reshape(b, t, c.n_heads * c.head_dim) @ w["attn_output"].T
+        h = F.rms_norm(x, (c.dim,), w["ffn_norm"], c.norm_eps)
+        return x + (F.silu(h @ w["ffn_gate"].T) * (h @ w["ffn_up"].T)) @ w["ffn_down"].T
+
+
+class Student(torch.nn.Module):
+    """forward(tokens [B, T]) -> logits [B, T, vocab], positions 0..T−1."""
+
+    def __init__(self, config: LlamaConfig, embedding: torch.Tensor, head: torch.Tensor | None,
+                 output_norm: torch.Tensor, blocks: list[dict[str, torch.Tensor]],
+                 source_layers: list[int], max_positions: int = 4096) -> None:
+        super().__init__()
+        self.config, self.source_layers = config, source_layers
+        self.register_buffer("embedding", embedding, persistent=False)
+        self.register_buffer("head", head, persistent=False)  # None: tied to the embedding
+        self.head_bf16: torch.Tensor | None = None
+        self.output_norm = torch.nn.Parameter(output_norm)
+        self.blocks = torch.nn.ModuleList(Block(t) for t in blocks)
+        self.rope = RotaryEmbedding(config.head_dim, config.rope_base, max_positions,
+                                    neox=config.rope_neox, position_scale=config.rope_position_scale)
+
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        b, t = tokens.shape
+        x = self.embedding[tokens]
+        cos, sin = self.rope.tables(torch.arange(t).repeat(b))
+        for block in self.blocks:
+            x = block(x, self.config, cos, sin, self.rope)
+        return F.rms_norm(x, (self.config.dim,), self.output_norm, self.config.norm_eps)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        head = self.embedding if self.head is None else self.head
+        h = self.hidden(tokens)
+        if self.head_bf16 is not None:  # frozen head; bfloat16 only where measured faster
+            return (h.to(torch.bfloat16) @ self.head_bf16.T).float()
+        return h @ head.T
+
+    def use_bf16_head(self) -> bool:
+        """Time the head's matmul in float32 and bfloat16 (native on some CPUs, emulated
+        on others) and keep bfloat16 if it is clearly faster; returns the choice."""
+        head = self.embedding if self.head is None else self.head
+        x, w16 = torch.randn(256, self.config.dim), head.to(torch.bfloat16)
+
+        def timed(fn) -> float:
+            fn()
+            t = time.perf_counter()
+            fn()
+            return time.perf_counter() - t
+
+        faster = timed(lambda: x.to(torch.bfloat16) @ w16.T) < 0.7 * timed(lambda: x @ head.T)
+        self.head_bf16 = w16 if faster else None
+        return faster
+
+
+def _float32(f, name: str) -> torch.Tensor:
+    t = f.tensors[name]
+    shape = tuple(reversed(t.shape))
+    raw = f.tensor_data(name)
+    arr = (np.frombuffer(raw, dtype=np.float32).copy() if t.ggml_type == Q.F32 else
+           dequantize(raw.reshape(shape[:-1] + (-1,)), t.ggml_type).astype(np.float32))
+    return torch.from_numpy(arr.reshape(shape))
+
+
+def student_from_target(target: Path, layers: list[int]) -> Student:
+    """The target's embedding, head and final norm, and its `layers` in that order."""
+    f = read_gguf(target)
+    try:
+        config = LlamaConfig.from_metadata(f.metadata)
+        if any(f"blk.0.attn_{x}.bias" in f.tensors for x in "qkv"):
+            raise UsageError("distill supports Llama-architecture targets (no attention biases)")
+        blocks = [{k: _float32(f, f"blk.{i}.{k}.weight") for k in LAYER_TENSORS} for i in layers]
+        head = _float32(f, "output.weight") if "output.weight" in f.tensors else None
+        return Student(config, _float32(f, "token_embd.weight"), head,
+                       _float32(f, "output_norm.weight"), blocks, list(layers))
+    finally:
+        f.close()
+
+
+def write_student_gguf(student: Student, target: Path, out: Path) -> Path:
+    """`out` (a temporary name the caller renames): the target's metadata with the draft's
+    block count, its embedding/head tensors copied byte for byte, the trained layers as
+    Q8_0 and norms as F32."""
+    reader = gguf.GGUFReader(str(target))
+    arch = student.config.arch
+    writer = gguf.GGUFWriter(str(out), arch)
+    try:
+        for name, field in reader.fields.items():
+            if name.startswith("GGUF.") or name == "general.architecture":
+                continue
+            value = field.contents()
+            if name == f"{arch}.block_count":
+                value = len(student.blocks)
+            elif name == "general.name":
+                value = f"{value} draft ({len(student.blocks)} layers)"
+            sub_type = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(name, value, field.types[0], sub_type=sub_type)
+        copied = {t.name: t for t in reader.tensors if not t.name.startswith("blk.")}
+        plan: list[tuple[str, object]] = []
+        for name, t in copied.items():
+            plan.append((name, np.asarray(t.data)))
+            shape = tuple(int(d) for d in reversed(t.shape))
+            if t.tensor_type in (Q.F32, Q.F16):
+                writer.add_tensor_info(name, shape, np.asarray(t.data).dtype, t.n_bytes)
+            else:
+                writer.add_tensor_info(name, quant_shape_to_byte_shape(shape, t.tensor_type),
+                                       np.dtype(np.uint8), t.n_bytes, raw_dtype=t.tensor_type)
+        for j, block in enumerate(student.blocks):
+            for key in LAYER_TENSORS:
+                data = block.w[key].detach().float().numpy()
+                name = f"blk.{j}.{key}.weight"
+                if data.ndim == 1:
+                    plan.append((name, np.ascontiguousarray(data)))
+                    writer.add_tensor_info(name, data.shape, np.dtype(np.float32), data.nbytes)
+                else:
+                    packed = quantize(data, MATRIX_TYPE)
+                    plan.append((name, packed))
+                    writer.add_tensor_info(name, packed.shape, np.dtype(np.uint8), packed.nbytes,
+                                           raw_dtype=MATRIX_TYPE)
+        norm = student.output_norm.detach().float().numpy()
+        plan = [(n, norm if n == "output_norm.weight" else d) for n, d in plan]
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for _, data in plan:
+            writer.write_tensor_data(data)
+    finally:
+        writer.close()
+    return out

@@ -1,0 +1,138 @@
+"""`localchat distill` on the real bundled model: the student's torch forward is the
+target's when it keeps every layer, a cut-down student written as GGUF runs in llama.cpp
+as it ran in torch, training lowers the distillation loss, and the command writes a
+draft (atomically), resumes, and refuses bad arguments in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from localchat.engine.executors.base import Chunk
+from localchat.engine.executors.llamacpp import LlamaCppExecutor
+from localchat.model_files import validate_model_file
+from localchat.models import resolve_model
+from quantize.distill import _batch, file_agreement, kd_loss
+from quantize.distill_data import Example, chat_prompts, teacher_replies
+from quantize.student import default_layers, student_from_target, write_student_gguf
+
+TARGET = Path(resolve_model("default"))
+
+
+@pytest.fixture(scope="module")
+def replies():
+    """The target's greedy replies to four prompts, with its top-k labels."""
+    facts = validate_model_file(TARGET)
+    executor = LlamaCppExecutor(facts, n_ctx=512, threads=2, parallel=4)
+    try:
+        return teacher_replies(executor, facts.chat_template, chat_prompts()[:4], 24, 10_000,
+                               parallel=4)
+    finally:
+        executor.close()
+
+
+def test_teacher_replies_label_every_position_with_the_targets_argmax(replies):
+    assert len(replies) == 4
+    for e in replies:
+        assert e.top_ids.shape == (len(e.tokens), 32) and e.top_logp.shape == e.top_ids.shape
+        # greedy: each generated token is the target's argmax at the position before it
+        assert torch.equal(e.tokens[-23:], e.top_ids[-24:-1, 0].long())
+        assert (e.top_logp[:, :-1] >= e.top_logp[:, 1:]).all()  # sorted, most likely first
+
+
+def test_a_student_with_every_layer_is_the_target(replies):
+    student = student_from_target(TARGET, list(range(30)))
+    with torch.no_grad():
+        hits = [float((student(e.tokens[None])[0].argmax(-1) == e.top_ids[:, 0].long()).float().mean())
+                for e in replies]
+    assert min(hits) > 0.9, hits  # float32 torch vs llama.cpp's Q4_1 kernels
+
+
+def test_a_cut_student_runs_in_llama_cpp_as_in_torch(replies, tmp_path):
+    student = student_from_target(TARGET, default_layers(30, 2))
+    assert student.source_layers == [0, 29]
+    out = write_student_gguf(student, TARGET, tmp_path / "draft.gguf")
+    facts = validate_model_file(out)
+    assert facts.n_layers == 2 and facts.chat_template
+    tokens = replies[0].tokens
+    with torch.no_grad():
+        ours = student(tokens[None])[0]
+    executor = LlamaCppExecutor(facts, n_ctx=256, threads=2, parallel=1)
+    try:
+        theirs = executor.forward([Chunk(slot=0, tokens=tokens.tolist(), start=0,
+                                         n_logits=len(tokens), block_table=[], write_from=0,
+                                         n_prompt=len(tokens))])
+    finally:
+        executor.close()
+    same = float((ours.argmax(-1) == theirs.argmax(-1)).float().mean())
+    assert same > 0.9, same  # Q8_0 layers in the file
+
+
+def test_training_steps_lower_the_loss_and_raise_agreement(replies):
+    torch.manual_seed(0)
+    student = student_from_target(TARGET, default_layers(30, 2))
+    optimizer = torch.optim.AdamW(student.parameters(), lr=5e-4)
+    tokens, ids, logp, mask = _batch(replies)
+    losses = []
+    for _ in range(6):
+        loss = kd_loss(student(tokens), ids, logp, mask, 1.0, 0.0)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_kd_loss_is_smallest_when_the_student_copies_the_teacher():
+    teacher = torch.randn(1, 3, 50)
+    logp, ids = torch.log_softmax(teacher, -1).topk(50, dim=-1)
+    mask = torch.ones(1, 3)
+    same = kd_loss(teacher, ids.int(), logp.half(), mask, 2.0, 0.0)
+    other = kd_loss(torch.randn(1, 3, 50), ids.int(), logp.half(), mask, 2.0, 0.0)
+    assert same < other
+
+
+def _localchat(*args, home: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "localchat", *args], capture_output=True,
+                          text=True, timeout=900, env={**__import__("os").environ,
+                                                       "LOCALCHAT_HOME": str(home)})
+
+
+@pytest.mark.slow
+def test_distill_command_writes_a_draft_that_auto_then_uses_and_resumes(tmp_path):
+    home = tmp_path / "home"
+    tiny = ("--layers", "2", "--steps", "2", "--teacher-tokens", "1000", "--threads", "2")
+    done = _localchat("distill", "default", *tiny, "--json", home=home)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    draft = Path(result["out"])
+    assert draft.parent == home / "drafts" and draft.is_file() and result["steps"] == 2
+    assert (draft.parent / (draft.name + ".distill") / "state.pt").is_file()
+    # the chat's default draft (auto) is now this file
+    run = _localchat("run", "--temp", "0", "-n", "8", "--json", "Say hi.", home=home)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["draft"]["source"].startswith("model:"), run.stdout
+    # an existing draft is not replaced without --force; --resume continues its steps
+    again = _localchat("distill", "default", *tiny, home=home)
+    assert again.returncode == 2 and "already exists" in again.stderr
+    resumed = _localchat("distill", "default", "--resume", "--steps", "3", "--json", home=home)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["steps"] == 3
+
+
+def test_distill_argument_errors_are_one_line(tmp_path):
+    for args in (("distill", "default", "--layers", "30"),
+                 ("distill", "default", "--resume", "-o", str(tmp_path / "none.gguf")),
+                 ("distill", str(tmp_path / "missing.gguf"))):
+        done = _localchat(*args, home=tmp_path / "home")
+        assert done.returncode != 0 and done.stderr.startswith("localchat: error:"), done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_file_agreement_of_the_target_itself_is_high(replies, tmp_path):
+    assert file_agreement(TARGET, replies[:2], threads=2) > 0.95
