@@ -23,7 +23,7 @@ class ChatSettings:
     kv_memory: int | None = None  # bytes for the torch engine's paged KV cache
     parallel: int | None = None  # sequences at once (the llama.cpp engine's KV slots)
     cache_types: tuple[str | None, str | None] = (None, None)  # llama.cpp's K, V cache types
-    draft: str | None = None  # a draft model SPEC, or "ngram" (prompt lookup)
+    draft: str | None = None  # a draft model SPEC, "ngram" (prompt lookup) or "auto"
     num_draft_tokens: int | None = None  # fixed γ; None: adaptive
     endpoint: str | None = None  # an OpenAI-compatible server URL: the remote engine
     api_key: str | None = None  # the endpoint's key
@@ -45,7 +45,7 @@ class ChatSettings:
             kv_memory=parse_memory(args.kv_memory) if args.kv_memory else None,
             parallel=getattr(args, "parallel", None),
             cache_types=(getattr(args, "cache_type_k", None), getattr(args, "cache_type_v", None)),
-            draft=None if args.no_draft else (args.draft_model or args.draft),
+            draft=None if args.no_draft else (args.draft_model or args.draft or "auto"),
             num_draft_tokens=args.num_draft_tokens,
             endpoint=getattr(args, "endpoint", None),
             api_key=getattr(args, "api_key", None),

@@ -141,7 +141,7 @@ def test_a_draft_with_another_vocabulary_is_refused(tmp_path):
 
 
 def test_draft_flag_errors_are_one_line():
-    cases = [("--num-draft-tokens", "3"), ("--draft-model", "nope/missing.gguf"),
+    cases = [("--no-draft", "--num-draft-tokens", "3"), ("--draft-model", "nope/missing.gguf"),
              ("--draft", "ngram", "--num-draft-tokens", "0")]
     for args in cases:
         done = _localchat("run", *args, "hi")

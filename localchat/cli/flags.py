@@ -51,8 +51,11 @@ def model_flags() -> argparse.ArgumentParser:
     d.add_argument("--draft-model", default=None, metavar="SPEC",
                    help="a small model (or a more quantized copy of this one) with the same "
                         "vocabulary drafts tokens that the model verifies")
-    d.add_argument("--draft", default=None, choices=["ngram"],
-                   help="ngram: draft by prompt lookup (no model)")
+    d.add_argument("--draft", default=None, choices=["auto", "ngram"],
+                   help="auto (the default): the draft `localchat distill` made for this model, "
+                        "else prompt lookup, each request switching it off where it does not "
+                        "pay (never for a --seed request, which stays reproducible); ngram: "
+                        "prompt lookup over the conversation (no model)")
     d.add_argument("--num-draft-tokens", "--draft-max", dest="num_draft_tokens", type=int,
                    default=None, metavar="K",
                    help="draft K tokens per step (default: adaptive, off when it does not pay)")

@@ -38,8 +38,9 @@ def load_engine(
 
     ctx_size None picks min(the model's training context, 4096), like Ollama's default;
     0 means the model's full training context. engine "auto" picks torch for the
-    architectures it runs and llama.cpp for everything else. draft: a draft model SPEC
-    or "ngram"; num_draft_tokens fixes how many tokens it drafts per step. parallel: the
+    architectures it runs and llama.cpp for everything else. draft: a draft model SPEC,
+    "ngram" or "auto" (a kept distilled draft, else ngram; not for seeded requests);
+    num_draft_tokens fixes how many tokens it drafts per step. parallel: the
     llama.cpp executor's KV slots (sequences at once); cache_types its K and V cache
     types (None: the defaults that keep batching exact), gpu_layers its layers offloaded
     (-ngl; None: all where its build has a GPU). endpoint: an OpenAI-compatible
@@ -79,6 +80,12 @@ def load_engine(
         raise UsageError(f"--num-draft-tokens must be 1..32, got {num_draft_tokens}")
     if num_draft_tokens is not None and draft is None:
         raise UsageError("--num-draft-tokens needs a draft: --draft-model SPEC or --draft ngram")
+    auto_draft = draft == "auto"
+    if auto_draft:  # a distilled draft kept for this model, else prompt lookup
+        from localchat.drafts import kept_draft
+
+        kept = None if facts.path.is_dir() else kept_draft(facts)
+        draft = "ngram" if kept is None else str(kept)
     draft_facts = draft if draft in (None, "ngram") else resolve_model_facts(draft)
     if draft_facts is not None and draft_facts != "ngram":
         from localchat.engine.draft_vocab import check_same_vocabulary, tokenizer_metadata
@@ -116,6 +123,7 @@ def load_engine(
         return load_runtime(facts, engine, n_ctx=ctx_size, threads=threads, kv_memory=kv_memory,
                             device=device, gpu_layers=gpu_layers, parallel=parallel,
                             draft=draft_facts, num_draft_tokens=num_draft_tokens,
+                            auto_draft=auto_draft,
                             cache_types=tuple(cache_types))
     except (EngineError, ModelFormatError):  # the file is broken: `models` stops listing it
         from localchat.models import forget

@@ -29,10 +29,12 @@ def load_executor(facts: GGUFFacts, engine: str, *, n_ctx: int, threads: int | N
 def load_runtime(facts: GGUFFacts, engine: str, *, n_ctx: int, threads: int | None,
                  kv_memory: int | None, device: str | None, parallel: int | None,
                  draft: GGUFFacts | str | None, num_draft_tokens: int | None,
-                 gpu_layers: int | None = None,
+                 gpu_layers: int | None = None, auto_draft: bool = False,
                  cache_types: tuple[str | None, str | None] = (None, None),
                  flash_attn: bool = True) -> RuntimeEngine:
     """draft: a draft model's facts (vocabulary already checked), "ngram" or None;
+    auto_draft: the draft was chosen for the user (dropped where it cannot work, skipped
+    for seeded requests);
     gpu_layers, cache_types, flash_attn: the llama.cpp executor's (LlamaCppExecutor)."""
     from localchat.engine.runtime.speculative.drafts import ModelDraft, NgramDraft
 
@@ -42,6 +44,8 @@ def load_runtime(facts: GGUFFacts, engine: str, *, n_ctx: int, threads: int | No
     executor = load_executor(facts, engine, **options)
     source = None
     try:
+        if auto_draft and not executor.supports_rollback:
+            draft = None  # drafts need the KV cut back after a rejection
         if draft == "ngram":
             source = NgramDraft()
         elif draft is not None:
@@ -52,6 +56,8 @@ def load_runtime(facts: GGUFFacts, engine: str, *, n_ctx: int, threads: int | No
                                  "back, so it cannot verify drafts: run it without a draft")
             source = ModelDraft(load_executor(draft, engine, **{**options, "kv_memory": None}),
                                 draft.name)
+        if source is not None:
+            source.auto = auto_draft
         return RuntimeEngine(executor, facts, draft=source, num_draft_tokens=num_draft_tokens)
     except BaseException:
         if source is not None:

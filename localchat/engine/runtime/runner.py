@@ -60,7 +60,7 @@ class Runner:
     def submit(self, prompt: list[int], params: SamplingParams, budget: int,
                generator: torch.Generator) -> Sequence:
         seq = Sequence(next(self._ids), list(prompt), len(prompt), params, budget, generator)
-        if self.draft is not None:
+        if self.draft is not None and not (self.draft.auto and params.seed is not None):
             seq.speculation = Speculation(self.draft.source, self.num_draft_tokens)
         with self._lock:
             if self._closed:

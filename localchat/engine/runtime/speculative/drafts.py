@@ -23,6 +23,7 @@ Proposal = tuple[list[int], torch.Tensor | None]  # drafts, their distributions 
 
 class DraftSource(Protocol):
     source: str
+    auto: bool  # chosen for the user: seeded requests (reproducible ones) do not speculate
 
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[Proposal]:
         """Up to γ draft tokens after each (sequence, γ)'s tokens."""
@@ -36,6 +37,8 @@ class DraftSource(Protocol):
 
 class ModelDraft:
     """A smaller (or more quantized) model of the same vocabulary."""
+
+    auto = False
 
     def __init__(self, executor: Executor, name: str) -> None:
         self.executor = executor
@@ -131,34 +134,76 @@ class ModelDraft:
 
 
 class NgramDraft:
-    """Prompt lookup: find the latest earlier occurrence of the sequence's last few tokens
-    and propose what followed it there. Free to run; pays off on replies that quote the
-    prompt (code edits, summaries, retrieval)."""
+    """Prompt lookup over the whole sequence (system prompt, earlier turns, attached text),
+    then over the engine's earlier replies (a suffix index, as in SuffixDecoding): the
+    longest match of the sequence's tail wins, and it proposes more tokens the longer
+    the match (1 after a one-token match, 3 after two, γ after three or more)."""
 
     source = "ngram"
+    auto = False
+    MAX_MATCH = 16  # tokens of the tail compared
+    HISTORY_TOKENS = 65_536  # earlier replies kept for lookup
 
-    def __init__(self, max_ngram: int = 3) -> None:
-        self.max_ngram = max_ngram
+    def __init__(self) -> None:
+        self._live: dict[int, Sequence] = {}
+        self._replies: list[list[int]] = []
+        self._index: dict[tuple[int, int], list[tuple[int, int]]] = {}  # bigram -> (reply, end)
+        self._kept = 0
 
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[Proposal]:
-        return [(self._lookup(seq.tokens, gamma), None) for seq, gamma in requests]
+        for seq, _ in requests:
+            self._live[seq.seq_id] = seq
+        return [(self._lookup(seq.tokens, gamma) if gamma else [], None) for seq, gamma in requests]
 
     def _lookup(self, context: list[int], gamma: int) -> list[int]:
-        n = len(context)
-        for size in range(min(self.max_ngram, n - 1), 0, -1):
-            tail = context[n - size:]
-            for start in range(n - size - 1, -1, -1):
-                if context[start:start + size] == tail:
-                    follow = context[start + size:start + size + gamma]
-                    if follow:
-                        return follow
-        return []
+        length, follow = longest_match(context, self.MAX_MATCH)
+        if length < self.MAX_MATCH and len(context) >= 2:
+            for r, end in reversed(self._index.get((context[-2], context[-1]), ())):
+                reply = self._replies[r]
+                m = 2
+                while m < self.MAX_MATCH and end - m >= 0 and m < len(context) and \
+                        reply[end - m] == context[-1 - m]:
+                    m += 1
+                if m > length and end + 1 < len(reply):
+                    length, follow = m, reply[end + 1:]
+        return follow[:min(gamma, (1, 3)[length - 1] if length < 3 else gamma)] if length else []
 
     def settle(self, seq: Sequence) -> None:
         pass
 
     def retain(self, running: set[int]) -> None:
-        pass
+        for seq_id in [i for i in self._live if i not in running]:
+            self._remember(self._live.pop(seq_id).completion)
+
+    def _remember(self, reply: list[int]) -> None:
+        """Index a finished reply by its bigrams; the oldest go once the history is full."""
+        if len(reply) < 3:
+            return
+        if self._kept + len(reply) > self.HISTORY_TOKENS:
+            self._replies, self._index, self._kept = [], {}, 0
+        r = len(self._replies)
+        self._replies.append(list(reply))
+        self._kept += len(reply)
+        for end in range(1, len(reply) - 1):
+            self._index.setdefault((reply[end - 1], reply[end]), []).append((r, end))
 
     def close(self) -> None:
         pass
+
+
+def longest_match(context: list[int], max_len: int) -> tuple[int, list[int]]:
+    """The latest earlier place in context whose tokens match its tail longest (up to
+    max_len); returns (match length, the tokens that followed that place)."""
+    n = len(context)
+    best, best_end = 0, -1
+    for j in range(n - 2, -1, -1):
+        if context[j] != context[-1]:
+            continue
+        m = 1
+        while m < max_len and j - m >= 0 and context[j - m] == context[n - 1 - m]:
+            m += 1
+        if m > best:
+            best, best_end = m, j
+            if m == max_len:
+                break
+    return (best, context[best_end + 1:]) if best else (0, [])
