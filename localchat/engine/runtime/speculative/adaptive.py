@@ -85,6 +85,7 @@ class DraftStats:
     gamma: int = 0
     alpha: float = 0.0
     c: float = 0.0
+    beta: float = 0.0  # the verify pass's extra cost per draft token, in target steps
     predicted_speedup: float = 1.0
     measured_speedup: float | None = None  # decode rate ÷ the measured plain-step rate
 
@@ -95,6 +96,6 @@ class DraftStats:
             "acceptance_rate": self.accepted / self.proposed if self.proposed else 0.0,
             "tokens_per_target_pass": self.tokens / self.target_passes if self.target_passes else 0.0,
             "accepted_run_histogram": {str(k): v for k, v in sorted(self.accepted_runs.items())},
-            "gamma": self.gamma, "alpha": self.alpha, "c": self.c,
+            "gamma": self.gamma, "alpha": self.alpha, "c": self.c, "beta": self.beta,
             "predicted_speedup": self.predicted_speedup, "measured_speedup": self.measured_speedup,
         }

@@ -33,7 +33,7 @@ class Speculation:
 
     def snapshot(self) -> dict:
         s, a = self.stats, self.adaptive
-        s.gamma, s.alpha, s.c = a.gamma, a.alpha, a.c
+        s.gamma, s.alpha, s.c, s.beta = a.gamma, a.alpha, a.c, a.verify_extra
         s.predicted_speedup = a.predicted(max(a.gamma, 1)) if a.target_step_s else 1.0
         if a.target_step_s and self.decode_s > 0 and s.tokens:
             s.measured_speedup = s.tokens / self.decode_s * a.target_step_s
