@@ -44,6 +44,15 @@ def evaluate_file(facts: GGUFFacts, protocol: Protocol, reference: GGUFFacts | N
         return result | perplexity(model_lp, target) | {
             k: s[k] for k in ("max_over_std", "median_max_over_std", "outliers_6sigma")}
     ref_matrices, ref_bits = projection_matrices(reference)
+    reference_part = {"reference": {"model": str(reference.path), "quant_type": reference.quant_type,
+                                    "file_size": reference.file_size, "bits_per_weight": ref_bits}}
+    comparison = lambda ref_lp: compare(ref_lp, model_lp, target, gamma=protocol.gamma,  # noqa: E731
+                                        cost_ratio=protocol.cost_ratio)
+    if facts.n_layers < reference.n_layers:  # a draft cut from the reference: no matrix pairs
+        ref_lp = scored_logprobs(float32_weights(reference), tokens, spans)
+        reference_part["reference"] |= perplexity(ref_lp, target)
+        return result | reference_part | {"draft_layers": facts.n_layers,
+                                          "reference_layers": reference.n_layers} | comparison(ref_lp)
     missing = sorted(set(ref_matrices) ^ set(matrices))
     if missing:
         raise UsageError(f"{facts.name} and {reference.name} differ in their matrices "
@@ -51,15 +60,13 @@ def evaluate_file(facts: GGUFFacts, protocol: Protocol, reference: GGUFFacts | N
     errors = [matrix_error(n, ref_matrices[n], matrices[n]) for n in sorted(matrices)]
     s = summarize(errors)
     ref_lp = scored_logprobs(float32_weights(reference), tokens, spans)
-    return result | {
-        "reference": {"model": str(reference.path), "quant_type": reference.quant_type,
-                      "file_size": reference.file_size, "bits_per_weight": ref_bits}
-        | perplexity(ref_lp, target),
+    reference_part["reference"] |= perplexity(ref_lp, target)
+    return result | reference_part | {
         "worst_rel_error": s["worst_rel_error"], "worst_matrix": s["worst_matrix"],
         "median_rel_error": s["median_rel_error"], "max_over_std": s["max_over_std"],
         "median_max_over_std": s["median_max_over_std"], "outliers_6sigma": s["outliers_6sigma"],
         "rel_error_quartiles": statistics.quantiles([e.rel_error for e in errors], n=4),
-    } | compare(ref_lp, model_lp, target, gamma=protocol.gamma, cost_ratio=protocol.cost_ratio)
+    } | comparison(ref_lp)
 
 
 def format_report(r: dict, protocol: Protocol) -> str:
@@ -74,10 +81,12 @@ def format_report(r: dict, protocol: Protocol) -> str:
         lines += [
             f"  reference {ref['model']} ({ref['quant_type']}, run as float32): perplexity "
             f"{ref['perplexity']:.3f} [{rlo:.3f}, {rhi:.3f}]",
-            f"  matrix error ‖W−Ŵ‖/‖W‖: worst {r['worst_rel_error']:.4f} ({r['worst_matrix']}), "
-            f"median {r['median_rel_error']:.4f}",
-            f"  reference weights: max|w|/σ up to {r['max_over_std']:.0f} (median "
-            f"{r['median_max_over_std']:.0f}), {r['outliers_6sigma']} beyond 6σ",
+            *([f"  a draft: {r['draft_layers']} layers against the reference's "
+               f"{r['reference_layers']}"] if "draft_layers" in r else [
+              f"  matrix error ‖W−Ŵ‖/‖W‖: worst {r['worst_rel_error']:.4f} ({r['worst_matrix']}), "
+              f"median {r['median_rel_error']:.4f}",
+              f"  reference weights: max|w|/σ up to {r['max_over_std']:.0f} (median "
+              f"{r['median_max_over_std']:.0f}), {r['outliers_6sigma']} beyond 6σ"]),
             f"  KL {r['kl_divergence']:.4f} · top-1 agreement {r['agreement']:.2%} · "
             f"α {r['alpha']:.3f} → predicted speedup as a draft {r['predicted_speedup']:.2f}x "
             f"(γ = {protocol.gamma}, c = {protocol.cost_ratio})"]
