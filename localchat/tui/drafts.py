@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from localchat.storage.reply_status import ReplyStatus
 from localchat.tui.messages import Entry
-from localchat.tui.runs import Run
+from localchat.chat.runs import Run
 
 
 def draft_markdown(draft: dict) -> str:

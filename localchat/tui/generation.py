@@ -22,7 +22,7 @@ from localchat.chat.context import fit_to_context
 from localchat.engine.base import Delta, Message, Request, Result
 from localchat.errors import LocalchatError
 from localchat.storage import ReplyStatus, ReplyWriter, StoreError
-from localchat.tui.runs import add_run
+from localchat.chat.runs import add_run
 from localchat.tui.messages import Entry, EngineEvent, GenerationFailed, StoreFailed
 from localchat.tui.widgets import GaugeBar, MessageView, RateSparkline
 

@@ -10,7 +10,7 @@ from textual.message import Message as TextualMessage
 
 from localchat.engine.base import Delta, Engine, Result, Stats
 from localchat.storage.reply_status import ReplyStatus
-from localchat.tui.runs import Run
+from localchat.chat.runs import Run
 from localchat.tui.widgets import MessageView
 
 
