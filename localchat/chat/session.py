@@ -12,7 +12,7 @@ from typing import Callable, Iterator, TypeVar
 from localchat.chat.context import FitResult, fit_to_context
 from localchat.chat.reasoning import without_reasoning
 from localchat.chat.runs import Run, add_run
-from localchat.engine.base import Delta, Engine, Event, Message, Request, Result, Stats
+from localchat.engine.base import Delta, Engine, Event, Message, Request, Stats
 from localchat.errors import LocalchatError
 from localchat.settings import ChatSettings
 from localchat.storage import (
@@ -294,9 +294,12 @@ class ChatSession:
         """Generating reply failed; returns (what happened, the entries that left):
         'kept': a continued reply keeps its text, interrupted;
         'restored': a new version was deleted and the one it was to replace is back;
-        'dropped': a first reply was deleted, and the user's message it answered with it."""
+        'dropped': a first reply was deleted, and the user's message it answered with it;
+        'gone': the entry had already left the session."""
         entry = reply.entry
         entry.error, entry.status = error, ReplyStatus.INTERRUPTED
+        if not any(e is entry for e in self.entries):
+            return "gone", []
         if entry.content:
             if entry.db_id is not None:
                 self.db(lambda st: st.finish_reply(entry.db_id, entry.content,
