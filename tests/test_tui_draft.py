@@ -13,7 +13,7 @@ from localchat.engine.base import SamplingParams, Stats
 from localchat.settings import ChatSettings
 from localchat.tui.app import ChatApp
 from localchat.tui.drafts import draft_markdown
-from localchat.tui.runs import add_run
+from localchat.chat.runs import add_run
 from localchat.tui.help import help_markdown
 from localchat.tui.keymap import parse_keymap
 from localchat.tui.palette import PALETTE_ACTIONS

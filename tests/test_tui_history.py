@@ -367,9 +367,9 @@ async def test_copy_without_code_block_is_an_error(engine):
         await ready(pilot)
         await send(pilot, "/copy")
         assert "no reply" in app.last_error
-        app.entries.clear()
+        app.session.entries.clear()
         await chat(pilot, "Say hi.")
-        app.entries[-1].content = "no code here"
+        app.session.entries[-1].content = "no code here"
         await pilot.press("f3")
         assert "no code block" in app.last_error
 

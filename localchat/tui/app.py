@@ -1,13 +1,6 @@
-"""The chat app: a Textual UI over one in-process engine, with conversations kept in
-the history database.
-
-This module is the shell: the layout, the keys, loading the model in a worker thread,
-the one-line notices and errors, and shutting down. What the app does is split by
-concern into mixins: generation.py (replies streamed from the engine), conversations.py
-(the history database and the sidebar), branches.py (message versions and /fork), controls.py (the input, slash commands and
-chat actions), drafts.py (speculative decoding shown in the replies) and switching.py
-(the parameters panel, the model picker and speculation on/off, reloading the engine). The model loads and generates in worker threads, so the UI never blocks.
-"""
+"""The chat app: a Textual UI driving a ChatSession (chat/session.py) over one in-process
+engine. This module is the shell (layout, keys, loading, notices, replies streaming in
+from a worker thread); controls.py, conversations.py and switching.py hold the actions."""
 
 from __future__ import annotations
 
@@ -15,6 +8,8 @@ import argparse
 import os
 import sys
 import threading
+import time
+from dataclasses import dataclass, replace
 from importlib.resources import files
 from pathlib import Path
 
@@ -22,31 +17,41 @@ import platformdirs
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical
 from textual.content import Content
+from textual.message import Message as TextualMessage
 from textual.widgets import Footer, Static
 
-from localchat.chat.reasoning import without_reasoning
-from localchat.engine.base import Engine, Message
+from localchat.chat.session import ChatSession, Entry, Reply
+from localchat.engine.base import Delta, Engine, Message, Result
 from localchat.errors import LocalchatError
 from localchat.settings import ChatSettings
 from localchat.storage import ConversationStore, StoreUnavailable
 from localchat.storage.db import BUSY_TIMEOUT_MS
-from localchat.tui.branches import BranchesMixin
+from localchat.tui.chat_log import ChatLog
 from localchat.tui.controls import ControlsMixin
 from localchat.tui.conversations import ConversationsMixin
-from localchat.tui.drafts import DraftColoursMixin
-from localchat.tui.generation import UI_INTERVAL_S, GenerationMixin
 from localchat.tui.help import EMPTY_HINT, KEYS_HELP, help_markdown
 from localchat.tui.keymap import load_keymap
-from localchat.tui.messages import Entry, EngineEvent, EngineLoaded, GenerationFailed, StoreFailed
 from localchat.tui.palette import ChatCommands
 from localchat.tui.sidebar import Sidebar
 from localchat.tui.switching import SwitchingMixin, draft_label
 from localchat.tui.widgets import GaugeBar, MessageView, PromptInput, RateSparkline
 
-__all__ = ["ChatApp", "run_tui", "Entry", "EngineEvent", "EngineLoaded", "GenerationFailed",
-           "StoreFailed", "KEYS_HELP", "help_markdown", "UI_INTERVAL_S"]
+__all__ = ["ChatApp", "run_tui", "KEYS_HELP", "help_markdown", "UI_INTERVAL_S"]
+
+UI_INTERVAL_S = 0.1  # redraw at most 10 times a second: a redraw per token halved decode speed
+
+
+@dataclass(frozen=True)
+class ShownEntry:
+    """A session entry with the view that shows it (what `ChatApp.entries` lists)."""
+
+    entry: Entry
+    view: MessageView
+
+    def __getattr__(self, name: str):
+        return getattr(self.entry, name)
 
 
 def _css_path() -> Path:
@@ -57,8 +62,7 @@ def _css_path() -> Path:
     return Path(str(files("localchat.assets").joinpath("app.tcss")))
 
 
-class ChatApp(ControlsMixin, ConversationsMixin, BranchesMixin, GenerationMixin,
-              DraftColoursMixin, SwitchingMixin, App):
+class ChatApp(ControlsMixin, ConversationsMixin, SwitchingMixin, App):
     CSS_PATH = _css_path()
     TITLE = "localchat"
     COMMANDS = App.COMMANDS | {ChatCommands}
@@ -92,17 +96,45 @@ class ChatApp(ControlsMixin, ConversationsMixin, BranchesMixin, GenerationMixin,
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
     ]
 
+    @dataclass
+    class EngineLoaded(TextualMessage):
+        """The first engine loaded in a worker (or failed to: error)."""
+
+        engine: Engine | None
+        error: str | None = None
+
+    @dataclass
+    class Streamed(TextualMessage):
+        """The Deltas of one UI interval of a reply, from the generating worker."""
+
+        reply: Reply
+        deltas: list[Delta]
+
+    @dataclass
+    class Finished(TextualMessage):
+        reply: Reply
+        result: Result
+
+    @dataclass
+    class Failed(TextualMessage):
+        reply: Reply
+        error: str
+
+    @dataclass
+    class StoreFailed(TextualMessage):
+        """A history write failed in a worker thread."""
+
+        error: str
+
     def __init__(self, settings: ChatSettings, engine: Engine | None = None, *,
                  store: ConversationStore | None | str = "open",
                  db_path: Path | None = None, continue_last: bool = False,
                  db_busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         super().__init__()
-        self.settings = settings
-        self.engine = engine
-        self.entries: list[Entry] = []
+        self.session = ChatSession(
+            settings, store if isinstance(store, ConversationStore) else None, engine,
+            on_store_error=self._store_failed)
         self.attachments: list = []  # chat.attachments.Attachment: sent with the next message
-        self.conversation = None  # storage.Conversation once the first message is saved
-        self.store: ConversationStore | None = store if isinstance(store, ConversationStore) else None
         self.store_problem: StoreUnavailable | None = None
         self.last_error: str | None = None
         self.last_export: Path | None = None
@@ -112,8 +144,7 @@ class ChatApp(ControlsMixin, ConversationsMixin, BranchesMixin, GenerationMixin,
         self._db_path, self._busy_ms = db_path, db_busy_timeout_ms
         self._continue_last = continue_last
         self._cancel = threading.Event()
-        self._generating = False
-        self._streams: dict[int, object] = {}
+        self._reply: Reply | None = None  # the reply being generated
         self._owns_engine = engine is None
         self._engine_requested = False  # on_mount starts the first load
         self._search = ""
@@ -122,12 +153,34 @@ class ChatApp(ControlsMixin, ConversationsMixin, BranchesMixin, GenerationMixin,
         if keymap:
             self.set_keymap(keymap)
 
+    # what the session holds, as the app's own attributes
+    settings = property(lambda self: self.session.settings,
+                        lambda self, value: setattr(self.session, "settings", value))
+    engine = property(lambda self: self.session.engine,
+                      lambda self, value: setattr(self.session, "engine", value))
+    store = property(lambda self: self.session.store,
+                     lambda self, value: setattr(self.session, "store", value))
+    conversation = property(lambda self: self.session.conversation)
+
     @property
     def history(self) -> list[Message]:
         """What the model sees: the system prompt, then every message on screen."""
-        return list(self.settings.system_messages()) + [  # earlier reasoning is not sent back
-            Message(e.role, without_reasoning(e.content) if e.role == "assistant" else e.content)
-            for e in self.entries]
+        return self.session.history
+
+    @property
+    def entries(self) -> list[ShownEntry]:
+        """The messages on screen, each with its view (one whose view is still being
+        mounted is not on screen yet)."""
+        views = self.query_one(ChatLog).views
+        return [ShownEntry(e, views[e.key]) for e in self.session.entries if e.key in views]
+
+    @property
+    def _generating(self) -> bool:
+        return self._reply is not None
+
+    @property
+    def draft_colours(self) -> bool:
+        return self.query_one(ChatLog).draft_colours
 
     def compose(self) -> ComposeResult:
         yield Static(f"localchat · {self.settings.model}", id="title")
@@ -135,7 +188,7 @@ class ChatApp(ControlsMixin, ConversationsMixin, BranchesMixin, GenerationMixin,
             yield Sidebar(id="sidebar", classes="hidden")
             with Vertical(id="chatpane"):
                 yield Static("", id="system-line", classes="hidden")
-                yield VerticalScroll(id="chat")
+                yield ChatLog(id="chat")
                 with Horizontal(id="gaugerow"):
                     yield GaugeBar(id="gauges")
                     yield RateSparkline(id="rate")
@@ -163,7 +216,7 @@ class ChatApp(ControlsMixin, ConversationsMixin, BranchesMixin, GenerationMixin,
         if self.engine is None:
             self._load_engine()
         else:
-            self.post_message(EngineLoaded(self.engine))
+            self.post_message(self.EngineLoaded(self.engine))
         if not self.is_headless and hasattr(os, "tcgetpgrp") and sys.__stdin__.isatty():
             self.set_interval(2.0, self._quit_if_terminal_gone)
 
@@ -183,11 +236,11 @@ class ChatApp(ControlsMixin, ConversationsMixin, BranchesMixin, GenerationMixin,
         try:
             engine = self.settings.load_engine()
         except LocalchatError as exc:
-            self.post_message(EngineLoaded(None, str(exc)))
+            self.post_message(self.EngineLoaded(None, str(exc)))
             return
-        self.post_message(EngineLoaded(engine))
+        self.post_message(self.EngineLoaded(engine))
 
-    def _on_engine_loaded(self, message: EngineLoaded) -> None:
+    def on_chat_app_engine_loaded(self, message: ChatApp.EngineLoaded) -> None:
         gauges = self.query_one(GaugeBar)
         if message.error:
             gauges.state = "model failed to load"
@@ -205,10 +258,111 @@ class ChatApp(ControlsMixin, ConversationsMixin, BranchesMixin, GenerationMixin,
         self.query_one("#title", Static).update(
             f"localchat · {info.name} · {where} · ctx {info.n_ctx}{draft}")
 
+    # -- a reply streaming -------------------------------------------------------------
+
+    async def start_reply(self, reply: Reply) -> None:
+        """Show the session's entries and generate `reply` in a worker thread."""
+        self._cancel = threading.Event()
+        self._reply = reply  # generating from now on: the entries are the session's already
+        log = self.query_one(ChatLog)
+        await log.show(self.session.entries)
+        key = reply.entry.key
+        if reply.prefix:  # a continuation streams on into the Markdown
+            log.views[key].status.update("continuing…")
+            log.views[key].show_runs(None)
+        log.begin_stream(key, reply.prefix)
+        gauges = self.query_one(GaugeBar)
+        gauges.state = "generating"
+        if gauges.stats is not None:  # the last reply's rates are not this one's: until its
+            gauges.stats = replace(gauges.stats, ttft_s=0.0, prefill_tok_s=0.0,  # first token
+                                   decode_tok_s=0.0, completion_tokens=0)
+        self.query_one(RateSparkline).reset()
+        self._generate(reply)
+
+    @work(thread=True, exclusive=True, group="generate")
+    def _generate(self, reply: Reply) -> None:
+        """The session's events, the Deltas of each UI interval posted as one message."""
+        try:
+            request, fit = self.session.request(reply)
+            if fit.dropped_turns:
+                self.call_from_thread(
+                    self._notice, f"{fit.dropped_note(self.engine.info.n_ctx)} (system prompt "
+                    "kept).", before=reply.entry.key)
+            pending: list[Delta] = []
+            last_post = 0.0
+            for event in self.session.generate(
+                    reply, request, self._cancel,
+                    on_store_error=lambda error: self.post_message(self.StoreFailed(error))):
+                if isinstance(event, Delta):
+                    pending.append(event)
+                    if time.monotonic() - last_post < UI_INTERVAL_S:
+                        continue
+                if pending:
+                    self.post_message(self.Streamed(reply, pending))
+                    pending, last_post = [], time.monotonic()
+                if isinstance(event, Result):
+                    self.post_message(self.Finished(reply, event))
+        except LocalchatError as exc:
+            self.post_message(self.Failed(reply, str(exc)))
+
+    def _show_figures(self, stats) -> None:
+        self.query_one(GaugeBar).stats = stats
+        self.query_one(RateSparkline).add(stats)
+
+    async def on_chat_app_streamed(self, message: ChatApp.Streamed) -> None:
+        self._show_figures(message.deltas[-1].stats)
+        await self.query_one(ChatLog).write(message.reply.entry.key,
+                                            "".join(d.text for d in message.deltas))
+        for delta in message.deltas:
+            self.session.take(message.reply, delta)
+
+    async def on_chat_app_finished(self, message: ChatApp.Finished) -> None:
+        reply, result = message.reply, message.result
+        self._show_figures(result.stats)
+        log = self.query_one(ChatLog)
+        key = reply.entry.key
+        await log.write(key, "", final=True)
+        await self._finish(reply)
+        view = log.views.get(key)
+        if view is not None and view.reasoning and self.engine is not None:
+            count = self.engine.count_prompt_tokens  # the reasoning's tokens, as the
+            empty = count([Message("assistant", "")])  # engine tokenizes them
+            view.set_reasoning_tokens(count([Message("assistant", view.reasoning)]) - empty)
+        self.session.take(reply, result)
+        if view is not None:
+            log.show_status(reply.entry)
+            log.show_runs(reply.entry)
+        await self._refresh_sidebar()
+
+    async def on_chat_app_failed(self, message: ChatApp.Failed) -> None:
+        await self._finish(message.reply)
+        log = self.query_one(ChatLog)
+        view = log.views.get(message.reply.entry.key)
+        outcome, gone = self.session.fail(message.reply, message.error)
+        if outcome == "kept":
+            log.show_runs(message.reply.entry)
+        elif outcome == "restored":  # a new version failed: the one it was to replace is back
+            await log.show(self.session.entries)
+            self._notice(f"error: {message.error} (the earlier reply is back)")
+            return
+        elif outcome == "dropped":  # the user's message got no reply: it stays on screen only
+            log.keep(gone)
+        if view is not None:
+            view.status.update(f"error: {message.error}")
+
+    def on_chat_app_store_failed(self, message: ChatApp.StoreFailed) -> None:
+        self._store_failed(message.error)
+
+    async def _finish(self, reply: Reply) -> None:
+        await self.query_one(ChatLog).end_stream(reply.entry.key)
+        self._reply = None
+        self.query_one(GaugeBar).state = "ready"
+
     # -- notices -----------------------------------------------------------------------
 
-    def _notice(self, text: str, before: MessageView | None = None) -> None:
-        self.query_one("#chat").mount(Static(f"⚠ {text}", classes="notice"), before=before)
+    def _notice(self, text: str, before: int | None = None) -> None:
+        """A one-line notice in the chat (above entry `before`'s message)."""
+        self.query_one(ChatLog).notice(text, before)
 
     def _error(self, text: str, restore: str | None = None) -> None:
         """A one-line error; `restore` puts what was typed back in the input."""

@@ -1,6 +1,6 @@
 """Chat controls, mixed into ChatApp: what the input box sends (a message or a slash
-command), stop, regenerate, continue and edit, copying, and the stats and help screens.
-The keys, the slash commands and the command palette all end in these actions.
+command), stop, regenerate, continue, edit, selecting a message and its versions, /fork,
+copying, draft colours, and the stats and help screens; each a ChatSession call and its view.
 """
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from textual.actions import SkipAction
+
+from localchat.chat.session import Entry
 
 from localchat.chat.attachments import read_attachment
 from localchat.chat.context import prompt_budget
@@ -18,13 +20,13 @@ from localchat.errors import UsageError
 from localchat.tui.clipboard import copy_text, last_code_block
 from localchat.tui.drafts import draft_markdown
 from localchat.tui.help import help_markdown
-from localchat.tui.messages import Entry
 from localchat.tui.screens import InfoScreen
+from localchat.tui.chat_log import ChatLog
 from localchat.tui.widgets import MessageView, PromptInput
 
 
 class ControlsMixin:
-    """The user's side of ChatApp (uses its entries, settings and generation state)."""
+    """The user's side of ChatApp (uses its session, chat log and generation state)."""
 
     async def _on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
         text = message.text.rstrip("\n")
@@ -42,13 +44,15 @@ class ControlsMixin:
                         if self._generating else "the model is loading: Enter sends once it "
                         "is ready", restore=text)
             return
-        if self.editing is not None:
-            await self._truncate(self.editing)
-            self.editing = None
+        editing, self.editing = self.editing, None
+        if editing is not None:
             self._set_editing_title()
         blocks = [a.as_message() for a in self.attachments]
         self.attachments = []
-        await self._send("\n\n".join([*blocks, unescape(text)]))
+        text = "\n\n".join([*blocks, unescape(text)])
+        self._select(None)
+        await self.start_reply(self.session.send(text) if editing is None else
+                               self.session.edit(self.session.entries[editing].key, text))
 
     async def run_command(self, command: Command, typed: str = "") -> None:
         try:
@@ -67,7 +71,7 @@ class ControlsMixin:
             sampling, max_tokens = apply_set(self.settings.sampling, self.settings.max_tokens,
                                              field, value)
             self.settings = replace(self.settings, sampling=sampling, max_tokens=max_tokens)
-            self._save_settings()
+            self.session.save_settings()
             self._info(f"{field} = {'default' if value is None else value}")
         elif name == "model":
             if not arg:
@@ -123,28 +127,9 @@ class ControlsMixin:
         self._notice(f"📎 {attachment.name}: {size}; sent with your next message")
 
     def _set_system(self, text: str | None) -> None:
-        self.settings = replace(self.settings, system=text)
+        self.session.set_system(text)
         self.show_system_prompt()
-        if self.conversation is not None:
-            cid = self.conversation.id
-            self._db(lambda st: st.update_settings(cid, system_prompt=text))
         self._info("system prompt set" if text else "system prompt cleared")
-
-    def _params(self) -> dict:
-        """What a conversation and each reply store: sampling, max_tokens, and the context
-        size and draft it runs with where they were chosen (a reopened chat restores them)."""
-        params = self.settings.params()
-        if self.settings.ctx_size is not None:
-            params["ctx_size"] = self.settings.ctx_size
-        if self.settings.draft is not None:
-            params["draft"] = self.settings.draft
-            params["num_draft_tokens"] = self.settings.num_draft_tokens
-        return params
-
-    def _save_settings(self) -> None:
-        if self.conversation is not None:
-            cid, params = self.conversation.id, self._params()
-            self._db(lambda st: st.update_settings(cid, params=params))
 
     # -- actions -----------------------------------------------------------------------
 
@@ -176,24 +161,23 @@ class ControlsMixin:
         to it), else of the last reply; the old one stays as a sibling branch."""
         if not self._ready_for_control():
             return
-        if not self.entries:
+        entries = self.session.entries
+        if not entries:
             self._error("nothing to regenerate yet")
             return
-        index = len(self.entries) - 1 if self.selected is None else self.selected
-        if self.entries[index].role == "user":
-            index += 1
-        if index < len(self.entries):
-            await self._truncate(index)
-        await self._start_reply()
+        index = len(entries) - 1 if self.selected is None else self.selected
+        if index + (entries[index].role == "user") < len(entries):
+            self._select(None)
+        await self.start_reply(self.session.regenerate(entries[index].key))
 
     async def action_continue_reply(self) -> None:
         if not self._ready_for_control():
             return
-        last = self.entries[-1] if self.entries else None
+        last = self.session.entries[-1] if self.session.entries else None
         if last is None or last.role != "assistant" or not last.content:
             self._error("no reply to continue")
             return
-        await self._start_reply(continuing=last)
+        await self.start_reply(self.session.continue_(last.key))
 
     def action_edit_last(self) -> None:
         """Put the selected (else the last) message of yours into the input; Enter sends it
@@ -201,14 +185,15 @@ class ControlsMixin:
         if self._generating:
             self._error("a reply is being generated (Esc stops it)")
             return
-        upto = len(self.entries) if self.selected is None else self.selected + 1
-        users = [i for i, e in enumerate(self.entries[:upto]) if e.role == "user"]
+        entries = self.session.entries
+        upto = len(entries) if self.selected is None else self.selected + 1
+        users = [i for i, e in enumerate(entries[:upto]) if e.role == "user"]
         if not users:
             self._error("no message to edit yet")
             return
         self.editing = users[-1]
         prompt = self.query_one(PromptInput)
-        prompt.text = self.entries[users[-1]].content
+        prompt.text = entries[users[-1]].content
         prompt.move_cursor(prompt.document.end)
         prompt.focus()
         self._set_editing_title()
@@ -220,15 +205,16 @@ class ControlsMixin:
             if self.editing is not None else None)
 
     def _on_prompt_input_edit_last(self, message: PromptInput.EditLast) -> None:
-        if self.entries and not self._generating:
+        if self.session.entries and not self._generating:
             self.action_edit_last()
 
     def _last_user_index(self) -> int | None:
-        return next((i for i in range(len(self.entries) - 1, -1, -1)
-                     if self.entries[i].role == "user"), None)
+        entries = self.session.entries
+        return next((i for i in range(len(entries) - 1, -1, -1)
+                     if entries[i].role == "user"), None)
 
     def _last_reply(self) -> Entry | None:
-        return next((e for e in reversed(self.entries) if e.role == "assistant"), None)
+        return next((e for e in reversed(self.session.entries) if e.role == "assistant"), None)
 
     def _copy(self, text: str, what: str) -> None:
         path = copy_text(self, text)
@@ -253,10 +239,11 @@ class ControlsMixin:
     def action_toggle_reasoning(self) -> None:
         """F5: expand or collapse the last reply's thinking block."""
         reply = self._last_reply()
-        if reply is None or not reply.view.reasoning:
+        view = self.query_one(ChatLog).views[reply.key] if reply is not None else None
+        if view is None or not view.reasoning:
             self._error("the last reply has no thinking block")
             return
-        reply.view.toggle_reasoning()
+        view.toggle_reasoning()
 
     def action_copy_code(self) -> None:
         reply = self._last_reply()
@@ -266,13 +253,14 @@ class ControlsMixin:
             return
         self._copy(code, "the last code block")
 
-    def _on_message_view_clicked(self, message: MessageView.Clicked) -> None:
-        entry = self._entry_for(message.view)
+    def on_message_view_clicked(self, message: MessageView.Clicked) -> None:
+        key = message.view.key
+        entry = next((e for e in self.session.entries if e.key == key), None)
         if entry is not None and entry.content:
             self._copy(entry.content, "the message")
 
     def action_show_stats(self) -> None:
-        reply = next((e for e in reversed(self.entries)
+        reply = next((e for e in reversed(self.session.entries)
                       if e.role == "assistant" and e.stats is not None), None)
         if reply is None:
             self._error("no reply with stats yet")
@@ -290,3 +278,79 @@ class ControlsMixin:
 
     def action_help(self) -> None:
         self.push_screen(InfoScreen("localchat help", help_markdown(self.keymap_file)))
+
+    def action_toggle_draft_colours(self) -> None:
+        """F4: finished replies generated here with a draft in draft colours, or Markdown."""
+        shown = self.query_one(ChatLog).toggle_draft_colours(self.session.entries)
+        if not self.draft_colours:
+            self._info("replies shown as Markdown")
+        elif shown:
+            self._info(f"draft tokens coloured in {shown} repl{'y' if shown == 1 else 'ies'} "
+                       "(F4 shows Markdown again)")
+        else:
+            self._info("draft colours on: replies generated here with a draft (--draft ngram, "
+                       "--draft-model) show what the draft proposed")
+
+    # -- selecting a message, its versions, /fork --------------------------------------
+
+    def _select(self, index: int | None) -> None:
+        """Mark entries[index] as the message the controls act on (None: the last)."""
+        self.selected = index
+        self.query_one(ChatLog).select(
+            self.session.entries[index].key if index is not None else None)
+
+    def action_select_previous(self) -> None:
+        """Alt+Up: select the message above (from the input: the last one)."""
+        if not self.session.entries:
+            self._error("no message to select yet")
+            return
+        self._select(len(self.session.entries) - 1 if self.selected is None
+                     else max(self.selected - 1, 0))
+
+    def action_select_next(self) -> None:
+        """Alt+Down: select the message below; past the last one, back to the input."""
+        if self.selected is None:
+            raise SkipAction()
+        below = self.selected + 1
+        self._select(below if below < len(self.session.entries) else None)
+
+    async def action_previous_version(self) -> None:
+        await self._switch_version(-1)
+
+    async def action_next_version(self) -> None:
+        await self._switch_version(+1)
+
+    async def _switch_version(self, step: int) -> None:
+        """Show another version of the selected message (or of the lowest message that
+        has more than one), with the branch that follows it."""
+        if self._generating:
+            self._error("a reply is being generated (Esc stops it)")
+            return
+        if self.editing is not None:
+            self._error("finish the edit (Enter) or cancel it (Esc) first")
+            return
+        entries = self.session.entries
+        index = self.selected if self.selected is not None else next(
+            (i for i in range(len(entries) - 1, -1, -1) if len(entries[i].siblings) > 1), None)
+        entry = entries[index] if index is not None else None
+        if entry is None or len(entry.siblings) < 2 or entry.db_id not in entry.siblings:
+            self._error("this message has one version: regenerating (Ctrl+R) or editing a "
+                        "message adds another (Alt+Up selects an earlier one)")
+            return
+        if not self.session.switch_version(entry.key, step):
+            return
+        await self.query_one(ChatLog).show(self.session.entries)
+        if self.selected is not None:
+            self._select(index)
+
+    async def action_fork(self) -> None:
+        """/fork: a new conversation holding a copy of the branch on screen."""
+        if self.conversation is None or self.store is None:
+            self._error("nothing to fork: this conversation is not in the history yet")
+            return
+        if self._generating:
+            self._error("a reply is being generated (Esc stops it)")
+            return
+        fork = self.session.fork()
+        if fork is not None and await self.open_conversation(fork.id):
+            self._info(f"forked into “{fork.title}”; the original is unchanged")

@@ -1,33 +1,24 @@
-"""Conversations and the history database, mixed into ChatApp: opening the store (and
-offering to set a damaged file aside), the conversation list in the sidebar, opening,
-renaming, deleting and exporting conversations.
-
-Every store call from the UI thread goes through _db, so a failing database is
-reported once and the chat goes on in memory.
-"""
+"""Conversations, mixed into ChatApp: opening the history store (offering to set a damaged
+file aside), the sidebar's list, and opening, renaming, deleting and exporting them. Store
+calls go through ChatSession.db: a failing database is reported once, the chat goes on."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, TypeVar
-
-from textual.containers import VerticalScroll
 
 from localchat.errors import UsageError
 from localchat.settings import ChatSettings
-from localchat.storage import ConversationStore, StoreError, StoreUnavailable, set_aside, title_from
+from localchat.storage import ConversationStore, StoreUnavailable, set_aside
 from localchat.storage.export import default_export_path, export_conversation
-from localchat.tui.messages import StoreFailed
 from localchat.tui.screens import ConfirmScreen, TextInputScreen
+from localchat.tui.chat_log import ChatLog
 from localchat.tui.sidebar import Sidebar
 from localchat.tui.widgets import GaugeBar, PromptInput, RateSparkline
 
-T = TypeVar("T")
-
 
 class ConversationsMixin:
-    """The history side of ChatApp (uses its store, conversation and entries)."""
+    """The history side of ChatApp (uses its session and chat log)."""
 
     def _open_history(self) -> None:
         try:
@@ -53,35 +44,14 @@ class ConversationsMixin:
         self.store_problem = None
         self._open_history()
 
-    def _db(self, fn: Callable[[ConversationStore], T]) -> T | None:
-        """A store call from the UI thread; a failure is reported once and the chat goes
-        on in memory."""
-        if self.store is None:
-            return None
-        try:
-            return fn(self.store)
-        except StoreError as exc:
-            self._store_failed(str(exc))
-            return None
-
     def _store_failed(self, error: str) -> None:
         self.last_error = error
         if not self._store_warned:
             self._store_warned = True
             self._notice(f"not saved to history: {error} (the chat goes on in memory)")
 
-    def _on_store_failed(self, message: StoreFailed) -> None:
-        self._store_failed(message.error)
-
-    def _ensure_conversation(self, first_text: str) -> None:
-        if self.conversation is not None or self.store is None:
-            return
-        s = self.settings
-        self.conversation = self._db(lambda st: st.create_conversation(
-            title_from(first_text), model=s.model, system_prompt=s.system, params=self._params()))
-
     async def _continue_last_conversation(self) -> None:
-        last = self._db(lambda st: st.last_conversation())
+        last = self.session.db(lambda st: st.last_conversation())
         if last is None:
             self._notice("no earlier conversation to continue" if self.store
                          else "no history to continue from")
@@ -92,17 +62,12 @@ class ConversationsMixin:
         if self._generating:
             self._error("wait for the reply to finish (or press Esc) before switching")
             return False
-        conv = self._db(lambda st: st.get_conversation(conversation_id))
-        stored = self._db(lambda st: st.messages(conversation_id))
-        if conv is None or stored is None:
+        if not self.session.open(conversation_id):
             return False
         await self._reset_chat()
-        self.conversation = conv
-        self.settings = replace(self.settings.with_params(conv.params),
-                                system=conv.system_prompt or None)
         self.show_system_prompt()
-        await self._mount_stored(stored)
-        self._use_conversation_model(conv)
+        await self.query_one(ChatLog).show(self.session.entries)
+        self._use_conversation_model(self.conversation)
         await self._refresh_sidebar()
         return True
 
@@ -124,11 +89,10 @@ class ConversationsMixin:
 
     async def _reset_chat(self) -> None:
         """An empty chat pane; the gauges drop the last reply's figures (not this chat's)."""
-        self.entries = []
         self.attachments = []
         self.editing = self.selected = None
         self._set_editing_title()
-        await self.query_one("#chat", VerticalScroll).remove_children()
+        await self.query_one(ChatLog).clear()
         self.query_one(GaugeBar).stats = None
         self.query_one(RateSparkline).reset()
 
@@ -136,15 +100,15 @@ class ConversationsMixin:
         sidebar = self.query_one(Sidebar)
         if sidebar.has_class("hidden"):
             return
-        conversations = self._db(lambda st: st.list_conversations(self._search)) or []
+        conversations = self.session.db(lambda st: st.list_conversations(self._search)) or []
         await sidebar.show(conversations, self.conversation.id if self.conversation else None)
 
     async def action_new_conversation(self) -> None:
         if self._generating:
             self._error("a reply is being generated (Esc stops it)")
             return
+        self.session.new()
         await self._reset_chat()
-        self.conversation = None
         await self._refresh_sidebar()
         self.query_one(PromptInput).focus()  # even from the conversation list: type at once
 
@@ -185,7 +149,7 @@ class ConversationsMixin:
         await self._refresh_sidebar()
 
     def _ask_rename(self, conversation_id: int) -> None:
-        conv = self._db(lambda st: st.get_conversation(conversation_id))
+        conv = self.session.db(lambda st: st.get_conversation(conversation_id))
         if conv is None:
             return
 
@@ -200,27 +164,23 @@ class ConversationsMixin:
             self.conversation.id if self.conversation else None)
         if cid is None:
             raise UsageError("this conversation is not in the history yet")
-        self._db(lambda st: st.rename(cid, title))
-        if self.conversation is not None and self.conversation.id == cid:
-            self.conversation = replace(self.conversation, title=title)
+        self.session.rename(title, cid)
         await self._refresh_sidebar()
 
     def _ask_delete(self, conversation_id: int) -> None:
-        conv = self._db(lambda st: st.get_conversation(conversation_id))
+        conv = self.session.db(lambda st: st.get_conversation(conversation_id))
         if conv is None:
             return
         if self._generating and self.conversation and self.conversation.id == conversation_id:
             self._error("a reply is being generated in this conversation (Esc stops it)")
             return
-        count = self._db(lambda st: st.message_count(conversation_id)) or 0
+        count = self.session.db(lambda st: st.message_count(conversation_id)) or 0
 
         async def done(yes: bool | None) -> None:
             if not yes:
                 return
-            self._db(lambda st: st.delete(conversation_id))
-            if self.conversation is not None and self.conversation.id == conversation_id:
+            if self.session.delete(conversation_id):
                 await self._reset_chat()
-                self.conversation = None
             await self._refresh_sidebar()
 
         self.push_screen(ConfirmScreen(
@@ -233,8 +193,9 @@ class ConversationsMixin:
             return
         from localchat.paths import data_dir
 
-        conv = self._db(lambda st: st.get_conversation(self.conversation.id))
-        stored = self._db(lambda st: st.messages(self.conversation.id))
+        cid = self.conversation.id
+        conv = self.session.db(lambda st: st.get_conversation(cid))
+        stored = self.session.db(lambda st: st.messages(cid))
         if conv is None or stored is None:
             return
         target = Path(path).expanduser() if path else default_export_path(

@@ -10,7 +10,7 @@ old one, which is then closed. A load that fails leaves the old engine in place.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from textual import work
@@ -25,11 +25,14 @@ from localchat.tui.picker import Choice, ModelPickerScreen
 from localchat.tui.widgets import GaugeBar, RateSparkline
 
 
+@dataclass
 class EngineSwitched(TextualMessage):
-    def __init__(self, engine: Engine | None, settings: ChatSettings, what: str,
-                 error: str | None = None) -> None:
-        super().__init__()
-        self.engine, self.settings, self.what, self.error = engine, settings, what, error
+    """A worker loaded the engine for `settings` (or failed to: error)."""
+
+    engine: Engine | None
+    settings: ChatSettings
+    what: str
+    error: str | None = None
 
 
 def draft_label(draft: str | None) -> str:
@@ -64,7 +67,7 @@ class SwitchingMixin:
             return
         self.settings = replace(self.settings, sampling=values.sampling,
                                 max_tokens=values.max_tokens)
-        self._save_settings()
+        self.session.save_settings()
         p = values.sampling
         self._info(f"next reply: temp {p.temperature}, top-k {p.top_k}, top-p {p.top_p}, "
                    f"min-p {p.min_p}, repeat {p.repeat_penalty}, max tokens "
@@ -155,14 +158,8 @@ class SwitchingMixin:
                         f"{self.settings.model})")
             return
         s = message.settings
-        model_changed = s.model != self.settings.model
-        self.engine, self._owns_engine = message.engine, True
-        self.settings = replace(self.settings, model=s.model, ctx_size=s.ctx_size,
-                                draft=s.draft, num_draft_tokens=s.num_draft_tokens)
-        if self.conversation is not None and model_changed:
-            cid = self.conversation.id
-            self._db(lambda st: st.update_settings(cid, model=s.model))
-        self._save_settings()
+        self.session.use_engine(message.engine, s)
+        self._owns_engine = True
         gauges.stats = None
         self.query_one(RateSparkline).reset()
         self._show_engine()

@@ -237,9 +237,9 @@ class MessageView(Vertical):
         event.stop()
         self.post_message(self.Clicked(self))
 
-    def __init__(self, role: str, text: str = "", **kwargs) -> None:
+    def __init__(self, role: str, text: str = "", key: int | None = None, **kwargs) -> None:
         super().__init__(classes=f"message {role}", **kwargs)
-        self.role = role
+        self.role, self.key = role, key  # key: the session entry it shows
         self.reasoning, self.initial_text = split_reply(text) if role == "assistant" \
             else ("", text)
         self.reasoning_tokens: int | None = None
