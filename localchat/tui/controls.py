@@ -28,7 +28,7 @@ from localchat.tui.widgets import MessageView, PromptInput
 class ControlsMixin:
     """The user's side of ChatApp (uses its session, chat log and generation state)."""
 
-    async def _on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
+    async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
         text = message.text.rstrip("\n")
         try:
             command = parse_command(text)
@@ -204,7 +204,7 @@ class ControlsMixin:
              else "editing an earlier message") + " · Enter sends a new version · Esc cancels"
             if self.editing is not None else None)
 
-    def _on_prompt_input_edit_last(self, message: PromptInput.EditLast) -> None:
+    def on_prompt_input_edit_last(self, message: PromptInput.EditLast) -> None:
         if self.session.entries and not self._generating:
             self.action_edit_last()
 

@@ -133,7 +133,7 @@ class ConversationsMixin:
             return
         self._ask_delete(self.conversation.id)
 
-    async def _on_sidebar_action(self, message: Sidebar.Action) -> None:
+    async def on_sidebar_action(self, message: Sidebar.Action) -> None:
         if message.action == "open":
             if await self.open_conversation(message.conversation_id):
                 self.query_one(PromptInput).focus()
@@ -144,7 +144,7 @@ class ConversationsMixin:
         elif message.action == "new":
             await self.action_new_conversation()
 
-    async def _on_sidebar_search_changed(self, message: Sidebar.SearchChanged) -> None:
+    async def on_sidebar_search_changed(self, message: Sidebar.SearchChanged) -> None:
         self._search = message.text
         await self._refresh_sidebar()
 

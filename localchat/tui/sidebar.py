@@ -3,6 +3,8 @@ rename, delete and start one. It shows what the app gives it and asks the app to
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -37,18 +39,19 @@ class ConversationList(ListView):
 
 class Sidebar(Vertical):
 
+    @dataclass
     class Action(TextualMessage):
         """The user asked for `action` ("open", "rename", "delete", "new") on a
         conversation id (None for "new")."""
 
-        def __init__(self, action: str, conversation_id: int | None) -> None:
-            super().__init__()
-            self.action, self.conversation_id = action, conversation_id
+        action: str
+        conversation_id: int | None
 
+    @dataclass
     class SearchChanged(TextualMessage):
-        def __init__(self, text: str) -> None:
-            super().__init__()
-            self.text = text
+        """The search box's text changed: list the conversations that match it."""
+
+        text: str
 
     def compose(self) -> ComposeResult:
         yield Input(placeholder="search chats", id="search")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from markdown_it import MarkdownIt
 from rich.cells import cell_len
 from rich.text import Text
@@ -31,10 +33,11 @@ class PromptInput(TextArea):
         Binding(",".join(NEWLINE_KEYS), "newline", "Newline", key_display="^j"),
     ]
 
+    @dataclass
     class Submitted(TextualMessage):
-        def __init__(self, text: str) -> None:
-            super().__init__()
-            self.text = text
+        """Enter with text in the box: send it (a message or a slash command)."""
+
+        text: str
 
     class EditLast(TextualMessage):
         """Up in an empty input: edit the last message sent."""
@@ -228,10 +231,11 @@ class MessageView(Vertical):
     for a reply, its draft-coloured text instead; a reply's <think> block goes to a
     collapsed, dimmed section above it. A click on it asks the app to copy it."""
 
+    @dataclass
     class Clicked(TextualMessage):
-        def __init__(self, view: "MessageView") -> None:
-            super().__init__()
-            self.view = view
+        """A click on the message: copy it."""
+
+        view: MessageView
 
     def on_click(self, event: events.Click) -> None:
         event.stop()
