@@ -1,6 +1,7 @@
 """No import cycles in localchat/: every import counts (module level, inside functions,
 under TYPE_CHECKING; absolute and relative), read with ast, nothing imported. And no
-module imports another's private (_name) names."""
+module imports another's private (_name) names, or uses a private attribute that only
+another module defines (obj._name where _name is set or defined elsewhere, not here)."""
 
 from __future__ import annotations
 
@@ -94,3 +95,58 @@ def test_no_private_names_are_imported_from_other_modules():
                 private += [f"{module}: {node.module}.{alias.name}" for alias in node.names
                             if alias.name.startswith("_") and not alias.name.startswith("__")]
     assert private == []
+
+
+def own_names(tree: ast.AST) -> set[str]:
+    """The names a module defines: functions, classes, arguments, assigned names and
+    attributes (self._x = ...)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return names
+
+
+def private_reach(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """{module: the private attributes it uses that other modules of root define and it
+    does not} (obj._name; a third-party library's privates are not counted)."""
+    trees = {module: ast.parse(path.read_text(encoding="utf-8"), str(path))
+             for module, path in module_names(root).items()}
+    owns = {module: own_names(tree) for module, tree in trees.items()}
+    reach = {}
+    for module, tree in trees.items():
+        elsewhere = set().union(*(names for other, names in owns.items() if other != module))
+        used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                and node.attr.startswith("_") and not node.attr.startswith("__")}
+        if found := {name for name in used - owns[module] if name in elsewhere}:
+            reach[module] = found
+    return reach
+
+
+def test_private_reach_sees_a_mixin_calling_another_modules_private(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "app.py").write_text("class App:\n    def _error(self): self._busy = 1\n")
+    (pkg / "controls.py").write_text("class Controls:\n    def go(self):\n"
+                                     "        self._error()\n        self._own = self._own\n")
+    assert private_reach(pkg) == {"pkg.controls": {"_error"}}
+
+
+# the command-line benchmark and the vocabulary reader reach into the llama.cpp executor
+KNOWN_PRIVATE_REACH = {
+    "localchat.cli.bench_kernel": {"_batch", "_ctx"},
+    "localchat.engine.executors.llamacpp_vocab": {"_model"},
+}
+
+
+def test_no_module_uses_another_modules_private_attributes():
+    new = {module: sorted(names - KNOWN_PRIVATE_REACH.get(module, set()))
+           for module, names in private_reach().items()}
+    assert {module: names for module, names in new.items() if names} == {}

@@ -406,7 +406,7 @@ async def test_corrupt_database_starts_without_history_and_sets_it_aside(engine)
         assert db.read_bytes() == garbage
         await chat(pilot, "Hi")
         assert app.entries[-1].content
-        app._answer_set_aside(True)  # what "Set aside" does
+        app.conversations.answer_set_aside(True)  # what "Set aside" does
         aside = [p for p in home().iterdir() if p.name.startswith("history.db.corrupt-")]
         assert len(aside) == 1 and aside[0].read_bytes() == garbage
         assert app.store is not None and app.store.integrity_check() == "ok"

@@ -1,6 +1,6 @@
-"""The chat app: a Textual UI driving a ChatSession (chat/session.py) over one in-process
-engine. This module is the shell (layout, keys, loading, notices, replies streaming in
-from a worker thread); controls.py, conversations.py and switching.py hold the actions."""
+"""ChatApp, the shell of the chat UI: layout, key bindings, the first engine load, notices
+and a reply streaming in from a worker, over a ChatSession (chat/session.py). Its actions
+are in controls.py; it holds `conversations` (conversations.py) and `switcher` (switching.py)."""
 
 from __future__ import annotations
 
@@ -30,12 +30,12 @@ from localchat.storage import ConversationStore, StoreUnavailable
 from localchat.storage.db import BUSY_TIMEOUT_MS
 from localchat.tui.chat_log import ChatLog
 from localchat.tui.controls import ControlsMixin
-from localchat.tui.conversations import ConversationsMixin
+from localchat.tui.conversations import Conversations
 from localchat.tui.help import EMPTY_HINT, KEYS_HELP, help_markdown
 from localchat.tui.keymap import load_keymap
 from localchat.tui.palette import ChatCommands
 from localchat.tui.sidebar import Sidebar
-from localchat.tui.switching import SwitchingMixin, draft_label
+from localchat.tui.switching import EngineSwitcher, draft_label
 from localchat.tui.widgets import GaugeBar, MessageView, PromptInput, RateSparkline
 
 __all__ = ["ChatApp", "run_tui", "KEYS_HELP", "help_markdown", "UI_INTERVAL_S"]
@@ -62,7 +62,7 @@ def _css_path() -> Path:
     return Path(str(files("localchat.assets").joinpath("app.tcss")))
 
 
-class ChatApp(ControlsMixin, ConversationsMixin, SwitchingMixin, App):
+class ChatApp(ControlsMixin, App):
     CSS_PATH = _css_path()
     TITLE = "localchat"
     COMMANDS = App.COMMANDS | {ChatCommands}
@@ -131,24 +131,23 @@ class ChatApp(ControlsMixin, ConversationsMixin, SwitchingMixin, App):
                  db_path: Path | None = None, continue_last: bool = False,
                  db_busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         super().__init__()
+        self.conversations = Conversations(self, db_path, db_busy_timeout_ms)
+        self.switcher = EngineSwitcher(self)
         self.session = ChatSession(
             settings, store if isinstance(store, ConversationStore) else None, engine,
-            on_store_error=self._store_failed)
+            on_store_error=self.conversations.store_failed)
         self.attachments: list = []  # chat.attachments.Attachment: sent with the next message
         self.store_problem: StoreUnavailable | None = None
         self.last_error: str | None = None
         self.last_export: Path | None = None
         self.editing: int | None = None  # index of the user message being edited
         self.selected: int | None = None  # index of the message the controls act on
+        self.owns_engine = engine is None  # closed on quit (and when a switch replaces it)
+        self.engine_requested = False  # on_mount starts the first load
         self._open_store = store == "open"
-        self._db_path, self._busy_ms = db_path, db_busy_timeout_ms
         self._continue_last = continue_last
         self._cancel = threading.Event()
         self._reply: Reply | None = None  # the reply being generated
-        self._owns_engine = engine is None
-        self._engine_requested = False  # on_mount starts the first load
-        self._search = ""
-        self._store_warned = False
         self.keymap_file, keymap, self.keymap_problem = load_keymap()
         if keymap:
             self.set_keymap(keymap)
@@ -175,8 +174,18 @@ class ChatApp(ControlsMixin, ConversationsMixin, SwitchingMixin, App):
         return [ShownEntry(e, views[e.key]) for e in self.session.entries if e.key in views]
 
     @property
-    def _generating(self) -> bool:
+    def generating(self) -> bool:
         return self._reply is not None
+
+    _generating = generating  # tests read these two by their old names
+    _reloading = property(lambda self: self.switcher.reloading)
+
+    async def open_conversation(self, conversation_id: int) -> bool:
+        return await self.conversations.open(conversation_id)
+
+    def switch_engine(self, settings: ChatSettings, what: str) -> bool:
+        """Load an engine for settings in a worker; it replaces the current one when ready."""
+        return self.switcher.switch(settings, what)
 
     @property
     def draft_colours(self) -> bool:
@@ -207,12 +216,12 @@ class ChatApp(ControlsMixin, ConversationsMixin, SwitchingMixin, App):
         self.query_one("#chat").anchor()
         self.query_one(PromptInput).focus()
         if self.keymap_problem:
-            self._notice(self.keymap_problem)
+            self.notice(self.keymap_problem)
         if self._open_store:
-            self._open_history()
+            self.conversations.open_store()
         if self._continue_last:
-            await self._continue_last_conversation()
-        self._engine_requested = True  # from now on a conversation's model loads live
+            await self.conversations.continue_last()
+        self.engine_requested = True  # from now on a conversation's model loads live
         if self.engine is None:
             self._load_engine()
         else:
@@ -244,13 +253,14 @@ class ChatApp(ControlsMixin, ConversationsMixin, SwitchingMixin, App):
         gauges = self.query_one(GaugeBar)
         if message.error:
             gauges.state = "model failed to load"
-            self._notice(f"Could not load the model: {message.error}")
+            self.notice(f"Could not load the model: {message.error}")
             return
         self.engine = message.engine
-        self._show_engine()
+        self.show_engine()
         gauges.state = "ready"
 
-    def _show_engine(self) -> None:
+    def show_engine(self) -> None:
+        """The title line: model, quantization, engine, context and draft."""
         info = self.engine.info
         draft = f" · draft {draft_label(self.settings.draft)}" if self.settings.draft else ""
         where = (f"{info.path}" if self.engine.name == "remote"  # the server's URL, not
@@ -286,7 +296,7 @@ class ChatApp(ControlsMixin, ConversationsMixin, SwitchingMixin, App):
             request, fit = self.session.request(reply)
             if fit.dropped_turns:
                 self.call_from_thread(
-                    self._notice, f"{fit.dropped_note(self.engine.info.n_ctx)} (system prompt "
+                    self.notice, f"{fit.dropped_note(self.engine.info.n_ctx)} (system prompt "
                     "kept).", before=reply.entry.key)
             pending: list[Delta] = []
             last_post = 0.0
@@ -332,7 +342,7 @@ class ChatApp(ControlsMixin, ConversationsMixin, SwitchingMixin, App):
         if view is not None:
             log.show_status(reply.entry)
             log.show_runs(reply.entry)
-        await self._refresh_sidebar()
+        await self.conversations.refresh_sidebar()
 
     async def on_chat_app_failed(self, message: ChatApp.Failed) -> None:
         await self._finish(message.reply)
@@ -343,15 +353,18 @@ class ChatApp(ControlsMixin, ConversationsMixin, SwitchingMixin, App):
             log.show_runs(message.reply.entry)
         elif outcome == "restored":  # a new version failed: the one it was to replace is back
             await log.show(self.session.entries)
-            self._notice(f"error: {message.error} (the earlier reply is back)")
+            self.notice(f"error: {message.error} (the earlier reply is back)")
             return
         elif outcome == "dropped":  # the user's message got no reply: it stays on screen only
             log.keep(gone)
         if view is not None:
             view.status.update(f"error: {message.error}")
 
+    def on_engine_switcher_loaded(self, message: EngineSwitcher.Loaded) -> None:
+        self.switcher.loaded(message)
+
     def on_chat_app_store_failed(self, message: ChatApp.StoreFailed) -> None:
-        self._store_failed(message.error)
+        self.conversations.store_failed(message.error)
 
     async def _finish(self, reply: Reply) -> None:
         await self.query_one(ChatLog).end_stream(reply.entry.key)
@@ -360,11 +373,11 @@ class ChatApp(ControlsMixin, ConversationsMixin, SwitchingMixin, App):
 
     # -- notices -----------------------------------------------------------------------
 
-    def _notice(self, text: str, before: int | None = None) -> None:
+    def notice(self, text: str, before: int | None = None) -> None:
         """A one-line notice in the chat (above entry `before`'s message)."""
         self.query_one(ChatLog).notice(text, before)
 
-    def _error(self, text: str, restore: str | None = None) -> None:
+    def error(self, text: str, restore: str | None = None) -> None:
         """A one-line error; `restore` puts what was typed back in the input."""
         self.last_error = text
         self.notify(text, severity="error", timeout=6)
@@ -373,8 +386,13 @@ class ChatApp(ControlsMixin, ConversationsMixin, SwitchingMixin, App):
             prompt.text = restore
             prompt.move_cursor(prompt.document.end)
 
-    def _info(self, text: str) -> None:
+    def info(self, text: str) -> None:
+        """A passing notification."""
         self.notify(text, timeout=6)
+
+    def stop_reply(self) -> None:
+        """Stop the reply being generated (what was said so far is kept)."""
+        self._cancel.set()
 
     async def action_quit(self) -> None:
         self._cancel.set()
@@ -389,7 +407,7 @@ class ChatApp(ControlsMixin, ConversationsMixin, SwitchingMixin, App):
         self._cancel.set()
         if self._open_store and self.store is not None:
             self.store.close()
-        if self._owns_engine and self.engine is not None:
+        if self.owns_engine and self.engine is not None:
             self.workers.cancel_all()
             self.engine.close()
 

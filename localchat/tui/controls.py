@@ -1,7 +1,6 @@
-"""Chat controls, mixed into ChatApp: what the input box sends (a message or a slash
-command), stop, regenerate, continue, edit, selecting a message and its versions, /fork,
-copying, draft colours, and the stats and help screens; each a ChatSession call and its view.
-"""
+"""ControlsMixin, ChatApp's keys, slash commands and widget messages: send, stop,
+regenerate, continue, edit, select a message and its versions, /fork, copy, the stats and
+help screens; conversation and engine actions go to app.conversations and app.switcher."""
 
 from __future__ import annotations
 
@@ -9,44 +8,45 @@ from dataclasses import replace
 
 from textual.actions import SkipAction
 
-from localchat.chat.session import Entry
-
 from localchat.chat.attachments import read_attachment
+from localchat.chat.commands import Command, apply_set, export_args, parse_command, parse_set, unescape
 from localchat.chat.context import prompt_budget
 from localchat.chat.reasoning import split_reply, without_reasoning
-from localchat.chat.commands import Command, apply_set, export_args, parse_command, parse_set, unescape
+from localchat.chat.session import Entry
 from localchat.engine.base import Message
 from localchat.errors import UsageError
+from localchat.tui.chat_log import ChatLog
 from localchat.tui.clipboard import copy_text, last_code_block
 from localchat.tui.drafts import draft_markdown
 from localchat.tui.help import help_markdown
 from localchat.tui.screens import InfoScreen
-from localchat.tui.chat_log import ChatLog
-from localchat.tui.widgets import MessageView, PromptInput
+from localchat.tui.sidebar import Sidebar
+from localchat.tui.widgets import GaugeBar, MessageView, PromptInput, RateSparkline
 
 
 class ControlsMixin:
-    """The user's side of ChatApp (uses its session, chat log and generation state)."""
+    """The user's side of ChatApp: each action a ChatSession call and its view (through
+    the app's public methods only)."""
 
     async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
         text = message.text.rstrip("\n")
         try:
             command = parse_command(text)
         except UsageError as exc:
-            self._error(str(exc), restore=text)
+            self.error(str(exc), restore=text)
             return
         if command is not None:
             await self.run_command(command, text)
             return
-        if self.engine is None or self._generating or self._reloading is not None:
+        if self.engine is None or self.generating or self.switcher.reloading is not None:
             self.bell()  # and say why; nothing typed is lost
-            self._error("a reply is being generated: Esc stops it, then Enter sends this"
-                        if self._generating else "the model is loading: Enter sends once it "
+            self.error("a reply is being generated: Esc stops it, then Enter sends this"
+                        if self.generating else "the model is loading: Enter sends once it "
                         "is ready", restore=text)
             return
         editing, self.editing = self.editing, None
         if editing is not None:
-            self._set_editing_title()
+            self.show_editing_title()
         blocks = [a.as_message() for a in self.attachments]
         self.attachments = []
         text = "\n\n".join([*blocks, unescape(text)])
@@ -58,7 +58,7 @@ class ControlsMixin:
         try:
             await self._run_command(command)
         except UsageError as exc:
-            self._error(str(exc), restore=typed or None)
+            self.error(str(exc), restore=typed or None)
 
     async def _run_command(self, command: Command) -> None:
         name, arg = command.name, command.arg
@@ -72,14 +72,12 @@ class ControlsMixin:
                                              field, value)
             self.settings = replace(self.settings, sampling=sampling, max_tokens=max_tokens)
             self.session.save_settings()
-            self._info(f"{field} = {'default' if value is None else value}")
+            self.info(f"{field} = {'default' if value is None else value}")
         elif name == "model":
             if not arg:
                 self.action_pick_model()
-            elif arg == self.settings.model:
-                self._info(f"{arg} is the model in use")
             else:
-                self.switch_engine(replace(self.settings, model=arg), arg)
+                self.switcher.use_model(arg)
         elif name in ("clear", "new"):
             await self.action_new_conversation()
         elif name == "regen":
@@ -104,7 +102,7 @@ class ControlsMixin:
         elif name == "rename":
             if not arg:
                 raise UsageError("usage: /rename TITLE")
-            await self._rename(arg)
+            await self.conversations.rename(arg)
         elif name == "attach":
             if not arg:
                 raise UsageError("usage: /attach PATH")
@@ -124,35 +122,35 @@ class ControlsMixin:
         else:
             size = f"{len(attachment.text)} characters"
         self.attachments.append(attachment)
-        self._notice(f"📎 {attachment.name}: {size}; sent with your next message")
+        self.notice(f"📎 {attachment.name}: {size}; sent with your next message")
 
     def _set_system(self, text: str | None) -> None:
         self.session.set_system(text)
         self.show_system_prompt()
-        self._info("system prompt set" if text else "system prompt cleared")
+        self.info("system prompt set" if text else "system prompt cleared")
 
     # -- actions -----------------------------------------------------------------------
 
     def action_stop(self) -> None:
         """Esc: stop the reply being generated (what was said so far is kept); cancel
         an edit; otherwise let the key through (closing dialogs)."""
-        if self._generating:
-            self._cancel.set()
+        if self.generating:
+            self.stop_reply()
         elif self.editing is not None and self.screen is self.screen_stack[0]:
             self.editing = None
             self.query_one(PromptInput).clear()
-            self._set_editing_title()
+            self.show_editing_title()
         elif self.selected is not None and self.screen is self.screen_stack[0]:
             self._select(None)
         else:
             raise SkipAction()
 
     def _ready_for_control(self) -> bool:
-        if self._generating:
-            self._error("a reply is being generated (Esc stops it)")
+        if self.generating:
+            self.error("a reply is being generated (Esc stops it)")
             return False
-        if self.engine is None or self._reloading is not None:
-            self._error("the model is not loaded yet")
+        if self.engine is None or self.switcher.reloading is not None:
+            self.error("the model is not loaded yet")
             return False
         return True
 
@@ -163,7 +161,7 @@ class ControlsMixin:
             return
         entries = self.session.entries
         if not entries:
-            self._error("nothing to regenerate yet")
+            self.error("nothing to regenerate yet")
             return
         index = len(entries) - 1 if self.selected is None else self.selected
         if index + (entries[index].role == "user") < len(entries):
@@ -175,37 +173,37 @@ class ControlsMixin:
             return
         last = self.session.entries[-1] if self.session.entries else None
         if last is None or last.role != "assistant" or not last.content:
-            self._error("no reply to continue")
+            self.error("no reply to continue")
             return
         await self.start_reply(self.session.continue_(last.key))
 
     def action_edit_last(self) -> None:
         """Put the selected (else the last) message of yours into the input; Enter sends it
         as a new version, the old one staying as a sibling branch."""
-        if self._generating:
-            self._error("a reply is being generated (Esc stops it)")
+        if self.generating:
+            self.error("a reply is being generated (Esc stops it)")
             return
         entries = self.session.entries
         upto = len(entries) if self.selected is None else self.selected + 1
         users = [i for i, e in enumerate(entries[:upto]) if e.role == "user"]
         if not users:
-            self._error("no message to edit yet")
+            self.error("no message to edit yet")
             return
         self.editing = users[-1]
         prompt = self.query_one(PromptInput)
         prompt.text = entries[users[-1]].content
         prompt.move_cursor(prompt.document.end)
         prompt.focus()
-        self._set_editing_title()
+        self.show_editing_title()
 
-    def _set_editing_title(self) -> None:
+    def show_editing_title(self) -> None:
         self.query_one(PromptInput).border_title = (
             ("editing your last message" if self.editing == self._last_user_index()
              else "editing an earlier message") + " · Enter sends a new version · Esc cancels"
             if self.editing is not None else None)
 
     def on_prompt_input_edit_last(self, message: PromptInput.EditLast) -> None:
-        if self.session.entries and not self._generating:
+        if self.session.entries and not self.generating:
             self.action_edit_last()
 
     def _last_user_index(self) -> int | None:
@@ -219,12 +217,12 @@ class ControlsMixin:
     def _copy(self, text: str, what: str) -> None:
         path = copy_text(self, text)
         where = f"; also saved to {path}" if path else ""
-        self._info(f"copied {what} to the clipboard (if the terminal allows OSC 52){where}")
+        self.info(f"copied {what} to the clipboard (if the terminal allows OSC 52){where}")
 
     def action_copy_reply(self) -> None:
         reply = self._last_reply()
         if reply is None or not reply.content:
-            self._error("no reply to copy")
+            self.error("no reply to copy")
             return
         self._copy(without_reasoning(reply.content), "the last reply")  # /copy think: its reasoning
 
@@ -232,7 +230,7 @@ class ControlsMixin:
         reply = self._last_reply()
         reasoning = split_reply(reply.content)[0] if reply else ""
         if not reasoning:
-            self._error("the last reply has no thinking block")
+            self.error("the last reply has no thinking block")
             return
         self._copy(reasoning, "the last reply's thinking")
 
@@ -241,7 +239,7 @@ class ControlsMixin:
         reply = self._last_reply()
         view = self.query_one(ChatLog).views[reply.key] if reply is not None else None
         if view is None or not view.reasoning:
-            self._error("the last reply has no thinking block")
+            self.error("the last reply has no thinking block")
             return
         view.toggle_reasoning()
 
@@ -249,7 +247,7 @@ class ControlsMixin:
         reply = self._last_reply()
         code = last_code_block(reply.content) if reply else None
         if code is None:
-            self._error("the last reply has no code block")
+            self.error("the last reply has no code block")
             return
         self._copy(code, "the last code block")
 
@@ -263,7 +261,7 @@ class ControlsMixin:
         reply = next((e for e in reversed(self.session.entries)
                       if e.role == "assistant" and e.stats is not None), None)
         if reply is None:
-            self._error("no reply with stats yet")
+            self.error("no reply with stats yet")
             return
         rows = [(k, v) for k, v in reply.stats.to_dict().items() if k != "draft"]
         rows += [("finish_reason", reply.finish_reason or reply.status), ("status", reply.status)]
@@ -283,12 +281,12 @@ class ControlsMixin:
         """F4: finished replies generated here with a draft in draft colours, or Markdown."""
         shown = self.query_one(ChatLog).toggle_draft_colours(self.session.entries)
         if not self.draft_colours:
-            self._info("replies shown as Markdown")
+            self.info("replies shown as Markdown")
         elif shown:
-            self._info(f"draft tokens coloured in {shown} repl{'y' if shown == 1 else 'ies'} "
+            self.info(f"draft tokens coloured in {shown} repl{'y' if shown == 1 else 'ies'} "
                        "(F4 shows Markdown again)")
         else:
-            self._info("draft colours on: replies generated here with a draft (--draft ngram, "
+            self.info("draft colours on: replies generated here with a draft (--draft ngram, "
                        "--draft-model) show what the draft proposed")
 
     # -- selecting a message, its versions, /fork --------------------------------------
@@ -302,7 +300,7 @@ class ControlsMixin:
     def action_select_previous(self) -> None:
         """Alt+Up: select the message above (from the input: the last one)."""
         if not self.session.entries:
-            self._error("no message to select yet")
+            self.error("no message to select yet")
             return
         self._select(len(self.session.entries) - 1 if self.selected is None
                      else max(self.selected - 1, 0))
@@ -323,18 +321,18 @@ class ControlsMixin:
     async def _switch_version(self, step: int) -> None:
         """Show another version of the selected message (or of the lowest message that
         has more than one), with the branch that follows it."""
-        if self._generating:
-            self._error("a reply is being generated (Esc stops it)")
+        if self.generating:
+            self.error("a reply is being generated (Esc stops it)")
             return
         if self.editing is not None:
-            self._error("finish the edit (Enter) or cancel it (Esc) first")
+            self.error("finish the edit (Enter) or cancel it (Esc) first")
             return
         entries = self.session.entries
         index = self.selected if self.selected is not None else next(
             (i for i in range(len(entries) - 1, -1, -1) if len(entries[i].siblings) > 1), None)
         entry = entries[index] if index is not None else None
         if entry is None or len(entry.siblings) < 2 or entry.db_id not in entry.siblings:
-            self._error("this message has one version: regenerating (Ctrl+R) or editing a "
+            self.error("this message has one version: regenerating (Ctrl+R) or editing a "
                         "message adds another (Alt+Up selects an earlier one)")
             return
         if not self.session.switch_version(entry.key, step):
@@ -346,11 +344,54 @@ class ControlsMixin:
     async def action_fork(self) -> None:
         """/fork: a new conversation holding a copy of the branch on screen."""
         if self.conversation is None or self.store is None:
-            self._error("nothing to fork: this conversation is not in the history yet")
+            self.error("nothing to fork: this conversation is not in the history yet")
             return
-        if self._generating:
-            self._error("a reply is being generated (Esc stops it)")
+        if self.generating:
+            self.error("a reply is being generated (Esc stops it)")
             return
         fork = self.session.fork()
-        if fork is not None and await self.open_conversation(fork.id):
-            self._info(f"forked into “{fork.title}”; the original is unchanged")
+        if fork is not None and await self.conversations.open(fork.id):
+            self.info(f"forked into “{fork.title}”; the original is unchanged")
+
+    async def reset_chat(self) -> None:
+        """An empty chat pane; the gauges drop the last reply's figures (not this chat's)."""
+        self.attachments = []
+        self.editing = self.selected = None
+        self.show_editing_title()
+        await self.query_one(ChatLog).clear()
+        self.query_one(GaugeBar).stats = None
+        self.query_one(RateSparkline).reset()
+
+    # -- conversations (app.conversations) -------------------------------------------
+
+    async def on_sidebar_action(self, message: Sidebar.Action) -> None:
+        await self.conversations.act(message.action, message.conversation_id)
+
+    async def on_sidebar_search_changed(self, message: Sidebar.SearchChanged) -> None:
+        await self.conversations.search_for(message.text)
+
+    async def action_new_conversation(self) -> None:
+        await self.conversations.new()
+
+    async def action_toggle_sidebar(self) -> None:
+        await self.conversations.toggle_sidebar()
+
+    def action_rename_current(self) -> None:
+        self.conversations.rename_current()
+
+    def action_delete_current(self) -> None:
+        self.conversations.delete_current()
+
+    def action_export(self, fmt: str = "md", path: str | None = None) -> None:
+        self.conversations.export(fmt, path)
+
+    # -- the engine (app.switcher) ---------------------------------------------------
+
+    def action_parameters(self) -> None:
+        self.switcher.parameters()
+
+    def action_pick_model(self) -> None:
+        self.switcher.pick_model()
+
+    def action_toggle_speculation(self) -> None:
+        self.switcher.toggle_speculation()

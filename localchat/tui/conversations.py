@@ -1,235 +1,215 @@
-"""Conversations, mixed into ChatApp: opening the history store (offering to set a damaged
-file aside), the sidebar's list, and opening, renaming, deleting and exporting them. Store
-calls go through ChatSession.db: a failing database is reported once, the chat goes on."""
+"""Conversations (the app's `conversations`): the history store (offering to set a damaged
+file aside), the sidebar's list, and opening, renaming, deleting and exporting conversations.
+Store calls go through ChatSession.db: a failing database is reported once, the chat goes on."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
+from textual.app import App
+
 from localchat.errors import UsageError
-from localchat.settings import ChatSettings
 from localchat.storage import ConversationStore, StoreUnavailable, set_aside
 from localchat.storage.export import default_export_path, export_conversation
-from localchat.tui.screens import ConfirmScreen, TextInputScreen
 from localchat.tui.chat_log import ChatLog
+from localchat.tui.screens import ConfirmScreen, TextInputScreen
 from localchat.tui.sidebar import Sidebar
-from localchat.tui.widgets import GaugeBar, PromptInput, RateSparkline
+from localchat.tui.widgets import PromptInput
 
 
-class ConversationsMixin:
-    """The history side of ChatApp (uses its session and chat log)."""
+class Conversations:
+    """The history side of the chat; `search` is the sidebar's search text."""
 
-    def _open_history(self) -> None:
+    def __init__(self, app: App, db_path: Path | None, busy_timeout_ms: int) -> None:
+        self.app = app  # the ChatApp: its session, chat log and notices
+        self.db_path, self.busy_timeout_ms = db_path, busy_timeout_ms
+        self.search = ""
+        self.store_warned = False
+
+    # -- the store -------------------------------------------------------------------
+
+    def open_store(self) -> None:
+        app = self.app
         try:
-            self.store = ConversationStore.open(self._db_path, busy_timeout_ms=self._busy_ms)
+            app.store = ConversationStore.open(self.db_path, busy_timeout_ms=self.busy_timeout_ms)
         except StoreUnavailable as exc:
-            self.store, self.store_problem = None, exc
-            self._notice(str(exc))
+            app.store, app.store_problem = None, exc
+            app.notice(str(exc))
             if exc.kind == "corrupt":
-                self.push_screen(ConfirmScreen(
+                app.push_screen(ConfirmScreen(
                     f"{exc}.\n\nSet the file aside (renamed to {exc.path.name}.corrupt-<time>, "
                     "nothing is deleted) and start a new history?",
-                    yes="Set aside", no="Not now"), self._answer_set_aside)
+                    yes="Set aside", no="Not now"), self.answer_set_aside)
 
-    def _answer_set_aside(self, yes: bool | None) -> None:
-        if not yes or self.store_problem is None:
+    def answer_set_aside(self, yes: bool | None) -> None:
+        app = self.app
+        if not yes or app.store_problem is None:
             return
         try:
-            moved = set_aside(self.store_problem.path)
+            moved = set_aside(app.store_problem.path)
         except OSError as exc:
-            self._notice(f"could not set the history file aside: {exc}")
+            app.notice(f"could not set the history file aside: {exc}")
             return
-        self._notice(f"the damaged history was set aside as {moved}")
-        self.store_problem = None
-        self._open_history()
+        app.notice(f"the damaged history was set aside as {moved}")
+        app.store_problem = None
+        self.open_store()
 
-    def _store_failed(self, error: str) -> None:
-        self.last_error = error
-        if not self._store_warned:
-            self._store_warned = True
-            self._notice(f"not saved to history: {error} (the chat goes on in memory)")
+    def store_failed(self, error: str) -> None:
+        """A history write failed: said once, the chat goes on in memory."""
+        self.app.last_error = error
+        if not self.store_warned:
+            self.store_warned = True
+            self.app.notice(f"not saved to history: {error} (the chat goes on in memory)")
 
-    async def _continue_last_conversation(self) -> None:
-        last = self.session.db(lambda st: st.last_conversation())
+    # -- opening and starting --------------------------------------------------------
+
+    async def continue_last(self) -> None:
+        last = self.app.session.db(lambda st: st.last_conversation())
         if last is None:
-            self._notice("no earlier conversation to continue" if self.store
-                         else "no history to continue from")
+            self.app.notice("no earlier conversation to continue" if self.app.store
+                            else "no history to continue from")
             return
-        await self.open_conversation(last.id)
+        await self.open(last.id)
 
-    async def open_conversation(self, conversation_id: int) -> bool:
-        if self._generating:
-            self._error("wait for the reply to finish (or press Esc) before switching")
+    async def open(self, conversation_id: int) -> bool:
+        app = self.app
+        if app.generating:
+            app.error("wait for the reply to finish (or press Esc) before switching")
             return False
-        if not self.session.open(conversation_id):
+        if not app.session.open(conversation_id):
             return False
-        await self._reset_chat()
-        self.show_system_prompt()
-        await self.query_one(ChatLog).show(self.session.entries)
-        self._use_conversation_model(self.conversation)
-        await self._refresh_sidebar()
+        await app.reset_chat()
+        app.show_system_prompt()
+        await app.query_one(ChatLog).show(app.session.entries)
+        app.switcher.follow(app.conversation)
+        await self.refresh_sidebar()
         return True
 
-    def _use_conversation_model(self, conv) -> None:
-        """A reopened conversation goes on with the model, context size and draft it used:
-        before the first load (--continue) they are what loads; later they load live;
-        while a model is loading it only says so."""
-        wanted = conversation_engine_settings(self.settings, conv)
-        if wanted == self.settings:
+    async def new(self) -> None:
+        app = self.app
+        if app.generating:
+            app.error("a reply is being generated (Esc stops it)")
             return
-        if self.engine is None and not self._engine_requested:
-            self.settings = wanted
-            return
-        if self.engine is None or self._reloading is not None or self._generating:
-            self._notice(f"this conversation used {engine_label(wanted)}; it continues with "
-                         f"{engine_label(self.settings)} (F7 or /model {wanted.model} switches)")
-            return
-        self.switch_engine(wanted, f"{engine_label(wanted)} (this conversation's)")
+        app.session.new()
+        await app.reset_chat()
+        await self.refresh_sidebar()
+        app.query_one(PromptInput).focus()  # even from the conversation list: type at once
 
-    async def _reset_chat(self) -> None:
-        """An empty chat pane; the gauges drop the last reply's figures (not this chat's)."""
-        self.attachments = []
-        self.editing = self.selected = None
-        self._set_editing_title()
-        await self.query_one(ChatLog).clear()
-        self.query_one(GaugeBar).stats = None
-        self.query_one(RateSparkline).reset()
+    # -- the sidebar -----------------------------------------------------------------
 
-    async def _refresh_sidebar(self) -> None:
-        sidebar = self.query_one(Sidebar)
+    async def refresh_sidebar(self) -> None:
+        app = self.app
+        sidebar = app.query_one(Sidebar)
         if sidebar.has_class("hidden"):
             return
-        conversations = self.session.db(lambda st: st.list_conversations(self._search)) or []
-        await sidebar.show(conversations, self.conversation.id if self.conversation else None)
+        conversations = app.session.db(lambda st: st.list_conversations(self.search)) or []
+        await sidebar.show(conversations, app.conversation.id if app.conversation else None)
 
-    async def action_new_conversation(self) -> None:
-        if self._generating:
-            self._error("a reply is being generated (Esc stops it)")
-            return
-        self.session.new()
-        await self._reset_chat()
-        await self._refresh_sidebar()
-        self.query_one(PromptInput).focus()  # even from the conversation list: type at once
-
-    async def action_toggle_sidebar(self) -> None:
-        sidebar = self.query_one(Sidebar)
+    async def toggle_sidebar(self) -> None:
+        sidebar = self.app.query_one(Sidebar)
         sidebar.toggle_class("hidden")
         if sidebar.has_class("hidden"):
-            self.query_one(PromptInput).focus()
+            self.app.query_one(PromptInput).focus()
             return
-        await self._refresh_sidebar()
-        self.query_one("#conversations").focus()
+        await self.refresh_sidebar()
+        self.app.query_one("#conversations").focus()
 
-    def action_rename_current(self) -> None:
-        if self.conversation is None:
-            self._error("this conversation is not in the history yet")
-            return
-        self._ask_rename(self.conversation.id)
+    async def act(self, action: str, conversation_id: int | None) -> None:
+        """What a Sidebar.Action asks for."""
+        if action == "open":
+            if await self.open(conversation_id):
+                self.app.query_one(PromptInput).focus()
+        elif action == "rename":
+            self.ask_rename(conversation_id)
+        elif action == "delete":
+            self.ask_delete(conversation_id)
+        elif action == "new":
+            await self.new()
 
-    def action_delete_current(self) -> None:
-        if self.conversation is None:
-            self._error("this conversation is not in the history yet")
-            return
-        self._ask_delete(self.conversation.id)
+    async def search_for(self, text: str) -> None:
+        self.search = text
+        await self.refresh_sidebar()
 
-    async def on_sidebar_action(self, message: Sidebar.Action) -> None:
-        if message.action == "open":
-            if await self.open_conversation(message.conversation_id):
-                self.query_one(PromptInput).focus()
-        elif message.action == "rename":
-            self._ask_rename(message.conversation_id)
-        elif message.action == "delete":
-            self._ask_delete(message.conversation_id)
-        elif message.action == "new":
-            await self.action_new_conversation()
+    # -- renaming, deleting, exporting -----------------------------------------------
 
-    async def on_sidebar_search_changed(self, message: Sidebar.SearchChanged) -> None:
-        self._search = message.text
-        await self._refresh_sidebar()
+    def _current_id(self) -> int | None:
+        if self.app.conversation is None:
+            self.app.error("this conversation is not in the history yet")
+            return None
+        return self.app.conversation.id
 
-    def _ask_rename(self, conversation_id: int) -> None:
-        conv = self.session.db(lambda st: st.get_conversation(conversation_id))
+    def rename_current(self) -> None:
+        if (cid := self._current_id()) is not None:
+            self.ask_rename(cid)
+
+    def delete_current(self) -> None:
+        if (cid := self._current_id()) is not None:
+            self.ask_delete(cid)
+
+    def ask_rename(self, conversation_id: int) -> None:
+        conv = self.app.session.db(lambda st: st.get_conversation(conversation_id))
         if conv is None:
             return
 
         async def done(title: str | None) -> None:
             if title:
-                await self._rename(title, conversation_id)
+                await self.rename(title, conversation_id)
 
-        self.push_screen(TextInputScreen("New title", conv.title), done)
+        self.app.push_screen(TextInputScreen("New title", conv.title), done)
 
-    async def _rename(self, title: str, conversation_id: int | None = None) -> None:
+    async def rename(self, title: str, conversation_id: int | None = None) -> None:
+        """Rename a conversation (None: the current one)."""
+        conversation = self.app.conversation
         cid = conversation_id if conversation_id is not None else (
-            self.conversation.id if self.conversation else None)
+            conversation.id if conversation else None)
         if cid is None:
             raise UsageError("this conversation is not in the history yet")
-        self.session.rename(title, cid)
-        await self._refresh_sidebar()
+        self.app.session.rename(title, cid)
+        await self.refresh_sidebar()
 
-    def _ask_delete(self, conversation_id: int) -> None:
-        conv = self.session.db(lambda st: st.get_conversation(conversation_id))
+    def ask_delete(self, conversation_id: int) -> None:
+        app = self.app
+        conv = app.session.db(lambda st: st.get_conversation(conversation_id))
         if conv is None:
             return
-        if self._generating and self.conversation and self.conversation.id == conversation_id:
-            self._error("a reply is being generated in this conversation (Esc stops it)")
+        if app.generating and app.conversation and app.conversation.id == conversation_id:
+            app.error("a reply is being generated in this conversation (Esc stops it)")
             return
-        count = self.session.db(lambda st: st.message_count(conversation_id)) or 0
+        count = app.session.db(lambda st: st.message_count(conversation_id)) or 0
 
         async def done(yes: bool | None) -> None:
             if not yes:
                 return
-            if self.session.delete(conversation_id):
-                await self._reset_chat()
-            await self._refresh_sidebar()
+            if app.session.delete(conversation_id):
+                await app.reset_chat()
+            await self.refresh_sidebar()
 
-        self.push_screen(ConfirmScreen(
+        app.push_screen(ConfirmScreen(
             f"Delete “{conv.title}” and its {count} message(s)? This cannot be undone.",
             yes="Delete"), done)
 
-    def action_export(self, fmt: str = "md", path: str | None = None) -> None:
-        if self.conversation is None or self.store is None:
-            self._error("nothing to export: this conversation is not in the history yet")
+    def export(self, fmt: str = "md", path: str | None = None) -> None:
+        app = self.app
+        if app.conversation is None or app.store is None:
+            app.error("nothing to export: this conversation is not in the history yet")
             return
         from localchat.paths import data_dir
 
-        cid = self.conversation.id
-        conv = self.session.db(lambda st: st.get_conversation(cid))
-        stored = self.session.db(lambda st: st.messages(cid))
+        cid = app.conversation.id
+        conv = app.session.db(lambda st: st.get_conversation(cid))
+        stored = app.session.db(lambda st: st.messages(cid))
         if conv is None or stored is None:
             return
         target = Path(path).expanduser() if path else default_export_path(
             data_dir() / "exports", conv, fmt)
-        info = self.engine.info if self.engine is not None else None
-        name = (f"{info.name} {info.quant_type}" if info and conv.model == self.settings.model
-                and self.engine.name != "remote" else None)  # "default" says little
+        engine = app.engine
+        info = engine.info if engine is not None else None
+        name = (f"{info.name} {info.quant_type}" if info and conv.model == app.settings.model
+                and engine.name != "remote" else None)  # "default" says little
         try:
             export_conversation(target, conv, stored, fmt, name)
         except OSError as exc:
-            self._error(f"export failed: {exc}")
+            app.error(f"export failed: {exc}")
             return
-        self.last_export = target
-        self._info(f"exported to {target}")
-
-
-def conversation_engine_settings(settings: ChatSettings, conv) -> ChatSettings:
-    """`settings` with the model, context size and draft a stored conversation ran with
-    (values a damaged record holds are ignored)."""
-    params = conv.params
-    ctx_size = params.get("ctx_size", settings.ctx_size)
-    if not isinstance(ctx_size, int) or ctx_size < 16:
-        ctx_size = settings.ctx_size
-    draft, n_draft = params.get("draft"), params.get("num_draft_tokens")
-    if not isinstance(draft, str) or not draft:  # ran without one: the flags' draft stays
-        draft, n_draft = settings.draft, settings.num_draft_tokens
-    if not isinstance(n_draft, int) or not 1 <= n_draft <= 32:
-        n_draft = None
-    return replace(settings, model=conv.model or settings.model, ctx_size=ctx_size,
-                   draft=draft, num_draft_tokens=n_draft)
-
-
-def engine_label(settings: ChatSettings) -> str:
-    """model, ctx and draft, as the notices name them."""
-    ctx = f", ctx {settings.ctx_size}" if settings.ctx_size else ""
-    draft = f", draft {settings.draft}" if settings.draft else ""
-    return f"model {settings.model}{ctx}{draft}"
+        app.last_export = target
+        app.info(f"exported to {target}")
