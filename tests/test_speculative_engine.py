@@ -170,3 +170,17 @@ def test_llama_cpp_speculation_runs_past_512_tokens(draft):
     out = json.loads(done.stdout)
     assert out["completion_tokens"] == 560 and out["context_tokens"] > 560
     assert out["draft"]["proposed"] > 0
+
+
+def test_auto_draft_is_prompt_lookup_without_a_kept_draft_and_skips_seeded_requests():
+    engine = load_engine("default", threads=2, ctx_size=512, draft="auto")
+    try:
+        assert engine.draft.source == "ngram" and engine.draft.auto
+        tokens, draft = reply(engine, PROMPTS[1], n=12)
+        assert draft is not None and draft["source"] == "ngram"
+        seeded = SamplingParams(temperature=0.8, seed=7)
+        first, draft = reply(engine, PROMPTS[0], seeded, n=12)
+        assert draft is None  # a seeded request stays reproducible: no speculation
+        assert reply(engine, PROMPTS[0], seeded, n=12)[0] == first
+    finally:
+        engine.close()
