@@ -93,7 +93,7 @@ def _write(src: Path, out: Path, type_name: str, threads: int, args) -> None:
 
 
 def cmd_quantize(args) -> int:
-    from localchat.models import resolve_model_facts, validate_model_path
+    from localchat.models.specs import resolve_model_facts, validate_model_path
 
     type_name = _type_name(args.type)
     if args.method == "gptq" and type_name != "int4":
@@ -133,7 +133,7 @@ def cmd_quantize(args) -> int:
 def cmd_eval(args) -> int:
     import torch
 
-    from localchat.models import resolve_model_facts
+    from localchat.models.specs import resolve_model_facts
 
     if args.agreement and (args.table or args.reference):
         raise UsageError("--agreement compares engines; it does not combine with --table or --reference")

@@ -16,7 +16,7 @@ import torch
 
 from localchat.cli import main
 from localchat.engine.base import Message, Request, SamplingParams
-from localchat.models import resolve_model
+from localchat.models.specs import resolve_model
 from quantize.gguf_convert import dequantize_gguf
 from quantize.gguf_quantize import quantize_gguf
 

@@ -180,7 +180,7 @@ def measure_agreement(path: str | Path, *, positions: int = 1100, threads: int =
 
 def cmd_eval(args) -> int:
     from localchat.errors import UsageError
-    from localchat.models import resolve_model
+    from localchat.models.specs import resolve_model
 
     if not args.agreement:
         raise UsageError("say what to evaluate: --agreement")

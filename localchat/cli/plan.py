@@ -17,7 +17,7 @@ from localchat.engine.context_size import DEFAULT_CTX
 from localchat.errors import UsageError
 from localchat.gguf_reader import read_gguf
 from localchat.model_files import GGUFFacts
-from localchat.models import resolve_model_facts
+from localchat.models.specs import resolve_model_facts
 from localchat.units import human_bytes, machine_memory, parse_memory
 
 # bits per weight of llama.cpp's types (block bytes × 8 / block size; K-quant mixes averaged)

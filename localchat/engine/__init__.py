@@ -48,7 +48,7 @@ def load_engine(
     built-in template's name or a Jinja file, instead of the model file's
     (chat/builtin_templates.py; files without one get their family's format).
     """
-    from localchat.models import resolve_model_facts
+    from localchat.models.specs import resolve_model_facts
 
     if endpoint is not None:  # an OpenAI-compatible server does the work; spec names its model
         if chat_template is not None:
@@ -118,7 +118,7 @@ def load_engine(
                             draft=draft_facts, num_draft_tokens=num_draft_tokens,
                             cache_types=tuple(cache_types))
     except (EngineError, ModelFormatError):  # the file is broken: `models` stops listing it
-        from localchat.models import forget
+        from localchat.models.specs import forget
 
         forget(facts.path)
         raise

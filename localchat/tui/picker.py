@@ -24,7 +24,7 @@ from textual.widgets import DataTable, Static
 
 from localchat.engine.context_size import load_context
 from localchat.errors import LocalchatError
-from localchat.models import ModelEntry, list_models
+from localchat.models.specs import ModelEntry, list_models
 from localchat.cli.plan import context_that_fits, model_size
 from localchat.units import available_memory, human_bytes
 
