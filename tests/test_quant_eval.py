@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from localchat.cli import main
-from localchat.gguf_reader import read_gguf
+from localchat.models.gguf_reader import read_gguf
 from localchat.models.specs import resolve_model
 from quantize.export_hf import gguf_tensor
 from quantize.matrix_stats import matrix_error

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from localchat.engine.context_size import DEFAULT_CTX
 from localchat.errors import UsageError
-from localchat.gguf_reader import read_gguf
-from localchat.model_files import GGUFFacts
+from localchat.models.gguf_reader import read_gguf
+from localchat.models.files import GGUFFacts
 from localchat.models.specs import resolve_model_facts
 from localchat.units import human_bytes, machine_memory, parse_memory
 
@@ -44,7 +44,7 @@ class ModelSize:
 
 def model_size(facts: GGUFFacts) -> ModelSize:
     if facts.path.is_dir():  # a Hugging Face directory: its safetensors headers
-        from localchat.hf_model_files import tensor_totals
+        from localchat.models.hf_files import tensor_totals
 
         return ModelSize(*tensor_totals(facts.path), facts)
     with read_gguf(facts.path) as f:

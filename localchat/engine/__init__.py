@@ -11,7 +11,7 @@ from localchat.engine.context_size import MIN_CTX, load_context
 from localchat.errors import EngineError, ModelFormatError, UsageError
 
 if TYPE_CHECKING:
-    from localchat.model_files import GGUFFacts
+    from localchat.models.files import GGUFFacts
 
 ENGINES = ("llama.cpp", "torch", "auto")
 

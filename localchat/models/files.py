@@ -19,8 +19,8 @@ from gguf import LlamaFileType
 
 from localchat.chat.builtin_templates import CHAT_MARKERS
 from localchat.errors import ModelFormatError, ModelNotFoundError, UnsafeCheckpointError
-from localchat.gguf_checks import check_model_metadata
-from localchat.gguf_reader import GGUF_MAGIC, GGUFFile, read_gguf
+from localchat.models.gguf_checks import check_model_metadata
+from localchat.models.gguf_reader import GGUF_MAGIC, GGUFFile, read_gguf
 
 PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".ckpt", ".pkl"})
 _GUESSED_FTYPE_FLAG = 1024  # llama.cpp ORs this into general.file_type when it guessed
