@@ -14,12 +14,12 @@ from rich.cells import cell_len
 from textual.widgets import DataTable, Input
 
 from localchat.engine.base import SamplingParams, Stats
+from localchat.models.facts import load_context
 from localchat.settings import ChatSettings
 from localchat.tui.app import ChatApp
 from localchat.tui.keymap import parse_keymap
 from localchat.tui.palette import PALETTE_ACTIONS
 from localchat.tui.params import ParamsScreen, check_values
-from localchat.engine.context_size import load_context
 from localchat.tui.picker import ModelPickerScreen, model_row
 from localchat.tui.widgets import GaugeBar, RateSparkline, format_gauges, live_rate
 from test_tui import send, wait_until

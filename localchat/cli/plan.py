@@ -13,7 +13,7 @@ import argparse
 import json
 from dataclasses import dataclass
 
-from localchat.engine.context_size import DEFAULT_CTX
+from localchat.models.facts import DEFAULT_CTX
 from localchat.errors import UsageError
 from localchat.models.gguf_reader import read_gguf
 from localchat.models.files import GGUFFacts

@@ -7,8 +7,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from localchat.engine.base import Engine
-from localchat.engine.context_size import MIN_CTX, load_context
 from localchat.errors import EngineError, ModelFormatError, UsageError
+from localchat.models.facts import MIN_CTX, load_context
 
 if TYPE_CHECKING:
     from localchat.models.files import GGUFFacts

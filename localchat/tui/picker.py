@@ -22,10 +22,10 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
-from localchat.engine.context_size import load_context
-from localchat.errors import LocalchatError
-from localchat.models.specs import ModelEntry, list_models
 from localchat.cli.plan import context_that_fits, model_size
+from localchat.errors import LocalchatError
+from localchat.models.facts import load_context
+from localchat.models.specs import ModelEntry, list_models
 from localchat.units import available_memory, human_bytes
 
 Choice = tuple[str, "str | None"]  # ("model", spec) or ("draft", spec | "ngram" | None)
