@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from localchat.errors import ModelFormatError, ModelNotFoundError, UnsafeCheckpointError
-from localchat.models.files import GGUFFacts, validate_model_file
+from localchat.models.facts import GGUFFacts
+from localchat.models.files import validate_model_file
 
 
 def _bundled() -> Path:

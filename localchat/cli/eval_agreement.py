@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from localchat.engine.base import Message, Request, SamplingParams
-from localchat.models.files import GGUFFacts, validate_model_file
+from localchat.models.facts import GGUFFacts
+from localchat.models.files import validate_model_file
 
 GREEDY_PROMPTS = (
     "Which city is the capital of France?",

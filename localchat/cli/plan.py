@@ -13,10 +13,10 @@ import argparse
 import json
 from dataclasses import dataclass
 
-from localchat.models.facts import DEFAULT_CTX
 from localchat.errors import UsageError
+from localchat.models.facts import DEFAULT_CTX
+from localchat.models.facts import GGUFFacts
 from localchat.models.gguf_reader import read_gguf
-from localchat.models.files import GGUFFacts
 from localchat.models.specs import resolve_model_facts
 from localchat.units import human_bytes, machine_memory, parse_memory
 

@@ -11,7 +11,7 @@ from localchat.errors import EngineError, ModelFormatError, UsageError
 from localchat.models.facts import MIN_CTX, load_context
 
 if TYPE_CHECKING:
-    from localchat.models.files import GGUFFacts
+    from localchat.models.facts import GGUFFacts
 
 ENGINES = ("llama.cpp", "torch", "auto")
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from localchat.atomic import atomic_write_text
 from localchat.errors import LocalchatError, ModelNotFoundError, UsageError
-from localchat.models.files import GGUFFacts, validate_model_file
+from localchat.models.facts import GGUFFacts
+from localchat.models.files import validate_model_file
 from localchat.models.hf_files import is_hf_directory, validate_hf_directory
 from localchat.models.hub import cached_gguf_files, cached_spec, fetch, parse_hub_ref
 from localchat.models.names import expand_short_name, short_name_for
