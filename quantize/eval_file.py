@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 
 from localchat.errors import UsageError
-from localchat.model_files import GGUFFacts
+from localchat.models.facts import GGUFFacts
 from quantize.eval_table import float32_weights, scored_text
 from quantize.file_matrices import projection_matrices
 from quantize.matrix_stats import matrix_error, summarize

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from localchat.model_files import GGUFFacts
+from localchat.models.facts import GGUFFacts
 from quantize.matrix_stats import matrix_error, summarize
 from quantize.quality import Protocol, compare, perplexity, scored_logprobs, targets, text_tokens, windows
 from quantize.schemes import TABLE_SCHEMES

@@ -21,8 +21,8 @@ from gguf.quants import dequantize
 from localchat.engine.executors.torch.weights import LlamaConfig
 from localchat.atomic import atomic_directory
 from localchat.errors import ModelFormatError, UsageError
-from localchat.gguf_checks import check_model_metadata
-from localchat.gguf_reader import GGUFFile, read_gguf
+from localchat.models.gguf_checks import check_model_metadata
+from localchat.models.gguf_reader import GGUFFile, read_gguf
 from quantize.hf_tokenizer import build_tokenizer, tokenizer_config
 from quantize.safe_output import save_safetensors
 

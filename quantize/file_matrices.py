@@ -15,9 +15,9 @@ from safetensors import safe_open
 from localchat.engine.executors.torch.gptq_weights import dequantize_gptq, gptq_config, gptq_matrices
 from localchat.engine.executors.torch.intq import QUANT_METHOD, SCALE_SUFFIX, dequantize_int, load_int
 from localchat.engine.executors.torch.nf4 import QUANT_STATE_KEY, dequantize, load_nf4
-from localchat.gguf_reader import read_gguf
-from localchat.hf_model_files import read_json, safetensors_files
-from localchat.model_files import GGUFFacts
+from localchat.models.facts import GGUFFacts
+from localchat.models.gguf_reader import read_gguf
+from localchat.models.hf_files import read_json, safetensors_files
 from quantize.export_hf import gguf_tensor, hf_name, unpermute
 from quantize.hf_rewrite import QUANTIZED
 

@@ -18,7 +18,7 @@ import numpy as np
 from gguf.quants import dequantize
 
 from localchat.errors import UsageError
-from localchat.model_files import validate_model_file
+from localchat.models.files import validate_model_file
 
 
 def _copy_metadata(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, file_type: int) -> None:

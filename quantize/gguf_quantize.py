@@ -24,7 +24,7 @@ from gguf import LlamaFileType as FT
 from gguf.quants import dequantize, quant_shape_to_byte_shape, quantize
 
 from localchat.errors import EngineError, UsageError
-from localchat.model_files import validate_model_file
+from localchat.models.files import validate_model_file
 from quantize.gguf_convert import _copy_metadata, dequantize_gguf
 from quantize.progress import Progress
 from quantize.safe_output import atomic_output_file

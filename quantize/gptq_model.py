@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from localchat.errors import UsageError
-from localchat.hf_model_files import read_json, safetensors_files
+from localchat.models.hf_files import read_json, safetensors_files
 from quantize.gptq import GPTQResult, gptq_quantize, pack_v1, split_rows
 from quantize.hf_rewrite import rewrite_projections
 from quantize.progress import Progress

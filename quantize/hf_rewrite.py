@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 from localchat.atomic import atomic_directory
 from localchat.errors import UsageError
-from localchat.hf_model_files import INDEX_FILE, read_json, safetensors_files
+from localchat.models.hf_files import INDEX_FILE, read_json, safetensors_files
 from quantize.export_hf import write_json
 from quantize.progress import Progress
 from quantize.safe_output import save_safetensors

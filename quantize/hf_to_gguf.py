@@ -21,7 +21,7 @@ from safetensors import safe_open
 
 from localchat.engine.executors.torch.hf_weights import hf_llama_config
 from localchat.errors import ModelFormatError, UsageError
-from localchat.hf_model_files import chat_template, read_json, read_json_if_present, safetensors_files
+from localchat.models.hf_files import chat_template, read_json, read_json_if_present, safetensors_files
 from quantize.export_hf import _GLOBAL_NAMES, _LAYER_NAMES, rename_tensor
 from quantize.hf_tokenizer import CONTROL, PRE_TOKENIZERS, USER_DEFINED
 from quantize.progress import Progress

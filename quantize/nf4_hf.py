@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from localchat.hf_model_files import read_json
+from localchat.models.hf_files import read_json
 from quantize.hf_rewrite import rewrite_projections
 from quantize.nf4 import quantize_nf4
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from localchat.gguf_reader import read_gguf
-from localchat.models import resolve_model
+from localchat.models.gguf_reader import read_gguf
+from localchat.models.specs import resolve_model
 from quantize.export_hf import gguf_tensor
 from quantize.gptq import _inverse_cholesky, gptq_quantize, hessian, pack_v1, rtn_asym
 
@@ -163,7 +163,7 @@ def test_written_directory_has_the_gptq_layout(gptq_two_layers):
         assert f.get_tensor("model.embed_tokens.weight").dtype == torch.float32
         assert "model.layers.0.input_layernorm.weight" in keys
         assert not any(k.startswith("model.layers.2.") for k in keys)
-    from localchat.models import validate_model_path
+    from localchat.models.specs import validate_model_path
 
     assert validate_model_path(gptq_two_layers).quant_type == "GPTQ-INT4-G128"
 
@@ -189,7 +189,7 @@ def test_written_model_loads_on_int4_kernels_and_generates(gptq_two_layers):
 
 def test_eval_reads_gptq_matrices(gptq_two_layers, hf_dir):
     """quantize/file_matrices (eval's matrix errors) dequantizes GPTQ files."""
-    from localchat.models import validate_model_path
+    from localchat.models.specs import validate_model_path
     from quantize.file_matrices import projection_matrices
 
     matrices, bits = projection_matrices(validate_model_path(gptq_two_layers))

@@ -16,7 +16,7 @@ import numpy as np
 
 from localchat.engine.executors.llamacpp import LlamaCppExecutor
 from localchat.engine.runtime.compute_thread import COMPUTE
-from localchat.model_files import GGUFFacts
+from localchat.models.facts import GGUFFacts
 
 
 def _decode(executor: LlamaCppExecutor, entries: list[tuple[int, int, int, bool]]) -> np.ndarray:

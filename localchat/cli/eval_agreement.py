@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from localchat.engine.base import Message, Request, SamplingParams
-from localchat.model_files import GGUFFacts, validate_model_file
+from localchat.models.facts import GGUFFacts
+from localchat.models.files import validate_model_file
 
 GREEDY_PROMPTS = (
     "Which city is the capital of France?",
@@ -180,7 +181,7 @@ def measure_agreement(path: str | Path, *, positions: int = 1100, threads: int =
 
 def cmd_eval(args) -> int:
     from localchat.errors import UsageError
-    from localchat.models import resolve_model
+    from localchat.models.specs import resolve_model
 
     if not args.agreement:
         raise UsageError("say what to evaluate: --agreement")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from localchat.models import ModelEntry, list_models, resolve_model
+from localchat.models.specs import ModelEntry, list_models, resolve_model
 from localchat.units import human_bytes
 
 COLUMNS = ("SOURCE", "SPEC/NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "KV/TOKEN")

@@ -19,7 +19,7 @@ from localchat.errors import UsageError
 from localchat.sampling_fields import FIELD, check_sampling
 
 if TYPE_CHECKING:  # no import at run time: base.py stays free of file-format code
-    from localchat.model_files import GGUFFacts
+    from localchat.models.facts import GGUFFacts
 
 Role = Literal["system", "user", "assistant"]
 FinishReason = Literal["stop", "length", "cancelled"]

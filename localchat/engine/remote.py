@@ -23,7 +23,7 @@ from localchat.engine.remote_http import (ConnectionLost, server_message, split_
                                           status_error, stream_error, transport_errors)
 from localchat.engine.sse import BackgroundStream, Cancelled, sse_data
 from localchat.errors import EngineError, ModelNotFoundError, UsageError
-from localchat.engine.context_size import DEFAULT_CTX
+from localchat.models.facts import DEFAULT_CTX
 from localchat.sampling_fields import SAMPLING_PARAMS
 
 CONNECT_TIMEOUT_S = 10.0

@@ -30,7 +30,7 @@ from localchat.engine.executors.base import Chunk, Executor
 from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary
 from localchat.engine.runtime.block_manager import BLOCK_SIZE, KVLayout
 from localchat.errors import EngineError
-from localchat.model_files import GGUFFacts
+from localchat.models.facts import GGUFFacts
 from localchat.units import refuse_beyond_available
 
 GGML_TYPE_BF16 = 30  # ggml.h (llama-cpp-python names no constant for it)

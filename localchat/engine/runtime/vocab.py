@@ -13,7 +13,7 @@ from typing import Protocol, Sequence
 from localchat.engine.base import Message, ModelInfo, Request
 from localchat.engine.runtime.stream import check_prompt_fits
 from localchat.errors import TemplateError
-from localchat.model_files import GGUFFacts
+from localchat.models.facts import GGUFFacts
 
 
 class Vocabulary(Protocol):

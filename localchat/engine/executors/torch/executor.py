@@ -25,7 +25,7 @@ from localchat.engine.executors.torch.model import Batch, KVStore, LlamaModel
 from localchat.engine.executors.torch.weights import load_weights
 from localchat.engine.runtime.block_manager import BLOCK_SIZE, KVLayout
 from localchat.errors import UsageError
-from localchat.model_files import GGUFFacts
+from localchat.models.facts import GGUFFacts
 from localchat.paths import data_dir
 from localchat.units import available_memory, human_bytes, refuse_beyond_available
 

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 from localchat.chat.template import render_chat
 from localchat.engine.base import Message
 from localchat.errors import EngineError
-from localchat.hf_model_files import read_json_if_present, token_text
+from localchat.models.hf_files import read_json_if_present, token_text
 
 # special tokens llama.cpp (llama-vocab.cpp) also treats as end of generation whatever
 # the eos id is: end-of-turn texts, and the fill-in-the-middle pad/repo/file-separator ones

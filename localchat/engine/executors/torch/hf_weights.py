@@ -29,7 +29,7 @@ from localchat.engine.executors.torch.qlinear import DenseLinear
 from localchat.engine.executors.torch.rope import llama3_rope_factors
 from localchat.engine.executors.torch.weights import LayerWeights, LlamaConfig, ModelWeights
 from localchat.errors import EngineError
-from localchat.hf_model_files import HF_MODEL_TYPES, read_json, safetensors_files
+from localchat.models.hf_files import HF_MODEL_TYPES, read_json, safetensors_files
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

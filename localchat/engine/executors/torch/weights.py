@@ -17,9 +17,9 @@ from gguf.quants import dequantize
 
 from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix
 from localchat.engine.executors.torch.qlinear import dequantized_q4, q4_parts, q8_parts
-from localchat.gguf_checks import check_model_metadata
-from localchat.gguf_reader import read_gguf
 from localchat.errors import EngineError
+from localchat.models.gguf_checks import check_model_metadata
+from localchat.models.gguf_reader import read_gguf
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 INT4_EXACT = (Q.Q4_0, Q.Q4_1, Q.Q4_K)  # types the int4 kernel reproduces exactly
