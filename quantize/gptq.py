@@ -78,15 +78,6 @@ def _inverse_cholesky(h: torch.Tensor, percdamp: float, retries: int = 6) -> tup
                      f"{damp:.3g}; give more calibration text")
 
 
-def rtn_asym(w: torch.Tensor, bits: int = 4, group_size: int = 128) -> torch.Tensor:
-    """The same grid without error feedback: the baseline GPTQ has to beat."""
-    maxq, out = 2 ** bits - 1, torch.empty_like(w)
-    for g in range(0, w.shape[1], group_size):
-        scale, zero = _grid(w[:, g:g + group_size], maxq)
-        out[:, g:g + group_size] = _quant(w[:, g:g + group_size], scale[:, None], zero[:, None], maxq)[0]
-    return out
-
-
 def _column_loop(wt, hinv, codes, col_scale, col_zero, maxq: int, blocksize: int) -> None:
     """Quantize wᵀ's rows (the columns) in order, each one's error spread over the rest."""
     cols = wt.shape[0]
