@@ -1,15 +1,6 @@
-"""GPTQ (Frantar et al., 2022) for one weight matrix, after the reference gptq.py.
-
-Columns are quantized one at a time and each column's rounding error is spread over the
-columns not yet quantized, weighted by the inverse Hessian H = 2·XXᵀ/n of the layer's
-calibration inputs, so the layer's outputs (not its weights) stay close. Asymmetric
-min/max grid per row and group (as AutoGPTQ, with zero ≥ 1 so v1 can store it);
-act-order (columns by decreasing Hessian diagonal) with static groups (group scales
-fixed on the original column order before reordering, so g_idx stays col // group_size
-and loaders need no reordering); damping λ·mean(diag H) raised tenfold whenever the
-Cholesky factorisation fails. pack_v1() writes AutoGPTQ's v1 layout (qweight, qzeros
-stored minus one, scales, g_idx). The whole-model pass is quantize/gptq_model.py.
-"""
+"""GPTQ (Frantar et al., 2022) for one weight matrix: columns quantized in order, each one's
+error spread over the rest through the inverse Hessian; act-order with static groups, so
+g_idx stays col // group_size. pack_v1() writes AutoGPTQ's v1 layout."""
 
 from __future__ import annotations
 
