@@ -1,10 +1,6 @@
-"""`localchat quantize` and `localchat eval` (besides --agreement, in
-localchat/cli/eval_agreement.py).
-
-User mistakes are one-line UsageErrors; the source goes through the loaders' checks
-(pickles refused, truncated or corrupt files refused, every HF tensor's shape and type
-against config.json) and the disk's free space is checked before anything is written.
-"""
+"""`localchat quantize` and `localchat eval` (besides --agreement: cli/eval_agreement.py).
+User mistakes are one-line UsageErrors; the source and the disk's free space are checked
+before anything is written."""
 
 from __future__ import annotations
 

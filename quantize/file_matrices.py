@@ -1,9 +1,5 @@
-"""A model file's block projections as float32, by Hugging Face name and layout, and
-the bits it stores per projection weight.
-
-GGUF, float safetensors, NF4, localchat INT8/INT4 and GPTQ all come out alike (Llama GGUF
-Q/K rows un-permuted), so any two files of one model can be compared matrix by matrix.
-"""
+"""Any model file's block projections (GGUF, float safetensors, NF4, INT8/INT4, GPTQ) as float32
+by Hugging Face name and layout, with its bits per weight, to compare files matrix by matrix."""
 
 from __future__ import annotations
 

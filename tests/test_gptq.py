@@ -9,7 +9,7 @@ import torch
 from localchat.models.gguf_reader import read_gguf
 from localchat.models.specs import resolve_model
 from quantize.export_hf import gguf_tensor
-from quantize.gptq import _inverse_cholesky, gptq_quantize, hessian, pack_v1, rtn_asym
+from quantize.gptq import _grid, _inverse_cholesky, _quant, gptq_quantize, hessian, pack_v1
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +25,15 @@ def layer():
     llm.close()
     x = torch.nn.functional.rms_norm(emb[tokens], (576,), norm, 1e-5).double()
     return w, x[:384], x[384:]
+
+
+def rtn_asym(w: torch.Tensor, bits: int = 4, group_size: int = 128) -> torch.Tensor:
+    """The same grid without error feedback: the baseline GPTQ has to beat."""
+    maxq, out = 2 ** bits - 1, torch.empty_like(w)
+    for g in range(0, w.shape[1], group_size):
+        scale, zero = _grid(w[:, g:g + group_size], maxq)
+        out[:, g:g + group_size] = _quant(w[:, g:g + group_size], scale[:, None], zero[:, None], maxq)[0]
+    return out
 
 
 def _output_error(w, q, x) -> float:

@@ -1,8 +1,4 @@
-"""`localchat pull` and `localchat models`: fetch a model, list the known ones.
-
-Both return an exit code and raise LocalchatError subclasses for user mistakes; the
-CLI prints those as one line.
-"""
+"""`localchat pull` and `localchat models`: fetch a model, list the known ones."""
 
 from __future__ import annotations
 

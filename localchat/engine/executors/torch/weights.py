@@ -1,9 +1,5 @@
-"""GGUF tensors -> the torch engine's config and layers.
-
-Each matrix runs on the kernel kernels.py chose for its shape and type (4-bit blocks on
-int4pack exactly, 5- to 8-bit types on int8pack or 16-bit floats within 1.5x the file's
-bytes); the token embedding keeps the file's rows and dequantizes those looked up.
-"""
+"""GGUF tensors -> the torch engine's config and layers, each matrix on the kernel kernels.py
+chose for it; the token embedding keeps the file's rows and dequantizes those looked up."""
 
 from __future__ import annotations
 
