@@ -15,8 +15,8 @@ import torch
 
 from localchat.engine.executors.base import Chunk
 from localchat.engine.executors.llamacpp import LlamaCppExecutor
-from localchat.model_files import validate_model_file
-from localchat.models import resolve_model
+from localchat.models.files import validate_model_file
+from localchat.models.specs import resolve_model
 from quantize.distill import _batch, file_agreement, kd_loss
 from quantize.distill_data import Example, chat_prompts, teacher_replies
 from quantize.student import default_layers, student_from_target, write_student_gguf

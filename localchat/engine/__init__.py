@@ -82,7 +82,7 @@ def load_engine(
         raise UsageError("--num-draft-tokens needs a draft: --draft-model SPEC or --draft ngram")
     auto_draft = draft == "auto"
     if auto_draft:  # a distilled draft kept for this model, else prompt lookup
-        from localchat.drafts import kept_draft
+        from localchat.models.drafts import kept_draft
 
         kept = None if facts.path.is_dir() else kept_draft(facts)
         draft = "ngram" if kept is None else str(kept)
