@@ -184,3 +184,17 @@ def test_auto_draft_is_prompt_lookup_without_a_kept_draft_and_skips_seeded_reque
         assert reply(engine, PROMPTS[0], seeded, n=12)[0] == first
     finally:
         engine.close()
+
+
+@pytest.mark.slow
+def test_bench_reports_the_speculative_section_per_task():
+    done = _localchat("bench", "--engines", "llama.cpp", "-p", "16", "-g", "16", "-r", "1",
+                      "--draft", "ngram", "--json")
+    assert done.returncode == 0, done.stderr
+    spec = json.loads(done.stdout)["speculative"]
+    assert spec["source"] == "ngram" and set(spec["tasks"]) == {"chat", "quote"}
+    for task in spec["tasks"].values():
+        assert task["identical_output"] is True  # greedy speculation never changes the text
+        for key in ("alpha", "c", "beta", "speedup", "predicted_speedup", "no_draft_tok_s"):
+            assert key in task
+    assert spec["speedup"] == spec["tasks"]["chat"]["speedup"]
