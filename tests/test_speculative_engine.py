@@ -188,8 +188,9 @@ def test_auto_draft_is_prompt_lookup_without_a_kept_draft_and_skips_seeded_reque
 
 @pytest.mark.slow
 def test_bench_reports_the_speculative_section_per_task():
-    done = _localchat("bench", "--engines", "llama.cpp", "-p", "16", "-g", "16", "-r", "1",
-                      "--draft", "ngram", "--json")
+    done = subprocess.run([sys.executable, "-m", "localchat", "bench", "--engines", "llama.cpp",
+                           "-p", "16", "-g", "16", "-r", "1", "--draft", "ngram", "--json"],
+                          capture_output=True, text=True, timeout=1200)  # 4 loads, 10 replies
     assert done.returncode == 0, done.stderr
     spec = json.loads(done.stdout)["speculative"]
     assert spec["source"] == "ngram" and set(spec["tasks"]) == {"chat", "quote"}
