@@ -1,8 +1,5 @@
-"""Write small state files so a crash never leaves a half-written one behind.
-
-The text goes to a temporary file in the same folder, is fsynced, then renamed over the
-target: readers see the old content or the new, never a mix.
-"""
+"""Write small state files atomically (a temporary file in the same folder, fsynced, renamed over
+the target): readers see the old content or the new, never a mix."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Typed errors for user mistakes and bad inputs.
-
-Every error a user can cause is a LocalchatError: the CLI prints its message as one
-line and exits with its exit_code, never a traceback. Anything else is a bug.
-"""
+"""Typed errors for user mistakes and bad inputs: the CLI prints a LocalchatError as one line
+and exits with its exit_code, never a traceback. Anything else is a bug."""
 
 
 class LocalchatError(Exception):

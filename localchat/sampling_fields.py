@@ -1,9 +1,6 @@
-"""SAMPLING_FIELDS: the one table of the sampling parameters (and max_tokens) that every
-surface reads: command-line flags, `/set`, the parameters panel, batch lines, the
-server's request bodies, ChatSettings and SamplingParams' own checks.
-
-Imports nothing from localchat but errors, so any module may import it.
-"""
+"""SAMPLING_FIELDS: the one table of sampling parameters (and max_tokens) that flags, `/set`,
+the parameters panel, batch lines, the server schema and SamplingParams read.
+Imports nothing from localchat but errors, so any module may import it."""
 
 from __future__ import annotations
 

@@ -19,10 +19,6 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def human_rate(tok_s: float) -> str:
-    return f"{tok_s:.1f} tok/s" if tok_s > 0 else "–"
-
-
 def parse_memory(text: str) -> int:
     """'8GB' -> 8e9, '16GiB' -> 16·2^30, '512MiB', '1e9'."""
     from localchat.errors import UsageError

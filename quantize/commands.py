@@ -1,10 +1,6 @@
-"""`localchat quantize` and `localchat eval` (besides --agreement, in
-localchat/cli/eval_agreement.py).
-
-User mistakes are one-line UsageErrors; the source goes through the loaders' checks
-(pickles refused, truncated or corrupt files refused, every HF tensor's shape and type
-against config.json) and the disk's free space is checked before anything is written.
-"""
+"""`localchat quantize` and `localchat eval` (besides --agreement: cli/eval_agreement.py).
+User mistakes are one-line UsageErrors; the source and the disk's free space are checked
+before anything is written."""
 
 from __future__ import annotations
 
@@ -93,7 +89,7 @@ def _write(src: Path, out: Path, type_name: str, threads: int, args) -> None:
 
 
 def cmd_quantize(args) -> int:
-    from localchat.models import resolve_model_facts, validate_model_path
+    from localchat.models.specs import resolve_model_facts, validate_model_path
 
     type_name = _type_name(args.type)
     if args.method == "gptq" and type_name != "int4":
@@ -109,7 +105,7 @@ def cmd_quantize(args) -> int:
     check_output(src, out, replace=args.force and type_name in GGUF_TYPES)
     if src.is_dir():  # the torch loader's config checks (activation, RoPE scaling, ...)
         from localchat.engine.executors.torch.hf_weights import hf_llama_config
-        from localchat.hf_model_files import read_json
+        from localchat.models.hf_files import read_json
 
         hf_llama_config(read_json(src / "config.json"), src.name)
     from quantize.output_size import min_bytes_written
@@ -133,7 +129,7 @@ def cmd_quantize(args) -> int:
 def cmd_eval(args) -> int:
     import torch
 
-    from localchat.models import resolve_model_facts
+    from localchat.models.specs import resolve_model_facts
 
     if args.agreement and (args.table or args.reference):
         raise UsageError("--agreement compares engines; it does not combine with --table or --reference")

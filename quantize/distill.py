@@ -86,7 +86,7 @@ def file_agreement(draft: Path, examples: list[Example], threads: int | None) ->
     that llama.cpp loads it)."""
     from localchat.engine.executors.base import Chunk
     from localchat.engine.executors.llamacpp import LlamaCppExecutor
-    from localchat.model_files import validate_model_file
+    from localchat.models.files import validate_model_file
 
     n_ctx = max(len(e.tokens) for e in examples)
     executor = LlamaCppExecutor(validate_model_file(draft), n_ctx=n_ctx, threads=threads, parallel=1)
@@ -123,7 +123,7 @@ class Workdir:
 def collect_teacher(target: Path, options: DistillOptions, log) -> list[Example]:
     """The target's greedy replies to the built-in prompts, plus history/text if asked."""
     from localchat.engine.executors.llamacpp import LlamaCppExecutor
-    from localchat.model_files import validate_model_file
+    from localchat.models.files import validate_model_file
 
     facts = validate_model_file(target)
     executor = LlamaCppExecutor(facts, n_ctx=1024, threads=options.threads, parallel=16)
@@ -251,7 +251,7 @@ def distill(target: Path, out: Path, options: DistillOptions, resume: bool = Fal
 
 
 def _target_layers(target: Path) -> int:
-    from localchat.model_files import validate_model_file
+    from localchat.models.files import validate_model_file
 
     facts = validate_model_file(target)
     return facts.n_layers

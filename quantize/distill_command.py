@@ -6,14 +6,14 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from localchat.drafts import draft_path_for
+from localchat.models.drafts import draft_path_for
 from localchat.errors import UsageError
 from quantize.distill import DistillOptions, distill
 from quantize.safe_output import check_output, stop_signals_clean_up
 
 
 def cmd_distill(args) -> int:
-    from localchat.models import resolve_model_facts
+    from localchat.models.specs import resolve_model_facts
 
     facts = resolve_model_facts(args.target)
     if facts.path.is_dir() or facts.architecture != "llama":

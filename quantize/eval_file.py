@@ -1,18 +1,13 @@
-"""`localchat eval -m MODEL [--reference REF]` and `localchat quantize --report`: one
-model file measured as the engine runs it, optionally against a reference model.
-
-The model runs through the torch engine's own layers for its format (int4 kernels for
-GGUF Q4_0/Q4_1 and INT4 files, int8 kernel for INT8, NF4Linear, dense otherwise); the
-reference runs as float32. Matrix errors compare the two files' projections after exact
-dequantization (quantize/file_matrices.py).
-"""
+"""`localchat eval -m MODEL [--reference REF]` and `localchat quantize --report`: one model file
+measured through the torch engine's own layers for its format, optionally against a float32
+reference."""
 
 from __future__ import annotations
 
 import statistics
 
 from localchat.errors import UsageError
-from localchat.model_files import GGUFFacts
+from localchat.models.facts import GGUFFacts
 from quantize.eval_table import float32_weights, scored_text
 from quantize.file_matrices import projection_matrices
 from quantize.matrix_stats import matrix_error, summarize

@@ -1,12 +1,6 @@
-"""`localchat eval --table`: every scheme on one model, in one command.
-
-The reference is the model's float32 weights (a quantized GGUF is dequantized exactly
-first); each row is the reference with its block projections quantized by one scheme
-and dequantized back (quantize/simulate.py), so all rows share one float32 forward
-pass and differ only in the weights' rounding. Columns: bits per weight (scales
-included), worst and median relative matrix error, perplexity with its 95 % interval,
-KL divergence, top-1 agreement and α against the reference.
-"""
+"""`localchat eval --table`: every scheme on one model in one command, each row the float32
+reference with its block projections simulated (quantize/simulate.py); columns: bits per
+weight, matrix error, perplexity, KL, top-1 agreement and α."""
 
 from __future__ import annotations
 
@@ -15,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from localchat.model_files import GGUFFacts
+from localchat.models.facts import GGUFFacts
 from quantize.matrix_stats import matrix_error, summarize
 from quantize.quality import Protocol, compare, perplexity, scored_logprobs, targets, text_tokens, windows
 from quantize.schemes import TABLE_SCHEMES

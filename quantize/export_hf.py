@@ -1,12 +1,6 @@
-"""GGUF -> a Hugging Face model directory (config.json, model.safetensors, tokenizer).
-
-Tests need an HF directory without downloading one, and quantizers need float weights
-to start from: this writes the GGUF's weights dequantized, under transformers' Llama /
-Qwen2 names, with llama.cpp's Q/K row permutation undone (convert_hf_to_gguf.py permutes
-Llama's Q/K rows so pairs rotate together; HF keeps halves). The tokenizer is rebuilt
-with the `tokenizers` library from the GGUF vocabulary (byte-level BPE only).
-The directory appears whole or not at all (written beside it, then renamed).
-"""
+"""GGUF -> a Hugging Face directory (config.json, model.safetensors, tokenizer): weights
+dequantized under transformers' Llama/Qwen2 names with llama.cpp's Q/K permutation undone.
+The directory appears whole or not at all."""
 
 from __future__ import annotations
 
@@ -21,8 +15,8 @@ from gguf.quants import dequantize
 from localchat.engine.executors.torch.weights import LlamaConfig
 from localchat.atomic import atomic_directory
 from localchat.errors import ModelFormatError, UsageError
-from localchat.gguf_checks import check_model_metadata
-from localchat.gguf_reader import GGUFFile, read_gguf
+from localchat.models.gguf_checks import check_model_metadata
+from localchat.models.gguf_reader import GGUFFile, read_gguf
 from quantize.hf_tokenizer import build_tokenizer, tokenizer_config
 from quantize.safe_output import save_safetensors
 

@@ -1,9 +1,5 @@
-"""A model file's block projections as float32, by Hugging Face name and layout, and
-the bits it stores per projection weight.
-
-GGUF, float safetensors, NF4, localchat INT8/INT4 and GPTQ all come out alike (Llama GGUF
-Q/K rows un-permuted), so any two files of one model can be compared matrix by matrix.
-"""
+"""Any model file's block projections (GGUF, float safetensors, NF4, INT8/INT4, GPTQ) as float32
+by Hugging Face name and layout, with its bits per weight, to compare files matrix by matrix."""
 
 from __future__ import annotations
 
@@ -15,9 +11,9 @@ from safetensors import safe_open
 from localchat.engine.executors.torch.gptq_weights import dequantize_gptq, gptq_config, gptq_matrices
 from localchat.engine.executors.torch.intq import QUANT_METHOD, SCALE_SUFFIX, dequantize_int, load_int
 from localchat.engine.executors.torch.nf4 import QUANT_STATE_KEY, dequantize, load_nf4
-from localchat.gguf_reader import read_gguf
-from localchat.hf_model_files import read_json, safetensors_files
-from localchat.model_files import GGUFFacts
+from localchat.models.facts import GGUFFacts
+from localchat.models.gguf_reader import read_gguf
+from localchat.models.hf_files import read_json, safetensors_files
 from quantize.export_hf import gguf_tensor, hf_name, unpermute
 from quantize.hf_rewrite import QUANTIZED
 

@@ -1,11 +1,5 @@
-"""Rewrite a GGUF file with its tensors in another type, keeping every metadata key.
-
-For now the one output is float32 (the exact dequantization of every tensor): the
-reference that tells an engine's arithmetic apart from its weights' quantization
-(`localchat eval --agreement` uses it). The quantize command adds the other types.
-The output is written to a temporary file beside it and renamed into place, so an
-interrupted conversion leaves nothing half-written.
-"""
+"""A GGUF rewritten with every tensor dequantized exactly to float32, metadata kept, written
+atomically: the reference that tells an engine's arithmetic apart from its weights' rounding."""
 
 from __future__ import annotations
 
@@ -18,7 +12,7 @@ import numpy as np
 from gguf.quants import dequantize
 
 from localchat.errors import UsageError
-from localchat.model_files import validate_model_file
+from localchat.models.files import validate_model_file
 
 
 def _copy_metadata(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, file_type: int) -> None:

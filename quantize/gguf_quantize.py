@@ -1,15 +1,6 @@
-"""GGUF -> GGUF in another type: gguf-py's quantizers for the plain types, llama.cpp's
-own quantizer (through llama-cpp-python) for its K-quant mixes.
-
-Plain types (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) follow llama.cpp's choices
-for a model without an importance matrix: 1-D tensors (norms, biases) stay F32; the
-output matrix (or the tied token embedding standing in for it) is Q8_0 below Q8_0
-(llama.cpp picks Q8_0 when its rows are not a multiple of 256, as on SmolLM2, else
-Q6_K, which gguf-py cannot write); a matrix whose rows are not whole blocks is F16.
-Every metadata key is kept, general.file_type is set. The source may be any GGUF
-type: it is dequantized to float32 first. Tensors are quantized and written one at a
-time (the header first, from shapes alone), so memory stays at one tensor.
-"""
+"""GGUF -> GGUF in another type: gguf-py's quantizers for the plain types (with llama.cpp's
+per-tensor choices), llama.cpp's own quantizer for its K-quant mixes. Metadata is kept and
+tensors are written one at a time, so memory stays at one tensor."""
 
 from __future__ import annotations
 
@@ -24,7 +15,7 @@ from gguf import LlamaFileType as FT
 from gguf.quants import dequantize, quant_shape_to_byte_shape, quantize
 
 from localchat.errors import EngineError, UsageError
-from localchat.model_files import validate_model_file
+from localchat.models.files import validate_model_file
 from quantize.gguf_convert import _copy_metadata, dequantize_gguf
 from quantize.progress import Progress
 from quantize.safe_output import atomic_output_file

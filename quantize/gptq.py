@@ -1,15 +1,6 @@
-"""GPTQ (Frantar et al., 2022) for one weight matrix, after the reference gptq.py.
-
-Columns are quantized one at a time and each column's rounding error is spread over the
-columns not yet quantized, weighted by the inverse Hessian H = 2·XXᵀ/n of the layer's
-calibration inputs, so the layer's outputs (not its weights) stay close. Asymmetric
-min/max grid per row and group (as AutoGPTQ, with zero ≥ 1 so v1 can store it);
-act-order (columns by decreasing Hessian diagonal) with static groups (group scales
-fixed on the original column order before reordering, so g_idx stays col // group_size
-and loaders need no reordering); damping λ·mean(diag H) raised tenfold whenever the
-Cholesky factorisation fails. pack_v1() writes AutoGPTQ's v1 layout (qweight, qzeros
-stored minus one, scales, g_idx). The whole-model pass is quantize/gptq_model.py.
-"""
+"""GPTQ (Frantar et al., 2022) for one weight matrix: columns quantized in order, each one's
+error spread over the rest through the inverse Hessian; act-order with static groups, so
+g_idx stays col // group_size. pack_v1() writes AutoGPTQ's v1 layout."""
 
 from __future__ import annotations
 
@@ -76,15 +67,6 @@ def _inverse_cholesky(h: torch.Tensor, percdamp: float, retries: int = 6) -> tup
             damp *= 10
     raise ValueError("the Hessian is not positive definite even with damping "
                      f"{damp:.3g}; give more calibration text")
-
-
-def rtn_asym(w: torch.Tensor, bits: int = 4, group_size: int = 128) -> torch.Tensor:
-    """The same grid without error feedback: the baseline GPTQ has to beat."""
-    maxq, out = 2 ** bits - 1, torch.empty_like(w)
-    for g in range(0, w.shape[1], group_size):
-        scale, zero = _grid(w[:, g:g + group_size], maxq)
-        out[:, g:g + group_size] = _quant(w[:, g:g + group_size], scale[:, None], zero[:, None], maxq)[0]
-    return out
 
 
 def _column_loop(wt, hinv, codes, col_scale, col_zero, maxq: int, blocksize: int) -> None:

@@ -1,22 +1,6 @@
-"""A Hugging Face directory -> GPTQ int4 (AutoGPTQ's v1 layout), layer by layer.
-
-Calibration: token segments of a text (default: the END of the evaluation text,
-quality.default_text(), whose START `localchat eval` scores, so the two never overlap
-unless eval is asked for more than ~60k tokens; --calibration FILE for another text).
-The segments run through the model's blocks one at a time, in float32, in the HF layout
-(rotate-halves RoPE, causal attention within each segment). Within a block the four
-Linear groups are quantized in order, each with inputs computed through the ones already
-quantized ("true sequential"): q/k/v (one Hessian, rows stacked), o, gate/up, down; the
-block's output, computed with all of them quantized, is the next block's input.
-Embeddings, norms and lm_head stay float (as AutoGPTQ does).
-
-The output: per quantized Linear P, P.qweight / P.qzeros / P.scales / P.g_idx
-(engine/executors/torch/gptq_weights.py documents and loads them), config.json's
-quantization_config {"quant_method": "gptq", "bits": 4, "group_size", "desc_act",
-"sym": false, "static_groups": true, "true_sequential": true, "damp_percent",
-"checkpoint_format": "gptq"}, the tokenizer files copied; written through
-hf_rewrite.rewrite_projections, so the directory appears whole or not at all.
-"""
+"""A Hugging Face directory -> GPTQ int4 (AutoGPTQ's v1 layout), calibrated block by block in
+float32 ("true sequential") on the END of the eval text, so `localchat eval` never scores it.
+Embeddings, norms and lm_head stay float; the directory appears whole or not at all."""
 
 from __future__ import annotations
 
@@ -29,7 +13,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from localchat.errors import UsageError
-from localchat.hf_model_files import read_json, safetensors_files
+from localchat.models.hf_files import read_json, safetensors_files
 from quantize.gptq import GPTQResult, gptq_quantize, pack_v1, split_rows
 from quantize.hf_rewrite import rewrite_projections
 from quantize.progress import Progress

@@ -1,11 +1,6 @@
-"""A Hugging Face directory -> the same model with its decoder projections re-encoded.
-
-The one walk every safetensors output shares (NF4, INT8, INT4): like transformers'
-quantizers, only the blocks' q/k/v/o and gate/up/down matrices change; embeddings,
-norms and lm_head keep their float type. Shards keep their names (the index is
-rewritten), tokenizer and other files are copied, config.json gains the
-`quantization_config`. The directory appears whole or not at all.
-"""
+"""A Hugging Face directory -> the same model with its decoder projections re-encoded (the walk
+NF4, INT8 and INT4 share): other files are kept or copied, config.json gains
+`quantization_config`, and the directory appears whole or not at all."""
 
 from __future__ import annotations
 
@@ -19,7 +14,7 @@ from safetensors import safe_open
 
 from localchat.atomic import atomic_directory
 from localchat.errors import UsageError
-from localchat.hf_model_files import INDEX_FILE, read_json, safetensors_files
+from localchat.models.hf_files import INDEX_FILE, read_json, safetensors_files
 from quantize.export_hf import write_json
 from quantize.progress import Progress
 from quantize.safe_output import save_safetensors

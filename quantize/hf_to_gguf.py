@@ -1,13 +1,6 @@
-"""A Hugging Face Llama/Qwen2 directory -> a float32 GGUF that llama.cpp and our
-engine load (the inverse of export_hf.py), which gguf_quantize.py then quantizes.
-
-Metadata comes from config.json (architecture, blocks, heads, KV heads, head size,
-RoPE base and linear scaling, norm eps, context length, file type) and the tokenizer
-files (byte-level BPE only: tokens by id, token types, merges, BOS/EOS/UNK/PAD, add_bos,
-the chat template, and the llama.cpp pre-tokenizer name recognised from tokenizer.json's
-pre-tokenizer). Llama's Q/K rows are permuted as convert_hf_to_gguf.py does, so RoPE
-rotates pairs; qwen2 keeps HF's order (llama.cpp rotates halves there).
-"""
+"""A Hugging Face Llama/Qwen2 directory (byte-level BPE) -> a float32 GGUF that llama.cpp and
+our engine load: the inverse of export_hf.py, with Llama's Q/K rows permuted as
+convert_hf_to_gguf.py does."""
 
 from __future__ import annotations
 
@@ -21,7 +14,7 @@ from safetensors import safe_open
 
 from localchat.engine.executors.torch.hf_weights import hf_llama_config
 from localchat.errors import ModelFormatError, UsageError
-from localchat.hf_model_files import chat_template, read_json, read_json_if_present, safetensors_files
+from localchat.models.hf_files import chat_template, read_json, read_json_if_present, safetensors_files
 from quantize.export_hf import _GLOBAL_NAMES, _LAYER_NAMES, rename_tensor
 from quantize.hf_tokenizer import CONTROL, PRE_TOKENIZERS, USER_DEFINED
 from quantize.progress import Progress

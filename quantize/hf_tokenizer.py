@@ -1,11 +1,6 @@
 """A GGUF's byte-level BPE vocabulary as a Hugging Face tokenizer.json (and its
-tokenizer_config.json), built with the `tokenizers` library.
-
-llama.cpp splits text with a pre-tokenizer regex chosen by `tokenizer.ggml.pre`; the
-same split is expressed here with tokenizers' pre-tokenizers, so both tokenize alike
-(tests compare them on the bundled model). Only the pre-tokenizers listed in
-PRE_TOKENIZERS are known; anything else is refused rather than silently mis-split.
-"""
+tokenizer_config.json) whose pre-tokenizer splits as llama.cpp's does; an unknown
+`tokenizer.ggml.pre` is refused."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""A Hugging Face directory -> INT8 (per row) or INT4 (per group) safetensors, in the
-layout engine/executors/torch/intq.py documents and loads (symmetric absmax, float32 scales)."""
+"""A Hugging Face directory -> INT8 (per row) or INT4 (per group) safetensors (symmetric
+absmax, float32 scales) in the layout engine/executors/torch/intq.py loads; the layout is
+in docs/design-notes.md."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Per weight matrix: what quantization changed, and how hard the matrix was to begin with.
-
-Relative error ‖W − Ŵ‖_F / ‖W‖_F says how much of a matrix was lost; the outlier
-statistics of W (max|w| / std, weights beyond 6σ) say why absmax scales at coarse
-granularity lose so much: one large weight stretches the scale of all the others.
-"""
+"""Per weight matrix: what quantization changed (relative Frobenius error) and how hard the
+matrix was to begin with (max|w| / std, weights beyond 6σ: outliers stretch absmax scales)."""
 
 from __future__ import annotations
 

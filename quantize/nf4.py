@@ -1,12 +1,6 @@
-"""NF4 quantization in bitsandbytes' exact layout, without bitsandbytes.
-
-quantize_nf4() produces the tensors transformers saves for a 4-bit Linear (see
-localchat/engine/executors/torch/nf4.py for the layout), so our NF4 files load in transformers +
-bitsandbytes and theirs load in localchat. Rounding is to the nearest NF4 level, ties to
-the lower one, as bitsandbytes' dQuantizeNF4 decision tree does (its thresholds are the
-midpoints between levels); double quantization is bitsandbytes' compress_statistics:
-absmax minus its mean, blockwise 8-bit with the dynamic map, blocks of 256.
-"""
+"""NF4 quantization in bitsandbytes' exact layout, without bitsandbytes (nearest level, ties
+down; optional double quantization), so our NF4 files load in transformers + bitsandbytes
+and theirs in localchat."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""A Hugging Face directory -> the same model with NF4 linear layers, as transformers +
-bitsandbytes save it (load_in_4bit, bnb_4bit_quant_type "nf4").
-
-Like transformers, only the decoder blocks' projections are quantized: embeddings, norms
-and lm_head stay in their float type. Shards keep their names (the index is rewritten).
-"""
+"""A Hugging Face directory -> the same model with NF4 decoder projections, as transformers +
+bitsandbytes save it (load_in_4bit, "nf4"); embeddings, norms and lm_head stay float."""
 
 from __future__ import annotations
 
@@ -11,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from localchat.hf_model_files import read_json
+from localchat.models.hf_files import read_json
 from quantize.hf_rewrite import rewrite_projections
 from quantize.nf4 import quantize_nf4
 

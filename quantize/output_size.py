@@ -8,8 +8,8 @@ from pathlib import Path
 
 import gguf
 
-from localchat.gguf_reader import read_gguf
-from localchat.hf_model_files import tensor_totals
+from localchat.models.gguf_reader import read_gguf
+from localchat.models.hf_files import tensor_totals
 from quantize.gguf_quantize import GGUF_TYPES, LLAMA_CPP_TYPES
 
 DIR_BYTES_PER_WEIGHT = {"int8": 1.0, "int4": 0.5, "nf4": 0.5}

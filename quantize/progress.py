@@ -1,8 +1,5 @@
-"""A one-line progress bar on stderr for the long steps (no tqdm dependency).
-
-Only drawn when stderr is a terminal, so logs and tests stay clean; at most ~10
-redraws a second.
-"""
+"""A one-line progress bar on stderr for the long steps, drawn only when stderr is a terminal
+(at most ~10 redraws a second; no tqdm dependency)."""
 
 from __future__ import annotations
 

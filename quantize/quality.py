@@ -1,19 +1,6 @@
-"""How a model's next-token distributions compare with a reference's, on held-out text.
-
-Protocol (stated in every report): the text is tokenized without BOS; windows of
-`window` tokens slide by `stride`; the first window scores its positions 1..window−1,
-each later one only its last `stride` positions, so every scored token sees at least
-window − stride tokens of context and none is scored twice. At each scored position
-both models are run teacher-forced (the text's own tokens as context) through the torch
-forward pass (float32 KV) and give:
-  - the negative log-likelihood of the true next token (perplexity = exp(mean NLL),
-    95 % interval = exp(mean ± 1.96·s/√n), positions treated as independent),
-  - KL(reference ‖ model), top-1 agreement (same argmax),
-  - α = Σ_x min(p(x), q(x)): the chance a token drawn from the model as a speculative
-    draft is accepted by the reference at temperature 1 (Leviathan et al.),
-    with the predicted speedup (1 − α^(γ+1)) / ((1 − α)(γc + 1)) at γ draft tokens
-    and draft/target cost ratio c.
-"""
+"""How a model's next-token distributions compare with a reference's on held-out text:
+perplexity (with its 95 % interval), KL, top-1 agreement and α, teacher-forced over sliding
+windows that score every token once; each report states the protocol."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Never destroy data: where a conversion may write, and how it writes.
-
-An output that is the input (by name, symlink or hardlink: the same st_dev/st_ino) is
-refused before anything is opened for writing; an existing output is replaced only when
-asked. Files are written to a temporary name in the output's folder and renamed into
-place only when complete, so an error, Ctrl+C, SIGTERM or a full disk leaves no partial
-file. Written files get the mode any new file gets (0666 less the umask).
-"""
+"""Never destroy data: an output that is the input (same inode) is refused, an existing output
+is replaced only when asked, and files are written beside the target, then renamed into place."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""Round-to-nearest weight schemes, as (quantize, dequantize) on one float32 matrix.
-
-Symmetric absmax at three granularities: one scale per tensor, per row, or per group
-of `g` consecutive weights in a row; codes in −(2^(b−1)−1)..2^(b−1)−1 (INT8: ±127,
-INT4: ±7), scale = max|w| / that bound. simulate() also covers NF4 (bitsandbytes,
-blocks of 64) and the GGUF block types (gguf-py's quantizers, byte-identical to
-llama.cpp's), so `localchat eval --table` can put them all through one forward pass:
-each scheme's weights are quantized and dequantized back to float32.
-"""
+"""Round-to-nearest weight schemes as (quantize, dequantize) on one float32 matrix: symmetric
+absmax per tensor, row or group; simulate() adds NF4 and the GGUF block types."""
 
 from __future__ import annotations
 

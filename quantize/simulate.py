@@ -1,12 +1,6 @@
-"""A float32 model with its block projections put through a scheme and back.
-
-Every scheme in `localchat eval --table` runs through the same float32 forward pass:
-the 7 projection matrices of every block (q, k, v, o, gate, up, down) are quantized
-and dequantized one by one (fused layers are split first, so a per-tensor scale is per
-matrix), while embeddings, the output matrix and norms stay float32, as transformers'
-bitsandbytes quantizers leave them. What differs between rows is then the weights'
-rounding alone, not each runtime's arithmetic.
-"""
+"""A float32 model with its 7 block projections quantized by a scheme and dequantized back
+(embeddings, output and norms stay float32), so `eval --table` rows differ only in the
+weights' rounding."""
 
 from __future__ import annotations
 

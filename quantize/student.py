@@ -21,7 +21,7 @@ from gguf.quants import dequantize, quant_shape_to_byte_shape, quantize
 from localchat.engine.executors.torch.rope import RotaryEmbedding
 from localchat.engine.executors.torch.weights import LlamaConfig
 from localchat.errors import UsageError
-from localchat.gguf_reader import read_gguf
+from localchat.models.gguf_reader import read_gguf
 
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")

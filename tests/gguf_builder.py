@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from localchat.errors import ModelFormatError
-from localchat.gguf_checks import check_model_metadata
-from localchat.gguf_reader import GGUFFormatError, read_gguf
+from localchat.models.gguf_checks import check_model_metadata
+from localchat.models.gguf_reader import GGUFFormatError, read_gguf
 
 U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
 _FMT = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: "<f",

@@ -115,7 +115,7 @@ def test_bad_model_files_are_one_line_errors(tmp_path, content, name):
 
 
 def test_truncated_gguf_is_a_one_line_error(tmp_path):
-    from localchat.models import resolve_model
+    from localchat.models.specs import resolve_model
 
     data = resolve_model("default").read_bytes()
     path = tmp_path / "cut.gguf"

@@ -15,8 +15,8 @@ import torch
 
 from localchat.engine.executors.base import Chunk
 from localchat.engine.executors.llamacpp import LlamaCppExecutor
-from localchat.model_files import validate_model_file
-from localchat.models import resolve_model
+from localchat.models.files import validate_model_file
+from localchat.models.specs import resolve_model
 from quantize.distill import _batch, file_agreement, kd_loss
 from quantize.distill_data import Example, chat_prompts, teacher_replies
 from quantize.student import default_layers, student_from_target, write_student_gguf
@@ -73,7 +73,7 @@ def test_a_cut_student_runs_in_llama_cpp_as_in_torch(replies, tmp_path):
     assert same > 0.9, same  # Q8_0 layers in the file
 
 
-def test_training_steps_lower_the_loss_and_raise_agreement(replies):
+def test_training_steps_lower_the_loss(replies):
     torch.manual_seed(0)
     student = student_from_target(TARGET, default_layers(30, 2))
     optimizer = torch.optim.AdamW(student.parameters(), lr=5e-4)
@@ -84,7 +84,7 @@ def test_training_steps_lower_the_loss_and_raise_agreement(replies):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     assert losses[-1] < 0.7 * losses[0], losses
 
 

@@ -17,8 +17,8 @@ from gguf_builder import (
     ARR, BOOL, F32, GGML_F32, GGML_Q4_0, I32, STR, TINY_TOKENS, U8, U32, U64, RawGGUF,
     bundled_path, gstr, kv, kv_array, kv_raw, load, refused, tensor_info, tiny_model, u32, u64,
 )
-from localchat.gguf_checks import check_model_metadata
-from localchat.gguf_reader import GGUFFormatError, read_gguf
+from localchat.models.gguf_checks import check_model_metadata
+from localchat.models.gguf_reader import GGUFFormatError, read_gguf
 
 
 def test_tiny_model_is_valid(tmp_path: Path) -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from localchat.gguf_reader import read_gguf
-from localchat.models import resolve_model
+from localchat.models.gguf_reader import read_gguf
+from localchat.models.specs import resolve_model
 from quantize.export_hf import gguf_tensor
-from quantize.gptq import _inverse_cholesky, gptq_quantize, hessian, pack_v1, rtn_asym
+from quantize.gptq import _grid, _inverse_cholesky, _quant, gptq_quantize, hessian, pack_v1
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +25,15 @@ def layer():
     llm.close()
     x = torch.nn.functional.rms_norm(emb[tokens], (576,), norm, 1e-5).double()
     return w, x[:384], x[384:]
+
+
+def rtn_asym(w: torch.Tensor, bits: int = 4, group_size: int = 128) -> torch.Tensor:
+    """The same grid without error feedback: the baseline GPTQ has to beat."""
+    maxq, out = 2 ** bits - 1, torch.empty_like(w)
+    for g in range(0, w.shape[1], group_size):
+        scale, zero = _grid(w[:, g:g + group_size], maxq)
+        out[:, g:g + group_size] = _quant(w[:, g:g + group_size], scale[:, None], zero[:, None], maxq)[0]
+    return out
 
 
 def _output_error(w, q, x) -> float:
@@ -163,7 +172,7 @@ def test_written_directory_has_the_gptq_layout(gptq_two_layers):
         assert f.get_tensor("model.embed_tokens.weight").dtype == torch.float32
         assert "model.layers.0.input_layernorm.weight" in keys
         assert not any(k.startswith("model.layers.2.") for k in keys)
-    from localchat.models import validate_model_path
+    from localchat.models.specs import validate_model_path
 
     assert validate_model_path(gptq_two_layers).quant_type == "GPTQ-INT4-G128"
 
@@ -189,7 +198,7 @@ def test_written_model_loads_on_int4_kernels_and_generates(gptq_two_layers):
 
 def test_eval_reads_gptq_matrices(gptq_two_layers, hf_dir):
     """quantize/file_matrices (eval's matrix errors) dequantizes GPTQ files."""
-    from localchat.models import validate_model_path
+    from localchat.models.specs import validate_model_path
     from quantize.file_matrices import projection_matrices
 
     matrices, bits = projection_matrices(validate_model_path(gptq_two_layers))

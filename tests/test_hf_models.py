@@ -21,8 +21,8 @@ from localchat.engine.executors.torch.model import KVStore, LlamaModel
 from localchat.engine.executors.torch.qlinear import DenseLinear
 from localchat.engine.executors.torch.weights import LayerWeights, LlamaConfig, ModelWeights
 from localchat.errors import EngineError, ModelFormatError, ModelNotFoundError, UnsafeCheckpointError
-from localchat.gguf_reader import read_gguf
-from localchat.models import resolve_model, resolve_model_facts
+from localchat.models.gguf_reader import read_gguf
+from localchat.models.specs import resolve_model, resolve_model_facts
 from quantize.export_hf import gguf_tensor
 
 TEXTS = [

@@ -22,9 +22,9 @@ import pytest
 from huggingface_hub import constants
 from huggingface_hub.errors import RepositoryNotFoundError
 
-from localchat import hub
 from localchat.errors import HubError, ModelFormatError, ModelNotFoundError, UsageError
-from localchat.hub import HubRef, cached_gguf_files, cached_spec, fetch, parse_hub_ref
+from localchat.models import hub
+from localchat.models.hub import HubRef, cached_gguf_files, cached_spec, fetch, parse_hub_ref
 from tiny_files import write_tiny_gguf
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -1,7 +1,9 @@
 """No import cycles in localchat/: every import counts (module level, inside functions,
-under TYPE_CHECKING; absolute and relative), read with ast, nothing imported. And no
-module imports another's private (_name) names, or uses a private attribute that only
-another module defines (obj._name where _name is set or defined elsewhere, not here)."""
+under TYPE_CHECKING; absolute and relative), read with ast, nothing imported. No module
+imports another's private (_name) names, or uses a private attribute that only another
+module defines (obj._name where _name is set or defined elsewhere, not here). And
+localchat.models, which the engines, the UI, the CLI and the server all use, reaches none
+of them, directly or through others."""
 
 from __future__ import annotations
 
@@ -42,6 +44,39 @@ def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
     return {module: imported(module, path, names) for module, path in names.items()}
 
 
+def reached_from(graph: dict[str, set[str]], start: str) -> dict[str, str]:
+    """{module: the module that imports it} for everything importing `start` runs: what it
+    imports, those modules' imports, and the packages (__init__) above each of them."""
+    found: dict[str, str] = {}
+    todo = [start]
+    while todo:
+        module = todo.pop()
+        parts = module.split(".")
+        parents = {".".join(parts[:i]) for i in range(1, len(parts))} & graph.keys()
+        for nxt in sorted(graph.get(module, set()) | parents):
+            if nxt != start and nxt not in found:
+                found[nxt] = module
+                todo.append(nxt)
+    return found
+
+
+def layer_breaches(graph: dict[str, set[str]], package: str,
+                   above: tuple[str, ...]) -> list[str]:
+    """Each chain of imports from a module in `package` to one in a package of `above`."""
+    def inside(module: str, pkg: str) -> bool:
+        return module == pkg or module.startswith(pkg + ".")
+
+    breaches = []
+    for start in sorted(m for m in graph if inside(m, package)):
+        via = reached_from(graph, start)
+        for target in sorted(t for t in via if any(inside(t, pkg) for pkg in above)):
+            chain = [target]
+            while chain[-1] != start:
+                chain.append(via[chain[-1]])
+            breaches.append(" -> ".join(reversed(chain)))
+    return breaches
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One cycle as [a, b, ..., a], or None (depth-first search, sorted for a stable answer)."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -79,6 +114,31 @@ def test_the_graph_sees_function_level_and_relative_imports(tmp_path):
     graph = import_graph(pkg)
     assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.a"}
     assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.a"]
+
+
+def test_layer_breaches_are_found_through_other_modules_and_packages(tmp_path):
+    pkg = tmp_path / "pkg"
+    for folder in ("models", "engine", "util"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models" / "a.py").write_text("from pkg.util import b\n")
+    (pkg / "util" / "b.py").write_text("def f():\n    from ..engine import c\n")
+    (pkg / "engine" / "c.py").write_text("")
+    (pkg / "util" / "__init__.py").write_text("import pkg.engine\n")
+    graph = import_graph(pkg)
+    assert layer_breaches(graph, "pkg.models", ("pkg.engine",)) == [
+        "pkg.models.a -> pkg.util.b -> pkg.util -> pkg.engine",
+        "pkg.models.a -> pkg.util.b -> pkg.engine.c",
+    ]
+    (pkg / "util" / "b.py").write_text("")
+    (pkg / "util" / "__init__.py").write_text("")
+    assert layer_breaches(import_graph(pkg), "pkg.models", ("pkg.engine",)) == []
+
+
+def test_models_reach_no_engine_ui_cli_or_server():
+    above = ("localchat.engine", "localchat.tui", "localchat.cli", "localchat.server")
+    assert layer_breaches(import_graph(), "localchat.models", above) == []
 
 
 def test_localchat_has_no_import_cycles():

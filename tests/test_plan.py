@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from localchat.errors import UsageError
-from localchat.models import resolve_model_facts
-from localchat.cli.plan import build_plan, context_that_fits, model_size
+from localchat.models.planner import build_plan, context_that_fits, model_size
+from localchat.models.specs import resolve_model_facts
 from localchat.units import parse_memory
 
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from localchat.cli import main
-from localchat.gguf_reader import read_gguf
-from localchat.models import resolve_model
+from localchat.models.gguf_reader import read_gguf
+from localchat.models.specs import resolve_model
 from quantize.export_hf import gguf_tensor
 from quantize.matrix_stats import matrix_error
 from localchat.engine.runtime.speculative.adaptive import expected_speedup as speedup

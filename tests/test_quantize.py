@@ -16,7 +16,7 @@ import torch
 
 from localchat.cli import main
 from localchat.engine.base import Message, Request, SamplingParams
-from localchat.models import resolve_model
+from localchat.models.specs import resolve_model
 from quantize.gguf_convert import dequantize_gguf
 from quantize.gguf_quantize import quantize_gguf
 
@@ -127,7 +127,7 @@ def test_written_gguf_loads_in_both_engines(tmp_path, f32_gguf, type_name):
     the file, reply, and agree with float32 on most next tokens."""
     from localchat.cli.eval_agreement import _llama_cpp_logits, _torch_logits, varied_text_tokens
     from localchat.engine import load_engine
-    from localchat.model_files import validate_model_file
+    from localchat.models.files import validate_model_file
 
     out = tmp_path / f"model-{type_name}.gguf"
     assert main(["quantize", "default", "-o", str(out), "--type", type_name]) == 0

@@ -50,7 +50,7 @@ def wait_for(url: str, proc: subprocess.Popen, log, timeout: float = 60) -> None
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory):
     """llama-cpp-python's server on the bundled GGUF, with an API key, 2048 context."""
-    from localchat.models import bundled_model_path
+    from localchat.models.specs import bundled_model_path
 
     port = free_port()
     log = tmp_path_factory.mktemp("llama-server") / "log.txt"

@@ -93,7 +93,7 @@ def test_speculative_sampling_is_distributed_as_plain_sampling(tmp_path):
     llama.cpp executor."""
     from test_speculative import chi_square_p_value
 
-    from localchat.models import resolve_model
+    from localchat.models.specs import resolve_model
     from quantize.gguf_quantize import quantize_gguf
 
     draft = quantize_gguf(resolve_model("default"), tmp_path / "q4_0.gguf", "Q4_0")

@@ -113,9 +113,12 @@ def test_adaptation_picks_a_long_gamma_for_a_good_cheap_draft():
     a = AdaptiveGamma()
     assert a.choose() == 0  # first a plain step, to time the target
     a.observe_plain(0.05)
-    for _ in range(30):
+    for _ in range(80):  # the CPU-like prior starts it off; its probes find the draft good
         g = a.choose()
-        a.observe_round(g, g, draft_s=0.005 * g, verify_s=0.055)  # accepts all, c = 0.1
+        if g:
+            a.observe_round(g, g, draft_s=0.005 * g, verify_s=0.055)  # accepts all, c = 0.1
+        else:
+            a.observe_plain(0.05)
     assert a.choose() >= 5 and a.alpha > 0.95 and a.c == pytest.approx(0.1, rel=0.05)
     assert a.predicted() > 3
 
@@ -145,3 +148,47 @@ def test_fixed_gamma_does_not_adapt():
         assert a.choose() == 3
         a.observe_round(3, 0, 0.1, 0.1)
     assert math.isfinite(a.alpha)
+
+
+def _sequence(seq_id: int, tokens: list[int], n_prompt: int):
+    from localchat.engine.runtime.sequence import Sequence
+
+    return Sequence(seq_id, list(tokens), n_prompt)
+
+
+def test_prompt_lookup_takes_the_longest_match_and_proposes_more_the_longer_it_is():
+    from localchat.engine.runtime.speculative.drafts import NgramDraft, longest_match
+
+    assert longest_match([1, 2, 3, 4, 9, 2, 3, 4], 16) == (3, [9, 2, 3, 4])
+    assert longest_match([7, 1, 8, 2, 9, 1], 16) == (1, [8, 2, 9, 1])  # only a one-token match
+    assert longest_match([1, 2, 3], 16) == (0, [])
+    draft = NgramDraft()
+    assert draft._lookup([1, 2, 3, 5, 6, 3], 8) == [5]  # one token matched: one proposed
+    assert draft._lookup([9, 2, 3, 5, 6, 2, 3], 8) == [5, 6, 2]  # two matched: three
+    assert draft._lookup([1, 2, 3, 5, 6, 7, 1, 2, 3], 8) == [5, 6, 7, 1, 2, 3]  # three: up to γ
+    assert draft._lookup([1, 2, 3, 5, 6, 7, 1, 2, 3], 2) == [5, 6]
+
+
+def test_finished_replies_feed_later_requests_drafts():
+    """A regenerated reply finds the earlier one (not in its prompt) in the suffix store."""
+    from localchat.engine.runtime.speculative.drafts import NgramDraft
+
+    draft = NgramDraft()
+    prompt = [100, 101, 102]
+    first = _sequence(0, prompt + [7, 8, 9, 10, 11, 12], len(prompt))
+    draft.propose([(first, 4)])
+    assert draft._lookup(prompt + [7, 8], 4) == []  # nothing stored yet: no match
+    draft.retain(set())  # the first reply has finished
+    assert draft._lookup(prompt + [7, 8], 4) == [9, 10, 11]  # two tokens matched: three
+    assert draft._lookup(prompt + [5, 7, 8, 9], 4) == [10, 11, 12]
+
+
+def test_the_suffix_store_forgets_when_full():
+    from localchat.engine.runtime.speculative.drafts import NgramDraft
+
+    draft = NgramDraft()
+    draft.HISTORY_TOKENS = 10
+    draft._remember([1, 2, 3, 4, 5, 6])
+    draft._remember([20, 21, 22, 23, 24, 25])  # over the limit: the store starts again
+    assert draft._lookup([0, 1, 2], 4) == []
+    assert draft._lookup([0, 21, 22], 4) == [23, 24, 25]

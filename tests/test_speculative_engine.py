@@ -170,3 +170,32 @@ def test_llama_cpp_speculation_runs_past_512_tokens(draft):
     out = json.loads(done.stdout)
     assert out["completion_tokens"] == 560 and out["context_tokens"] > 560
     assert out["draft"]["proposed"] > 0
+
+
+def test_auto_draft_is_prompt_lookup_without_a_kept_draft_and_skips_seeded_requests():
+    engine = load_engine("default", threads=2, ctx_size=512, draft="auto")
+    try:
+        assert engine.draft.source == "ngram" and engine.draft.auto
+        tokens, draft = reply(engine, PROMPTS[1], n=12)
+        assert draft is not None and draft["source"] == "ngram"
+        seeded = SamplingParams(temperature=0.8, seed=7)
+        first, draft = reply(engine, PROMPTS[0], seeded, n=12)
+        assert draft is None  # a seeded request stays reproducible: no speculation
+        assert reply(engine, PROMPTS[0], seeded, n=12)[0] == first
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+def test_bench_reports_the_speculative_section_per_task():
+    done = subprocess.run([sys.executable, "-m", "localchat", "bench", "--engines", "llama.cpp",
+                           "-p", "16", "-g", "16", "-r", "1", "--draft", "ngram", "--json"],
+                          capture_output=True, text=True, timeout=1200)  # 4 loads, 10 replies
+    assert done.returncode == 0, done.stderr
+    spec = json.loads(done.stdout)["speculative"]
+    assert spec["source"] == "ngram" and set(spec["tasks"]) == {"chat", "quote"}
+    for task in spec["tasks"].values():
+        assert task["identical_output"] is True  # greedy speculation never changes the text
+        for key in ("alpha", "c", "beta", "speedup", "predicted_speedup", "no_draft_tok_s"):
+            assert key in task
+    assert spec["speedup"] == spec["tasks"]["chat"]["speedup"]

@@ -9,7 +9,7 @@ import torch
 from localchat.engine.executors.torch.model import KVStore, LlamaModel
 from localchat.engine.executors.torch.weights import LlamaConfig, load_weights
 from localchat.errors import EngineError
-from localchat.models import resolve_model
+from localchat.models.specs import resolve_model
 
 
 @pytest.fixture(scope="module")

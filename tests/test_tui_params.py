@@ -14,12 +14,12 @@ from rich.cells import cell_len
 from textual.widgets import DataTable, Input
 
 from localchat.engine.base import SamplingParams, Stats
+from localchat.models.facts import load_context
 from localchat.settings import ChatSettings
 from localchat.tui.app import ChatApp
 from localchat.tui.keymap import parse_keymap
 from localchat.tui.palette import PALETTE_ACTIONS
 from localchat.tui.params import ParamsScreen, check_values
-from localchat.engine.context_size import load_context
 from localchat.tui.picker import ModelPickerScreen, model_row
 from localchat.tui.widgets import GaugeBar, RateSparkline, format_gauges, live_rate
 from test_tui import send, wait_until
@@ -168,7 +168,7 @@ def test_new_actions_are_documented_rebindable_and_in_the_palette():
 @pytest.fixture
 def local_copy(tmp_path):
     """A second model file (the bundled one, copied), remembered like a used local file."""
-    from localchat.models import bundled_model_path, resolve_model
+    from localchat.models.specs import bundled_model_path, resolve_model
 
     target = tmp_path / "models" / "smollm2-copy.gguf"
     target.parent.mkdir()
@@ -267,7 +267,7 @@ async def test_a_model_that_fails_to_load_keeps_the_old_one(engine, tmp_path):
 
 
 def test_picker_rows_use_plan_arithmetic():
-    from localchat.models import list_models
+    from localchat.models.specs import list_models
 
     entry = next(e for e in list_models() if e.spec == "default")
     assert load_context(None, 8192) == 4096 and load_context(0, 8192) == 8192

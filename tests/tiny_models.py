@@ -13,8 +13,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from localchat.gguf_reader import read_gguf
-from localchat.models import resolve_model
+from localchat.models.gguf_reader import read_gguf
+from localchat.models.specs import resolve_model
 
 DIM, HEADS, KV_HEADS, FFN, LAYERS = 128, 4, 2, 256, 2
 HEAD_DIM = DIM // HEADS

@@ -1,11 +1,6 @@
-"""Chat formats for model files that carry no chat template, and `--chat-template NAME|FILE`.
-
-A GGUF without `tokenizer.chat_template` still has its family's control tokens in the
-vocabulary, so those choose the format (Gemma's `<start_of_turn>`, Llama 3's headers, ...),
-then the architecture, then ChatML (llama.cpp's own fallback). The sources follow the
-templates the model families publish, reduced to what localchat sends: system, user and
-assistant messages.
-"""
+"""Chat formats for model files without a chat template, and `--chat-template NAME|FILE`: the
+family's control tokens in the vocabulary choose the format, then the architecture, then
+ChatML (llama.cpp's fallback)."""
 
 from __future__ import annotations
 

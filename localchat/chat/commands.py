@@ -1,10 +1,5 @@
-"""Slash commands typed in the chat input: parsing and validation, no UI.
-
-`/set temp 0.7` and friends are checked here with the same rules as the command-line
-flags (SAMPLING_FIELDS, via SamplingParams), so a bad value is a one-line UsageError
-and nothing changes.
-A message that starts with `//` is sent as text starting with `/`.
-"""
+"""Slash commands typed in the chat input: parsing and validation (by the flags' rules,
+SAMPLING_FIELDS), no UI. A message starting with `//` is sent as text starting with `/`."""
 
 from __future__ import annotations
 

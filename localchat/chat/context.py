@@ -1,10 +1,5 @@
-"""Fit chat history into the context window by dropping whole oldest turns.
-
-Dropping whole turns (a user message with the replies that follow it) keeps the
-conversation well-formed for chat templates that insist on alternating roles. The
-system prompt and the newest user message are never dropped: without them the reply
-would answer the wrong question.
-"""
+"""Fit chat history into the context window by dropping whole oldest turns, so roles still
+alternate; the system prompt and the newest user message are never dropped."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The sandbox chat templates render in: Jinja's ImmutableSandboxedEnvironment, plus
-a time limit (a per-thread tracer) and size limits (guards on every operation that can
-amplify text), because the sandbox itself bounds neither.
-
-A chat template is Jinja code that ships inside a downloaded model file: untrusted.
-"""
+"""The sandbox that untrusted chat templates render in: Jinja's ImmutableSandboxedEnvironment
+plus a time limit and size limits, which that sandbox does not impose itself."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Render a model's chat template safely, keeping typed text apart from control tokens.
-
-A chat template is Jinja code that ships inside a downloaded model file, so it is
-untrusted: it renders in localchat's sandbox (sandbox.py), bounded in time and size.
-
-The output is split into segments: text the template wrote (tokenized with special-token
-parsing) and message content (tokenized as plain text), so a user typing `<|im_start|>`
-never produces a real control token.
-"""
+"""Render a model's untrusted chat template in the sandbox, split into template text (tokenized
+with special tokens) and message content (plain text), so a typed `<|im_start|>` never
+becomes a control token."""
 
 from __future__ import annotations
 

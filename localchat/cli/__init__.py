@@ -1,10 +1,6 @@
-"""Command line: `localchat` opens the chat TUI; subcommands do the rest, each in its
-own module in this package, which sets up its parser and runs it (quantize and eval run
-in the top-level quantize/ package). This module only builds the parser and dispatches.
-
-Flags follow what llama.cpp and Ollama users know (-m, -n, -c, --temp, ...). Every user
-mistake surfaces as a LocalchatError: one line on stderr and a non-zero exit code.
-"""
+"""Command line: `localchat` opens the chat TUI, each subcommand lives in its own module, and
+this one builds the parser and dispatches. A LocalchatError is one line on stderr and a
+non-zero exit code."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""`localchat run --batch FILE.jsonl`: many requests in, one JSON result per line out.
-
-Lines are submitted concurrently (at most MAX_IN_FLIGHT at once) so the runtime batches
-them (PARALLEL at once unless -np says otherwise). Results are written in input order, each as soon as every
-earlier line is done. A bad line becomes an error result for that line and the rest
-go on; the exit code is 0 when every line succeeded, 1 when any failed, 130 after
-Ctrl+C (in-flight lines end with finish_reason "cancelled"; lines not started yet are
-not written).
-"""
+"""`localchat run --batch FILE.jsonl`: lines run concurrently, one JSON result each, written in
+input order; a bad line is an error result and the rest go on. Exit code 0 when all
+succeeded, 1 when any failed, 130 after Ctrl+C."""
 
 from __future__ import annotations
 

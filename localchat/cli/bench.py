@@ -1,12 +1,6 @@
-"""`localchat bench`: engines side by side on one model, llama-bench style.
-
-For each engine (our runtime on each executor), in one run: prefill speed at a fixed
-prompt length, decode speed for a fixed number of tokens (batch 1), TTFT, the TTFT of
-turn 1 vs turn 8 of a chat (what prefix reuse buys), weights memory and KV bytes per
-token; beside them the kernel limit (bench_kernel.py). Each measurement is repeated and
-reported as median and spread. Every repeat uses a fresh prompt (its first token
-differs), so prefill really processes every prompt token.
-"""
+"""`localchat bench`: engines side by side on one model, llama-bench style: prefill, decode,
+TTFT (turn 1 vs turn 8), weights memory and KV bytes per token beside the kernel limit;
+median and spread over repeats, each on a fresh prompt."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""`localchat bench --concurrency 1,4,16`: many requests at once.
-
-At each level N, N different prompts each ask for 64 tokens (greedy). Our runtime gets
-them all at the same moment and batches them continuously, on each executor (the
-llama.cpp one with N KV slots); as the reference, the llama.cpp executor also serves
-them one after another, as a single-sequence server would. For each: aggregate tokens/s
-(all completion tokens over the wall time) and each request's latency from the moment
-all were submitted to its last token (p50, p95, max).
-
-Decode is memory-bound, so a batch reads the weights once for every sequence in it:
-aggregate throughput grows with N until the step turns compute-bound, past which it
-flattens while latency keeps rising (the knee, reported).
-"""
+"""`localchat bench --concurrency 1,4,16`: N prompts at once, batched continuously on each
+executor, against llama.cpp serving them one after another; aggregate tokens/s and latency
+(p50, p95, max) per level, and the knee where batching stops paying."""
 
 from __future__ import annotations
 

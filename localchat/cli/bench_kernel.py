@@ -1,11 +1,5 @@
-"""`localchat bench`'s kernel-limit row: a bare llama_decode greedy loop, no runtime (no
-scheduler, block manager, sampler or streaming), on a llama.cpp context configured as the
-llama.cpp executor's, in the same process. Our runtime's own cost is the gap to it.
-
-One sequence: prefill a prompt, then greedy steps of one token (argmax in numpy over
-llama.cpp's logits). N sequences: their N prompts in one batch, then steps of N tokens in
-one llama_decode.
-"""
+"""`localchat bench`'s kernel-limit row: a bare llama_decode greedy loop (no runtime) on a
+context configured as the llama.cpp executor's; our runtime's own cost is the gap to it."""
 
 from __future__ import annotations
 
@@ -16,7 +10,7 @@ import numpy as np
 
 from localchat.engine.executors.llamacpp import LlamaCppExecutor
 from localchat.engine.runtime.compute_thread import COMPUTE
-from localchat.model_files import GGUFFacts
+from localchat.models.facts import GGUFFacts
 
 
 def _decode(executor: LlamaCppExecutor, entries: list[tuple[int, int, int, bool]]) -> np.ndarray:

@@ -1,13 +1,6 @@
-"""`localchat eval --agreement`: does the torch engine compute what llama.cpp computes?
-
-Two measurements on the same GGUF, each against llama.cpp: teacher-forced top-1
-agreement and the largest logit difference over ≥ 1000 positions of varied text, and
-greedy continuations of a fixed prompt set. For a quantized file the same figures are
-repeated on its exact float32 dequantization, which separates the two sources of
-disagreement: the arithmetic of the forward pass (float32: both engines compute the
-same function) and the rounding each engine applies to activations before its
-quantized matmuls (llama.cpp: 8-bit blocks; torch: bfloat16).
-"""
+"""`localchat eval --agreement`: does the torch engine compute what llama.cpp computes on one
+GGUF? Top-1 agreement, largest logit difference and greedy continuations, repeated on the
+float32 dequantization to tell arithmetic apart from activation rounding."""
 
 from __future__ import annotations
 
@@ -21,7 +14,8 @@ import numpy as np
 import torch
 
 from localchat.engine.base import Message, Request, SamplingParams
-from localchat.model_files import GGUFFacts, validate_model_file
+from localchat.models.facts import GGUFFacts
+from localchat.models.files import validate_model_file
 
 GREEDY_PROMPTS = (
     "Which city is the capital of France?",
@@ -180,7 +174,7 @@ def measure_agreement(path: str | Path, *, positions: int = 1100, threads: int =
 
 def cmd_eval(args) -> int:
     from localchat.errors import UsageError
-    from localchat.models import resolve_model
+    from localchat.models.specs import resolve_model
 
     if not args.agreement:
         raise UsageError("say what to evaluate: --agreement")

@@ -1,15 +1,11 @@
-"""`localchat pull` and `localchat models`: fetch a model, list the known ones.
-
-Both return an exit code and raise LocalchatError subclasses for user mistakes; the
-CLI prints those as one line.
-"""
+"""`localchat pull` and `localchat models`: fetch a model, list the known ones."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from localchat.models import ModelEntry, list_models, resolve_model
+from localchat.models.specs import ModelEntry, list_models, resolve_model
 from localchat.units import human_bytes
 
 COLUMNS = ("SOURCE", "SPEC/NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "KV/TOKEN")

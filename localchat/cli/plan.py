@@ -1,76 +1,16 @@
-"""`localchat plan`: "does it fit?" is the wrong question; the planner answers "with how
-much context, for how many users?" from a model's metadata alone.
-
-Weights bytes are the file's tensor bytes (what llama.cpp reports as the model size)
-and, for other quant types, parameters × bits per weight. KV bytes per token are
-2 · layers · kv_heads · head_dim · bytes per value, per KV-cache type; the engines use
-the same formula (tests check that they agree).
-"""
+"""`localchat plan`: how much context, for how many users, fits in memory; the numbers
+come from models/planner.py, this module parses the arguments and prints them."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
 
-from localchat.engine.context_size import DEFAULT_CTX
 from localchat.errors import UsageError
-from localchat.gguf_reader import read_gguf
-from localchat.model_files import GGUFFacts
-from localchat.models import resolve_model_facts
+from localchat.models.facts import DEFAULT_CTX
+from localchat.models.planner import build_plan, model_size
+from localchat.models.specs import resolve_model_facts
 from localchat.units import human_bytes, machine_memory, parse_memory
-
-# bits per weight of llama.cpp's types (block bytes × 8 / block size; K-quant mixes averaged)
-BITS_PER_WEIGHT = {"F16": 16.0, "Q8_0": 8.5, "Q6_K": 6.5625, "Q5_K_M": 5.69, "Q5_1": 6.0,
-                   "Q5_0": 5.5, "Q4_K_M": 4.85, "Q4_1": 5.0, "Q4_0": 4.5, "NF4": 4.127}
-# bytes per cached value, by KV-cache type (llama.cpp's -ctk/-ctv names; "q8_0/f16" is
-# K as q8_0 and V as f16, the llama.cpp executor's cache on the CPU, averaged per value)
-KV_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0/f16": (34 / 32 + 2) / 2, "q8_0": 34 / 32,
-                      "q4_0": 18 / 32}
-@dataclass(frozen=True)
-class ModelSize:
-    weights_bytes: int  # as stored in the file
-    n_params: int
-    facts: GGUFFacts
-
-    def kv_bytes_per_token(self, kv_type: str = "f16") -> int:
-        return self.facts.kv_bytes_per_token(KV_BYTES_PER_VALUE[kv_type])
-
-    def weights_bytes_as(self, quant: str) -> int:
-        if quant == self.facts.quant_type:
-            return self.weights_bytes
-        return round(self.n_params * BITS_PER_WEIGHT[quant] / 8)
-
-
-def model_size(facts: GGUFFacts) -> ModelSize:
-    if facts.path.is_dir():  # a Hugging Face directory: its safetensors headers
-        from localchat.hf_model_files import tensor_totals
-
-        return ModelSize(*tensor_totals(facts.path), facts)
-    with read_gguf(facts.path) as f:
-        tensors = list(f.tensors.values())
-    return ModelSize(sum(t.n_bytes for t in tensors), sum(t.n_elements for t in tensors), facts)
-
-
-def context_that_fits(size: ModelSize, memory: int, kv_type: str) -> int:
-    """Tokens of KV cache that fit beside the weights (0 if the weights alone do not)."""
-    return max(0, (memory - size.weights_bytes) // size.kv_bytes_per_token(kv_type))
-
-
-def build_plan(size: ModelSize, budgets: list[int], ctx: int) -> dict:
-    f = size.facts
-    return {
-        "model": f.name, "quant": f.quant_type, "params": size.n_params,
-        "weights_bytes": size.weights_bytes, "context": ctx, "model_context": f.context_length,
-        "weights_bytes_by_quant": {q: size.weights_bytes_as(q) for q in BITS_PER_WEIGHT},
-        "kv_bytes_per_token": {k: size.kv_bytes_per_token(k) for k in KV_BYTES_PER_VALUE},
-        "budgets": [
-            {"memory_bytes": m,
-             "kv": {k: {"tokens": (t := context_that_fits(size, m, k)), "users_at_context": t // ctx}
-                    for k in KV_BYTES_PER_VALUE}}
-            for m in budgets
-        ],
-    }
 
 
 def format_plan(plan: dict) -> str:

@@ -7,11 +7,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from localchat.engine.base import Engine
-from localchat.engine.context_size import MIN_CTX, load_context
 from localchat.errors import EngineError, ModelFormatError, UsageError
+from localchat.models.facts import MIN_CTX, load_context
 
 if TYPE_CHECKING:
-    from localchat.model_files import GGUFFacts
+    from localchat.models.facts import GGUFFacts
 
 ENGINES = ("llama.cpp", "torch", "auto")
 
@@ -49,7 +49,7 @@ def load_engine(
     built-in template's name or a Jinja file, instead of the model file's
     (chat/builtin_templates.py; files without one get their family's format).
     """
-    from localchat.models import resolve_model_facts
+    from localchat.models.specs import resolve_model_facts
 
     if endpoint is not None:  # an OpenAI-compatible server does the work; spec names its model
         if chat_template is not None:
@@ -82,7 +82,7 @@ def load_engine(
         raise UsageError("--num-draft-tokens needs a draft: --draft-model SPEC or --draft ngram")
     auto_draft = draft == "auto"
     if auto_draft:  # a distilled draft kept for this model, else prompt lookup
-        from localchat.drafts import kept_draft
+        from localchat.models.drafts import kept_draft
 
         kept = None if facts.path.is_dir() else kept_draft(facts)
         draft = "ngram" if kept is None else str(kept)
@@ -126,7 +126,7 @@ def load_engine(
                             auto_draft=auto_draft,
                             cache_types=tuple(cache_types))
     except (EngineError, ModelFormatError):  # the file is broken: `models` stops listing it
-        from localchat.models import forget
+        from localchat.models.specs import forget
 
         forget(facts.path)
         raise

@@ -1,12 +1,6 @@
-"""The one engine interface that the UI, the CLI and every engine share.
-
-A Request goes in; a stream of events comes out: Delta events while text is produced
-(each with a live Stats snapshot, so gauges can move while tokens stream), then exactly
-one Result. Generation is cancelled by setting the threading.Event passed to generate();
-the stream then ends with finish_reason "cancelled".
-
-Nothing here imports torch or llama_cpp: the UI depends on this module only.
-"""
+"""The one engine interface the UI, the CLI and every engine share: a Request in, Delta events
+(each with live Stats) then exactly one Result out; setting generate()'s cancel Event ends
+the stream with finish_reason "cancelled". Imports neither torch nor llama_cpp."""
 
 from __future__ import annotations
 
@@ -19,7 +13,7 @@ from localchat.errors import UsageError
 from localchat.sampling_fields import FIELD, check_sampling
 
 if TYPE_CHECKING:  # no import at run time: base.py stays free of file-format code
-    from localchat.model_files import GGUFFacts
+    from localchat.models.facts import GGUFFacts
 
 Role = Literal["system", "user", "assistant"]
 FinishReason = Literal["stop", "length", "cancelled"]

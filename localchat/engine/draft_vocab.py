@@ -4,7 +4,7 @@ draft's token ids mean something else to the target. Shared by both engines."""
 from __future__ import annotations
 
 from localchat.errors import UsageError
-from localchat.gguf_reader import read_gguf
+from localchat.models.gguf_reader import read_gguf
 
 
 def tokenizer_metadata(path) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from localchat.engine.runtime.compute_thread import COMPUTE
 from localchat.engine.runtime.engine import RuntimeEngine
-from localchat.model_files import GGUFFacts
+from localchat.models.facts import GGUFFacts
 
 
 def load_executor(facts: GGUFFacts, engine: str, *, n_ctx: int, threads: int | None,

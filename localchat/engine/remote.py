@@ -1,13 +1,6 @@
-"""RemoteEngine: any OpenAI-compatible server (localchat serve, llama.cpp's or
-llama-cpp-python's server, vLLM, Ollama) behind the same engine interface, so the TUI
-and `localchat run` work unchanged with --endpoint URL.
-
-Stats are what the client can see: ttft_s at the first content chunk, the decode
-rate from the chunks (one per token on the servers above) or the server's usage
-record, and prompt_tokens from usage when the server sends it (stream_options
-include_usage), else counted as count_prompt_tokens does. There is no KV cache to
-report: those fields stay 0.
-"""
+"""RemoteEngine: any OpenAI-compatible server behind the engine interface (--endpoint URL).
+Its stats are what a client can see (TTFT at the first chunk, rates from chunks or the usage
+record); the KV cache fields stay 0."""
 
 from __future__ import annotations
 
@@ -23,7 +16,7 @@ from localchat.engine.remote_http import (ConnectionLost, server_message, split_
                                           status_error, stream_error, transport_errors)
 from localchat.engine.sse import BackgroundStream, Cancelled, sse_data
 from localchat.errors import EngineError, ModelNotFoundError, UsageError
-from localchat.engine.context_size import DEFAULT_CTX
+from localchat.models.facts import DEFAULT_CTX
 from localchat.sampling_fields import SAMPLING_PARAMS
 
 CONNECT_TIMEOUT_S = 10.0

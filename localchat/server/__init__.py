@@ -1,10 +1,6 @@
-"""`localchat serve`: an OpenAI-compatible HTTP server on the engine interface.
-
-Safe by default: it binds 127.0.0.1, and any address reachable from elsewhere needs
---api-key. The socket is bound before the model loads, so a port in use is a one-line
-error at once rather than after the load. SIGTERM and Ctrl+C stop it cleanly: running
-requests are cancelled, their threads joined and the engine closed.
-"""
+"""`localchat serve`: an OpenAI-compatible HTTP server on the engine interface. It binds
+127.0.0.1 by default (a non-loopback address needs --api-key), and before the model loads,
+so a port in use fails at once."""
 
 from __future__ import annotations
 

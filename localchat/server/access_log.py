@@ -1,7 +1,5 @@
-"""One line per request on stderr, as llama-server and uvicorn users expect:
-`2026-12-02 20:59:01 127.0.0.1 POST /v1/chat/completions 200 12+32 tok 1.42 s`.
-Completions add their prompt+completion tokens (noted by the routes in the scope);
-a stream the client left before its end says `disconnected`. --quiet turns it off."""
+"""One line per request on stderr, as llama-server and uvicorn users expect (--quiet: none):
+`2026-12-02 20:59:01 127.0.0.1 POST /v1/chat/completions 200 12+32 tok 1.42 s`."""
 
 from __future__ import annotations
 

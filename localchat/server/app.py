@@ -1,9 +1,5 @@
-"""The routes: /v1/chat/completions, /v1/completions, /v1/models and /health.
-
-A completion request goes: body (size-limited) -> JSON -> schema checks -> a slot
-(--max-queue) -> the engine, in a worker thread. The response waits for the engine's
-first event, so a prompt that does not fit is still a plain 400, not a broken stream.
-"""
+"""The routes: /v1/chat/completions, /v1/completions, /v1/models and /health. A completion's
+response waits for the engine's first event, so a prompt that does not fit is a plain 400."""
 
 from __future__ import annotations
 

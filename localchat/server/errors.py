@@ -1,9 +1,5 @@
-"""Errors as OpenAI clients expect them: {"error": {message, type, param, code}}.
-
-Every refusal the server makes goes through ApiError, so the shape is the same on every
-route and no message ever carries a path or a traceback (messages are written here and
-in schema.py, never copied from an exception we did not raise ourselves).
-"""
+"""Errors as OpenAI clients expect them: {"error": {message, type, param, code}}. Every refusal
+goes through ApiError with a message written here or in schema.py: no path, no traceback."""
 
 from __future__ import annotations
 

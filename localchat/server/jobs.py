@@ -1,14 +1,6 @@
-"""Requests in flight: admission up to --max-queue, and a worker thread per request.
-
-engine.generate() is a blocking iterator, so each request iterates it in its own
-thread and hands the events to the event loop through an asyncio queue. The runtime
-batches concurrent calls (up to --parallel at once on the llama.cpp executor), so the
-server just calls generate() from many threads.
-
-A request is counted until its engine stream has ended, not until its HTTP response
-has: when a client goes away its cancel Event is set, and the slot (and the KV cache
-the engine holds for it) is given back only once the engine has stopped.
-"""
+"""Requests in flight: admission up to --max-queue, and a worker thread per request iterating
+engine.generate(). A request holds its slot until its engine stream has ended (not its HTTP
+response), so a departed client's KV cache is freed only once the engine has stopped."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The OpenAI response objects, streamed (SSE chunks) or whole, from engine events.
-
-Besides OpenAI's `usage`, each finished request carries `timings` in the shape
-llama.cpp's server uses (prompt_n, prompt_ms, predicted_n, predicted_per_second, ...)
-plus ttft_ms, so tools written for llama.cpp read our numbers unchanged. The numbers
-are the engine's own Stats: measured where the work happened.
-"""
+"""The OpenAI response objects, streamed (SSE chunks) or whole, from engine events; a finished
+request also carries llama.cpp-server-style `timings` (plus ttft_ms) from the engine's Stats."""
 
 from __future__ import annotations
 

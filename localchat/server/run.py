@@ -1,11 +1,6 @@
-"""Running the server: the engine loaded, uvicorn on the bound socket, a clean stop.
-
-uvicorn handles SIGTERM and SIGINT while it runs. On either, running requests are
-cancelled at once (their streams end with an error event), uvicorn waits for the
-connections to finish, the worker threads are joined and the engine is closed. Then
-uvicorn re-raises the signal under the handler found before it started: Ctrl+C gives
-the CLI's exit 130, and SIGTERM, with the no-op handler installed here, a clean exit 0.
-"""
+"""Running the server: the engine loaded, uvicorn on the bound socket, a clean stop. On SIGTERM
+or Ctrl+C running requests are cancelled, workers joined and the engine closed; Ctrl+C then
+exits 130, SIGTERM 0."""
 
 from __future__ import annotations
 

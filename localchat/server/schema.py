@@ -1,10 +1,6 @@
-"""Request bodies of /v1/chat/completions and /v1/completions, checked field by field.
-
-Clients send JSON from anywhere, so nothing reaches the engine before it has the type
-and range checked here; a bad field is a 400 naming the field (`param`), never a 500.
-Fields this server does not implement (logit_bias, user, ...) are ignored, as llama.cpp's
-server does, except `n`: more than one choice would be silently wrong, so it is refused.
-"""
+"""Request bodies of /v1/chat/completions and /v1/completions, checked field by field: a bad
+field is a 400 naming it, never a 500. Unimplemented fields are ignored, as llama.cpp's
+server does, except `n` other than 1, which is refused."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""What stands between the network and the engine, checked before any route runs.
-
-- Host: bound to loopback, only loopback names are served (localhost, 127.0.0.1, [::1],
-  any port). A web page that rebinds its own DNS name to 127.0.0.1 sends its own name
-  as Host, so it is refused (DNS rebinding).
-- Origin: a browser page from another origin gets 403 (cross-site requests from a
-  page the user happens to have open). No CORS headers are ever sent.
-- Content-Type: a POST must be JSON. A browser can send text/plain cross-site without
-  a preflight; application/json always needs one, which this server never grants.
-- Authorization: with an API key, `Bearer KEY` on every route but /health, compared in
-  constant time.
-- Body size: read_body() stops reading past the limit, whatever Content-Length said.
-"""
+"""What stands between the network and the engine, checked before any route runs: loopback
+Host names only (DNS rebinding), no cross-origin pages, JSON-only POSTs, the API key
+(compared in constant time) and a body size limit."""
 
 from __future__ import annotations
 

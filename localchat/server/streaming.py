@@ -1,10 +1,6 @@
-"""A streamed completion: SSE chunks from a running job, ending with `data: [DONE]`.
-
-The response cancels its job however it ends: a client that disconnects mid-stream
-(Starlette stops the body iterator) must not leave the engine generating, and holding
-KV cache, for nobody. A stream cut short by the server stopping ends with an error
-event instead of a finish_reason: a connected client never reads "cancelled".
-"""
+"""A streamed completion: SSE chunks from a running job, ending with `data: [DONE]`. However it
+ends (a client disconnecting too) its job is cancelled; a server stop ends it with an error
+event, never "cancelled"."""
 
 from __future__ import annotations
 

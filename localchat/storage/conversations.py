@@ -1,12 +1,6 @@
 """Conversations and their messages in SQLite: the one place that reads and writes them.
-
-A conversation is a tree (tree.py): an edit or a regeneration adds a sibling, and
-`messages()` is the branch on screen, from the first message to the conversation's leaf.
-A reply is written while it streams (status 'streaming', see reply_writer.py) and gets
-its final status at the end: 'complete', or 'interrupted' when it was stopped or its
-process died. Opening the store marks replies left 'streaming' by a process that no
-longer runs as interrupted, keeping their text.
-"""
+A conversation is a tree (tree.py), `messages()` the branch on screen; replies a dead process
+left 'streaming' are marked interrupted when the store opens."""
 
 from __future__ import annotations
 

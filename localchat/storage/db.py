@@ -1,13 +1,6 @@
-"""The conversation database file: where it lives, how connections are set up, the
-schema and its migrations, and setting a damaged file aside.
-
-Every connection gets WAL (readers never block the writer), a busy timeout (a second
-localchat process waits instead of failing with "database is locked") and
-synchronous=NORMAL: in WAL mode an application crash (even SIGKILL) loses nothing that
-was committed; only an OS crash or power loss may drop the last few commits, and the
-file stays consistent either way. Connections are per thread (sqlite3 objects must not
-be shared across threads mid-transaction).
-"""
+"""The conversation database file: where it lives, connection setup, the schema and its
+migrations, and setting a damaged file aside. Connections are per thread, WAL with a busy
+timeout and synchronous=NORMAL: an application crash loses no committed write."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ from textual.widgets import Button, Input, Label, Static
 
 from localchat.chat.commands import apply_set, parse_set
 from localchat.engine.base import SamplingParams
-from localchat.engine.context_size import MIN_CTX
 from localchat.errors import UsageError
+from localchat.models.facts import MIN_CTX
 from localchat.sampling_fields import FIELD, SAMPLING_FIELDS
 
 

@@ -1,13 +1,13 @@
 """The model picker (F7, or "Choose model" in the palette): the models `localchat models`
 lists (bundled, Hugging Face cache, local files used before), each with its quant type,
 size, context length, KV bytes per token and whether it fits in memory at the chosen
-context, computed with `localchat plan`'s arithmetic (plan.model_size,
-plan.context_that_fits). Enter switches to the model, d makes it the speculative draft,
+context, computed with `localchat plan`'s arithmetic (models/planner.py: model_size,
+context_that_fits). Enter switches to the model, d makes it the speculative draft,
 n uses prompt lookup (ngram) as the draft, o turns speculation off. The app reloads the
 engine in a worker; this screen only chooses.
 
-Listing reads every file's header (and plan reads its tensor table), so it runs in a
-worker thread too.
+Listing reads every file's header (and the planner reads its tensor table), so it runs
+in a worker thread too.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
-from localchat.engine.context_size import load_context
 from localchat.errors import LocalchatError
-from localchat.models import ModelEntry, list_models
-from localchat.cli.plan import context_that_fits, model_size
+from localchat.models.facts import load_context
+from localchat.models.planner import context_that_fits, model_size
+from localchat.models.specs import ModelEntry, list_models
 from localchat.units import available_memory, human_bytes
 
 Choice = tuple[str, "str | None"]  # ("model", spec) or ("draft", spec | "ngram" | None)

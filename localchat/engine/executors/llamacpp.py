@@ -1,16 +1,6 @@
-"""The llama.cpp executor: ggml's kernels through llama-cpp-python's low-level API, one
-llama_decode over every sequence of a step. It runs every architecture llama.cpp runs,
-on CPU or the GPU its build supports (Metal, CUDA).
-
-The KV cache is one stream per slot (kv_unified off): a slot holds one sequence at a
-time, the next request that shares its prefix reuses it, and no sequence's attention
-depends on what else runs. On the CPU, K is stored as q8_0 and V as float16 by
-default: with flash attention, a K that is neither f16 nor f32 keeps ggml on one
-attention kernel whatever the number of rows or cells (its tiled and split-KV kernels
-round differently), so a sequence computes the same bits alone, batched, chunked or
-verifying drafts. -ctk f16 (llama.cpp's default) is faster and not exact; the README
-has the figures.
-"""
+"""The llama.cpp executor: one llama_decode per step over every sequence, one KV stream per slot.
+On the CPU K is q8_0 and V f16 by default: with flash attention that keeps ggml on one
+attention kernel, so a sequence computes the same bits alone, batched or verifying drafts."""
 
 from __future__ import annotations
 
@@ -30,7 +20,7 @@ from localchat.engine.executors.base import Chunk, Executor
 from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary
 from localchat.engine.runtime.block_manager import BLOCK_SIZE, KVLayout
 from localchat.errors import EngineError
-from localchat.model_files import GGUFFacts
+from localchat.models.facts import GGUFFacts
 from localchat.units import refuse_beyond_available
 
 GGML_TYPE_BF16 = 30  # ggml.h (llama-cpp-python names no constant for it)

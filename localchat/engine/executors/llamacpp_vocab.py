@@ -1,9 +1,6 @@
-"""llama.cpp's vocabulary behind localchat's Vocabulary, and llama.cpp's log kept off the
-terminal. Prompts are rendered with localchat's sandboxed template renderer (not
-llama-cpp-python's), and text that users typed is tokenized with special-token parsing
-off, so a typed `<|im_end|>` stays plain text. Shared by both executors for GGUF files,
-so they see exactly the same token ids.
-"""
+"""llama.cpp's vocabulary behind localchat's Vocabulary (both executors use it for GGUF
+files): typed text is tokenized with special-token parsing off. Keeps llama.cpp's log off
+the terminal."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""The KV cache's bookkeeping for one executor: one or more pools of 16-token blocks.
-
-A shared layout (the torch executor) is one pool that every sequence draws from, with
-blocks shared between sequences by reference. An exclusive layout (llama.cpp, one KV
-stream per slot) is one pool per slot, each holding at most one live sequence; a slot
-keeps what its last sequence computed as a reusable prefix, to the token (a slot's block
-ids are bookkeeping only there), and a new sequence goes to the free slot that shares
-most of its prompt (then the least recently used). Where the prompt leaves that slot's
-KV part way (another branch of a conversation) and the executor can copy a slot, the
-shared prefix is copied into the least recently used free slot instead, so that the
-other branch's KV stays cached too.
-"""
+"""The KV cache's bookkeeping for one executor: one shared pool of 16-token blocks (torch), or
+one pool per llama.cpp slot, where a new sequence goes to the free slot sharing most of its
+prompt and a diverging branch is copied to another slot so both stay cached."""
 
 from __future__ import annotations
 

@@ -1,31 +1,6 @@
-"""One pool of paged KV blocks: which blocks hold which sequence's tokens.
-
-Pure bookkeeping, no tensors (an executor owns the memory; block_manager.py puts one or
-more pools in front of it). The design follows vLLM v1's block pool and nano-vllm's
-block_manager.py:
-
-- Prefix caching. A FULL block whose tokens are all committed is registered under a
-  chained hash of (parent hash, its token ids, cache_key). A later prompt with the
-  same prefix shares those blocks by reference count instead of recomputing them.
-- Collision guard. A hit must also match the stored token ids and the identity of
-  the block before it in the chain. That identity is a serial number that is never
-  reused, so even a colliding hash cannot splice in a block that was computed after
-  a different prefix. (Comparing token ids alone, as nano-vllm does, cannot catch
-  that.)
-- Lazy eviction. A released registered block stays findable in an LRU of evictable
-  blocks. It is only recycled when a new block is needed and the free list is empty.
-- Speculative decoding. Tokens are appended and then either committed (final) or
-  rolled back. Only committed full blocks are ever hashed, so rejected drafts never
-  reach the cache. Shared blocks are always full and committed and are never written
-  again, so no copy-on-write is needed.
-
-Full hit on a prompt that is an exact multiple of block_size: every block is shared
-and, as nano-vllm does, ``allocate`` reports the whole last block as not cached, so it
-runs again (for the last token's logits) on the same shapes as when it was first
-computed. Its KV is already in the shared block: ``slot_mapping`` returns NO_SLOT (-1,
-skip the write) for every committed position, and nothing is ever written into a
-shared block.
-"""
+"""One pool of paged KV blocks: which blocks hold which sequence's tokens (bookkeeping only).
+Full committed blocks are shared by a collision-guarded prefix hash; rolled-back drafts are
+never hashed. A full hit recomputes its last block for logits, writing nothing (NO_SLOT)."""
 
 from __future__ import annotations
 

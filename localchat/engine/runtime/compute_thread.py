@@ -1,9 +1,6 @@
-"""The one thread in the process that runs every executor's compute: one-off calls
-(`call`, e.g. loading), generators advanced one item at a time (`iterate`), and
-steppers (the runtime's runners) stepped while they have work. PyTorch and llama.cpp
-share one libgomp, which slows every kernel down once two threads have started
-parallel work (the README has the measurements).
-"""
+"""The one thread that runs every executor's compute: one-off calls, generators advanced item by
+item, and steppers (the runners). One, because PyTorch and llama.cpp share a libgomp that
+slows every kernel once two threads have started parallel work (README: "Speed")."""
 
 from __future__ import annotations
 

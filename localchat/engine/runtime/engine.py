@@ -19,7 +19,7 @@ from localchat.engine.runtime.sequence import Sequence
 from localchat.engine.runtime.speculative.drafts import DraftSource
 from localchat.engine.runtime.stream import EngineHooks, stream_events
 from localchat.engine.runtime.vocab import VocabMixin
-from localchat.model_files import GGUFFacts
+from localchat.models.facts import GGUFFacts
 
 
 def request_generator(seed: int | None) -> torch.Generator:

@@ -1,11 +1,6 @@
-"""The runtime's step loop, on the process's compute thread: every request in flight
-runs together, one executor forward pass per step (continuous batching).
-
-step(): schedule -> draft (speculating sequences) -> executor.forward(batch) -> sample
-and verify -> postprocess (commit KV, hand tokens out). Callers on any thread submit a
-Sequence and read its tokens from its queue; one that stops reading cancels it, and the
-next step frees its blocks.
-"""
+"""The runtime's step loop on the compute thread (continuous batching): schedule -> draft ->
+executor.forward -> sample and verify -> postprocess. Callers on any thread submit a Sequence
+and read its queue; one that stops reading cancels it."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Sampling a step's rows at once, in llama.cpp's order: repeat penalty, top-k, top-p,
-min-p, temperature, then a draw from each row's own seeded generator (temperature 0:
-argmax). The filters are tensor ops over all rows; only the penalty (a few ids per row)
-and the one uniform number each row draws are per row, so a row samples the same
-whichever rows share its step.
-"""
+"""Sampling a step's rows at once in llama.cpp's order (repeat penalty, top-k, top-p, min-p,
+temperature, draw; temperature 0: argmax), each row with its own seeded generator, so a row
+samples the same whichever rows share its step."""
 
 from __future__ import annotations
 

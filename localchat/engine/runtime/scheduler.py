@@ -1,14 +1,6 @@
-"""Continuous batching: which sequences run in the next forward pass, with how many
-tokens. Pure bookkeeping over the block manager (no tensors), after vLLM's scheduler
-and nano-vllm's scheduler.py.
-
-Each step spends a token budget: running sequences first (one token each when
-decoding, the next chunk of a prompt still being prefilled), then waiting requests,
-admitted in arrival order only when the blocks for their whole prompt fit. When a
-decoding sequence needs a block and none is left, the one with the least computed work
-is preempted by recompute: its blocks are freed (full ones stay cached) and it waits at
-the head of the queue with all its tokens. A step that preempted admits nothing.
-"""
+"""Continuous batching: which sequences run in the next forward pass, with how many tokens
+(running ones first, then waiting ones whose whole prompt fits), preempting by recompute when
+blocks run out. Bookkeeping only, after vLLM's and nano-vllm's schedulers."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Stop strings over streamed text, shared by every engine.
-
-Text that might be the start of a stop string is held back until it is clear either
-way, so a stop string never leaks to the user half-printed.
-"""
+"""Stop strings over streamed text, shared by every engine: text that may start a stop string is
+held back until settled, so a stop string never leaks half-printed."""
 
 from __future__ import annotations
 

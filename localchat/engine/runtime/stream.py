@@ -1,11 +1,6 @@
-"""From sampled token ids to the engine interface's events, the same for every engine.
-
-An engine supplies a lazy iterator of sampled token ids (the next token is computed
-when it is asked for; a token a draft proposed comes as (id, True)) and a few
-callbacks; this module does the rest: UTF-8 decoding across token boundaries, stop
-strings, end-of-generation tokens, cancellation, the token budget, and the stats,
-timed where the tokens appear.
-"""
+"""From sampled token ids to the engine interface's events, the same for every engine: UTF-8
+across token boundaries, stop strings, end-of-generation, cancellation, the token budget
+and stats."""
 
 from __future__ import annotations
 

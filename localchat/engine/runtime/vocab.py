@@ -1,10 +1,5 @@
-"""What an engine needs from a vocabulary, and the tokenization and prompt budgeting
-that both engines build on it.
-
-Two vocabularies implement it: llama.cpp's (GGUF files; executors/llamacpp_vocab.py) and the
-Hugging Face `tokenizers` one (HF model directories; executors/torch/hf_vocab.py). Both keep the
-same rule: text the chat template wrote may hold special tokens, text users typed never.
-"""
+"""What an engine needs from a vocabulary (llama.cpp's or Hugging Face's), and the tokenization
+and prompt budgeting built on it: template text may hold special tokens, typed text never."""
 
 from __future__ import annotations
 
@@ -13,7 +8,7 @@ from typing import Protocol, Sequence
 from localchat.engine.base import Message, ModelInfo, Request
 from localchat.engine.runtime.stream import check_prompt_fits
 from localchat.errors import TemplateError
-from localchat.model_files import GGUFFacts
+from localchat.models.facts import GGUFFacts
 
 
 class Vocabulary(Protocol):

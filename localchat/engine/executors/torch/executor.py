@@ -1,11 +1,6 @@
-"""The torch executor: our paged Llama-family model (GGUF Q4/Q8/F16, NF4, INT8/INT4, GPTQ,
-Hugging Face directories) on CPU, CUDA or MPS. One shared pool of 16-token blocks: a
-block table is the sequence's addresses in the KV store, and blocks are shared between
-sequences by reference.
-
-A GGUF file is tokenized by llama.cpp's own vocabulary (its vocab-only mode), so both
-executors see exactly the same token ids; a Hugging Face directory by its tokenizer.json.
-"""
+"""The torch executor: our paged Llama-family model (GGUF, NF4, INT8/INT4, GPTQ, Hugging Face
+directories) on CPU, CUDA or MPS over one shared pool of 16-token blocks. GGUF files use
+llama.cpp's own vocabulary, so both executors see the same token ids."""
 
 from __future__ import annotations
 
@@ -25,7 +20,7 @@ from localchat.engine.executors.torch.model import Batch, KVStore, LlamaModel
 from localchat.engine.executors.torch.weights import load_weights
 from localchat.engine.runtime.block_manager import BLOCK_SIZE, KVLayout
 from localchat.errors import UsageError
-from localchat.model_files import GGUFFacts
+from localchat.models.facts import GGUFFacts
 from localchat.paths import data_dir
 from localchat.units import available_memory, human_bytes, refuse_beyond_available
 

@@ -1,28 +1,6 @@
-"""GPTQ checkpoints (AutoGPTQ / transformers' GPTQConfig layout) for the torch engine.
-
-The format (config.json's quantization_config: {"quant_method": "gptq", "bits",
-"group_size", "desc_act", "sym", "checkpoint_format": "gptq" | "gptq_v2", ...}): for
-each quantized Linear with prefix P (out × in),
-
-  P.qweight  int32 [in·bits/32, out]   codes along the INPUT dimension, 32/bits per
-                                       int32, the lowest bits holding the first
-  P.qzeros   int32 [groups, out·bits/32]  zero points along the OUTPUT dimension, packed
-                                       the same way; v1 ("gptq") stores zero − 1, v2
-                                       stores the zero itself
-  P.scales   float16 [groups, out]
-  P.g_idx    int32 [in]                the group of each input column
-
-w[o, i] = scales[g_idx[i], o] · (code[o, i] − zero[g_idx[i], o]).
-
-4-bit matrices whose g_idx is sequential (g_idx[i] = i // group_size: no act-order, or
-act-order with static groups, as quantize/gptq_model.py writes) run on PyTorch's int4
-kernel (qlinear.Int4Linear) as they are: the kernel's w = (q − 8)·s + z takes
-z = (8 − zero)·s, and a group size the kernel cannot run on this row width runs as a
-smaller kernel group with its scale repeated (576 = 4½ × 128 runs as groups of 64).
-Any other g_idx (act-order without static groups: each column's group is arbitrary)
-and 2/8-bit matrices are dequantized to float32 DenseLinear layers; no input permutation
-is attempted. Every packed layer is checked against dequantize-then-matmul when built.
-"""
+"""GPTQ checkpoints (AutoGPTQ / transformers' GPTQConfig, v1 and v2) as torch engine layers:
+4-bit matrices with sequential g_idx run on the int4 kernel, the rest are dequantized to
+float32, and every packed layer is checked against dequantize-then-matmul when built."""
 
 from __future__ import annotations
 

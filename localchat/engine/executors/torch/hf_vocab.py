@@ -1,13 +1,6 @@
-"""A Hugging Face tokenizer.json as the engine's Vocabulary (HF model directories).
-
-It keeps llama.cpp's rules so both vocabularies give the same ids for the same model
-(tests compare them): template-written text is tokenized with special tokens
-recognised, typed text with them left as text. `tokenizers` matches added tokens before
-the model runs; with encode_special_tokens it skips the *special* ones only, which is
-llama.cpp's split too (control tokens need parse_special, user-defined ones do not).
-Decoding is per token to bytes (byte-level BPE maps each byte to one printable
-character), so the streaming layer can reassemble UTF-8 characters split across tokens.
-"""
+"""A Hugging Face tokenizer.json as the engine's Vocabulary, giving llama.cpp's ids for the same
+model: special tokens are parsed in template text only, never in typed text. Tokens decode
+to bytes, so the stream can reassemble UTF-8 split across tokens."""
 
 from __future__ import annotations
 
@@ -21,7 +14,7 @@ from tokenizers import Tokenizer
 from localchat.chat.template import render_chat
 from localchat.engine.base import Message
 from localchat.errors import EngineError
-from localchat.hf_model_files import read_json_if_present, token_text
+from localchat.models.hf_files import read_json_if_present, token_text
 
 # special tokens llama.cpp (llama-vocab.cpp) also treats as end of generation whatever
 # the eos id is: end-of-turn texts, and the fill-in-the-middle pad/repo/file-separator ones

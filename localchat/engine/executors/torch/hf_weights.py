@@ -1,14 +1,6 @@
-"""Hugging Face safetensors directories -> the torch engine's config and layers.
-
-transformers' Llama and Qwen2 checkpoints keep Q/K rows in their natural order and rotate
-halves of each head (llama.cpp's converter permutes Llama's rows into pairs instead), so
-these load with rope_neox=True and no permutation. Float weights become float32
-DenseLinear layers; bitsandbytes NF4 weights stay packed in NF4Linear layers; localchat's
-INT8/INT4 weights (engine/executors/torch/intq.py) and GPTQ checkpoints (engine/executors/torch/
-gptq_weights.py) run on PyTorch's int kernels. Every tensor
-is checked against config.json before use, so a wrong or truncated file is a one-line
-EngineError naming the tensor, never a shape error mid-forward.
-"""
+"""Hugging Face safetensors directories (float, NF4, INT8/INT4, GPTQ) -> the torch engine's
+config and layers. Every tensor is checked against config.json first, so a bad file is a
+one-line EngineError naming the tensor, never a shape error mid-forward."""
 
 from __future__ import annotations
 
@@ -29,7 +21,7 @@ from localchat.engine.executors.torch.qlinear import DenseLinear
 from localchat.engine.executors.torch.rope import llama3_rope_factors
 from localchat.engine.executors.torch.weights import LayerWeights, LlamaConfig, ModelWeights
 from localchat.errors import EngineError
-from localchat.hf_model_files import HF_MODEL_TYPES, read_json, safetensors_files
+from localchat.models.hf_files import HF_MODEL_TYPES, read_json, safetensors_files
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -1,20 +1,6 @@
-"""localchat's INT8 (per row) and INT4 (per group) safetensors weights, and their layers.
-
-The format (written by quantize/int_hf.py; config.json's quantization_config is
-{"quant_method": "localchat-int", "bits": 8 | 4, "group_size": null | 32..256,
-"symmetric": true}): for each quantized Linear with prefix P,
-
-  P.weight        int8 [out, in], codes in −127..127        (bits 8)
-                  uint8 [out, in/2], codes + 8 in 1..15, two per byte, the EVEN
-                  column in the LOW nibble                   (bits 4)
-  P.weight_scale  float32 [out, ceil(in/group_size)] ([out, 1] when group_size is null:
-                  per row); a row that is not whole groups ends in a shorter group
-
-w = code · scale (symmetric absmax: scale = max|w| / 127 or / 7 over the row or group).
-INT8 (per row) runs on PyTorch's int8 weight-only kernel; INT4 on the int4pack kernel
-when the group size is one it takes (32, 64, 128, 256; a row of 576 with groups of 128
-runs as groups of 64, each 128-group's scale repeated); kernels.py measures and checks.
-"""
+"""localchat's INT8 (per row) and INT4 (per group) safetensors weights, as quantize/int_hf.py
+writes them, and their layers: w = code · scale (symmetric absmax), INT8 on PyTorch's int8
+weight-only kernel, INT4 on int4pack; kernels.py measures and checks."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Each weight matrix's kernel, chosen by measurement on this machine and remembered.
-
-For one (shape, source type) the candidates are the kernels PyTorch offers here that keep
-the file's precision within 1.5x its bytes; each must match the dequantized reference. The
-fastest at 1 and 16 rows wins, those giving a row the same bits alone as in a batch first,
-then those that keep the file's values; the choice is kept in kernels.json in the data
-dir per (device, torch version, threads). Float32 is the fallback when none passes.
-"""
+"""Each weight matrix's kernel, chosen by measurement on this machine and remembered in
+kernels.json: among kernels that match the dequantized reference, those batch-invariant
+first, then the fastest; float32 is the fallback."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Llama-family forward pass over a paged KV store.
-
-The KV store is one preallocated tensor pair per model, [layers, slots, kv_heads,
-head_dim], where slot = block · block_size + offset. A forward call writes the new
-tokens' keys/values into their slots and attends over the sequence's slots in position
-order, as given by its block table, so sequences never need contiguous memory.
-"""
+"""Llama-family forward pass over a paged KV store: one preallocated [layers, slots, kv_heads,
+head_dim] pair (slot = block · block_size + offset), each sequence attended in its block
+table's order, so no sequence needs contiguous memory."""
 
 from __future__ import annotations
 
@@ -152,19 +148,10 @@ class Batch:
 
 
 class _AttentionPlan:
-    """Index tensors built once per forward pass and reused by every layer.
-
-    A token at or past its sequence's row-wise position (every generated token: decoded,
-    verified as a draft, or recomputed after a preemption) is one query over its own
-    context, and such queries are gathered into padded batches, one per context length
-    rounded up to PAD_TO: a token's attention runs on the same shapes whoever shares the
-    step, so it computes the same bits alone, batched, or verified. (Padding to the
-    longest context in the step did not: a last-bit change, rounded to bfloat16 before
-    the next int4 matmul, moved logits by up to 0.2.) Earlier tokens (prompts) run one
-    16-token block at a time with a causal mask over the context up to the block's end:
-    BLAS picks its kernel by shape, so a block computes the same bits however a prefix
-    hit, a preemption or the token budget cut the prompt into steps (the scheduler cuts
-    on block boundaries)."""
+    """Index tensors built once per forward pass and reused by every layer. Shapes never depend
+    on who shares the step, so a token computes the same bits alone, batched or verified:
+    generated tokens are single queries padded by context length to PAD_TO, prompt tokens
+    run one CAUSAL_BLOCK at a time."""
 
     PAD_TO = 64
     ROW_WISE = 16

@@ -1,9 +1,5 @@
-"""Linear layers over PyTorch's weight-only kernels (int4pack, int8pack) and dense floats.
-
-GGUF's 4-bit blocks map exactly onto the int4 kernels' w = (q − 8)·scale + zero per
-32-weight group (Q4_1: scale = d, zero = m + 8·d; Q4_0: zero = 0; Q4_K: per-group d·sc and
-dmin·m). kernels.py decides which layer each matrix gets.
-"""
+"""Linear layers over PyTorch's weight-only kernels (int4pack, int8pack) and dense floats;
+GGUF's 4-bit blocks map exactly onto the int4 kernels' w = (q − 8)·scale + zero."""
 
 from __future__ import annotations
 
@@ -32,13 +28,8 @@ def _split_q4_blocks(raw: np.ndarray, n_rows: int, n_cols: int, with_min: bool):
 
 class Int4Linear(torch.nn.Module):
     """y = x @ Wᵀ with W in PyTorch's packed int4 layout, groups of 32 (exact for Q4_0/Q4_1)
-    or of `group` weights (localchat's int4 files).
-
-    The CPU kernel runs in bfloat16 (activations, scales and zeros): with float32 inputs it
-    takes a scalar path about 20-50x slower (measured here: 1.4 vs 31-105 GFLOP/s). On
-    CUDA (and MPS where PyTorch has the kernel) the weights are packed from bytes of two
-    4-bit values, first one in the high nibble, as gpt-fast does.
-    """
+    or of `group` weights (localchat's int4 files). On the CPU it runs in bfloat16 (float32
+    inputs take a scalar path 20-50x slower); on CUDA/MPS it packs as gpt-fast does."""
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                  device: torch.device = torch.device("cpu"), group: int = GROUP) -> None:

@@ -1,11 +1,6 @@
-"""Rotary position embeddings, including the context-extension variants the Llama
-family ships with: linear position scaling and Llama 3.1's per-frequency factors.
-
-GGUF stores Llama 3.1's scaling as a `rope_freqs.weight` tensor (one divisor per
-frequency, written by llama.cpp's converter); Hugging Face configs store the recipe
-(`rope_scaling: {rope_type: llama3, ...}`), which llama3_rope_factors() turns into the
-same divisors.
-"""
+"""Rotary position embeddings with the Llama family's context extensions: linear scaling and
+Llama 3.1's per-frequency factors (GGUF's rope_freqs.weight, or llama3_rope_factors() from
+a Hugging Face config)."""
 
 from __future__ import annotations
 

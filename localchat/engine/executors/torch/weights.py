@@ -1,9 +1,5 @@
-"""GGUF tensors -> the torch engine's config and layers.
-
-Each matrix runs on the kernel kernels.py chose for its shape and type (4-bit blocks on
-int4pack exactly, 5- to 8-bit types on int8pack or 16-bit floats within 1.5x the file's
-bytes); the token embedding keeps the file's rows and dequantizes those looked up.
-"""
+"""GGUF tensors -> the torch engine's config and layers, each matrix on the kernel kernels.py
+chose for it; the token embedding keeps the file's rows and dequantizes those looked up."""
 
 from __future__ import annotations
 
@@ -17,9 +13,9 @@ from gguf.quants import dequantize
 
 from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix
 from localchat.engine.executors.torch.qlinear import dequantized_q4, q4_parts, q8_parts
-from localchat.gguf_checks import check_model_metadata
-from localchat.gguf_reader import read_gguf
 from localchat.errors import EngineError
+from localchat.models.gguf_checks import check_model_metadata
+from localchat.models.gguf_reader import read_gguf
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 INT4_EXACT = (Q.Q4_0, Q.Q4_1, Q.Q4_K)  # types the int4 kernel reproduces exactly

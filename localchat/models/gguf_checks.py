@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from localchat.gguf_reader import GGUFFile, GGUFFormatError
+from localchat.models.gguf_reader import GGUFFile, GGUFFormatError
 
 MAX_LAYERS = 512
 MAX_HEADS = 1024

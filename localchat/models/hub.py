@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localchat.errors import HubError, ModelNotFoundError, UsageError
-from localchat.model_files import validate_model_file
+from localchat.models.files import validate_model_file
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _QUANT = re.compile(r"[A-Za-z0-9]+(?:_[A-Za-z0-9]+)*")
