@@ -1,1 +1,2 @@
-"""The Textual chat UI. It talks only to the engine interface (localchat.engine.base)."""
+"""The Textual chat UI (app.py: ChatApp) over a ChatSession; of the engines it knows only
+their interface (localchat.engine.base)."""

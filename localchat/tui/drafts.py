@@ -1,5 +1,4 @@
-"""The draft's section of the /stats screen. (Each reply generated here with a draft keeps
-its text as (text, from_draft) runs; F4 shows them in colour: ChatLog.)"""
+"""The /stats screen's draft section: a speculative draft's stats as a Markdown table."""
 
 from __future__ import annotations
 

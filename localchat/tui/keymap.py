@@ -1,12 +1,6 @@
-"""Rebinding keys by action name, from the [keys] table of config.toml:
-
-    [keys]
-    regenerate = "ctrl+r"
-    continue_reply = "ctrl+g,f5"   # several keys: comma-separated
-
-The file lives in $LOCALCHAT_HOME when that is set, else in the platform's config dir.
-A bad file or name is reported in the UI and the default keys stay.
-"""
+"""Rebinding keys by action name from the [keys] table of config.toml (in $LOCALCHAT_HOME,
+else the platform's config dir): load_keymap() gives Textual's keymap, or a problem to
+report while the default keys stay."""
 
 from __future__ import annotations
 

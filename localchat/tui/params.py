@@ -1,12 +1,6 @@
-"""The parameters panel (F6, or "Parameters" in the palette): temperature, top-k,
-top-p, min-p, repeat penalty, max tokens, context size and seed in one form.
-
-Values are checked by the same code as `/set` (chat/commands.py: parse_set, then
-apply_set, whose SamplingParams raises UsageError for a bad value), so the panel and
-the slash command cannot disagree. A bad field shows its error in place of its hint and
-nothing is applied; good values go back to the app, which uses them for the next reply
-and stores them with the conversation. A new context size reloads the engine.
-"""
+"""The parameters panel (F6): sampling, max tokens, context size and seed in one form,
+checked by the same code as `/set`; it answers ParamValues (None: cancelled) and applies
+nothing itself."""
 
 from __future__ import annotations
 

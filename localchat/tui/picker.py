@@ -1,14 +1,6 @@
-"""The model picker (F7, or "Choose model" in the palette): the models `localchat models`
-lists (bundled, Hugging Face cache, local files used before), each with its quant type,
-size, context length, KV bytes per token and whether it fits in memory at the chosen
-context, computed with `localchat plan`'s arithmetic (models/planner.py: model_size,
-context_that_fits). Enter switches to the model, d makes it the speculative draft,
-n uses prompt lookup (ngram) as the draft, o turns speculation off. The app reloads the
-engine in a worker; this screen only chooses.
-
-Listing reads every file's header (and the planner reads its tensor table), so it runs
-in a worker thread too.
-"""
+"""The model picker (F7): the models `localchat models` lists, with size, context and
+whether each fits in memory; it answers a Choice (a model, or a draft: a file, "ngram"
+or None for off) and loads nothing itself."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The conversation list: search box, conversations newest first, and keys to open,
-rename, delete and start one. It shows what the app gives it and asks the app to act."""
+"""The conversation list: search box, conversations newest first, and keys to open, rename,
+delete and start one. It shows what it is given and posts Sidebar.Action and
+Sidebar.SearchChanged; the app's `conversations` acts on them."""
 
 from __future__ import annotations
 

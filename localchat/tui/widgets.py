@@ -1,4 +1,5 @@
-"""The chat UI's widgets: the prompt box, the live gauge bar and message views."""
+"""The chat pane's widgets: the prompt box (PromptInput), the gauge bar and rate sparkline,
+and one message's view (MessageView, DraftRuns); the messages they send are declared on them."""
 
 from __future__ import annotations
 
