@@ -6,8 +6,6 @@ from __future__ import annotations
 import ctypes
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,9 @@ from localchat.errors import EngineError, ModelFormatError, ModelNotFoundError, 
 from localchat.models.gguf_reader import read_gguf
 from localchat.models.specs import resolve_model, resolve_model_facts
 from quantize.export_hf import gguf_tensor
+
+from helpers.cli import localchat
+from helpers.tiny_hf import TINY_CONFIG, tiny_tensors, write_tiny_hf_dir
 
 TEXTS = [
     "Hello, world!", "naïve café 東京 ✓ 🙂 👩‍👩‍👧", "  leading spaces\tand\ttabs\n\n\n",
@@ -106,18 +107,13 @@ def test_hf_logits_equal_the_ggufs_on_the_same_weights(hf_dir, engine):
     assert (ours - reference).abs().max().item() < 1e-3 * max(1.0, reference.abs().max().item())
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localchat", "run", *args], capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL, timeout=120)
-
-
 def test_run_command_on_an_hf_directory(hf_dir):
-    proc = _run("What is the capital of France?", "-m", str(hf_dir), "--engine", "torch",
+    proc = localchat("run", "What is the capital of France?", "-m", str(hf_dir), "--engine", "torch",
                 "-n", "12", "--temp", "0", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["engine"] == "torch" and "Paris" in out["text"]
-    refused = _run("hi", "-m", str(hf_dir), "--engine", "llama.cpp")
+    refused = localchat("run", "hi", "-m", str(hf_dir), "--engine", "llama.cpp")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "needs a GGUF file" in refused.stderr and "--engine torch" in refused.stderr
     assert "Traceback" not in refused.stderr
@@ -136,53 +132,29 @@ def test_auto_engine_picks_torch_for_an_hf_directory(hf_dir):
 
 # --- refusals: one-line typed errors -------------------------------------------------
 
-TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-        "vocab_size": 32, "max_position_embeddings": 128, "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": True}
-
-
-def _tiny_tensors() -> dict[str, torch.Tensor]:
-    p = "model.layers.0"
-    shapes = {"model.embed_tokens.weight": (32, 64), "model.norm.weight": (64,),
-              f"{p}.input_layernorm.weight": (64,), f"{p}.post_attention_layernorm.weight": (64,),
-              f"{p}.self_attn.q_proj.weight": (64, 64), f"{p}.self_attn.k_proj.weight": (32, 64),
-              f"{p}.self_attn.v_proj.weight": (32, 64), f"{p}.self_attn.o_proj.weight": (64, 64),
-              f"{p}.mlp.gate_proj.weight": (128, 64), f"{p}.mlp.up_proj.weight": (128, 64),
-              f"{p}.mlp.down_proj.weight": (64, 128)}
-    return {k: torch.randn(s) for k, s in shapes.items()}
-
-
-def _tiny_dir(path: Path, tensors: dict, config: dict = TINY) -> Path:
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps(config))
-    save_file(tensors, str(path / "model.safetensors"))
-    return path
-
-
 def test_tiny_directory_loads_and_runs(tmp_path):
-    weights = load_hf_weights(_tiny_dir(tmp_path / "ok", _tiny_tensors()))
+    weights = load_hf_weights(write_tiny_hf_dir(tmp_path / "ok", tiny_tensors()))
     assert weights.config.n_kv_heads == 1 and _logits(weights, [1, 2, 3]).shape == (3, 32)
 
 
 def test_missing_and_misshapen_tensors_are_named(tmp_path):
-    tensors = _tiny_tensors()
+    tensors = tiny_tensors()
     del tensors["model.layers.0.mlp.up_proj.weight"]
     with pytest.raises(EngineError, match=r"lacks tensor model\.layers\.0\.mlp\.up_proj\.weight"):
-        load_hf_weights(_tiny_dir(tmp_path / "missing", tensors))
-    tensors = _tiny_tensors()
+        load_hf_weights(write_tiny_hf_dir(tmp_path / "missing", tensors))
+    tensors = tiny_tensors()
     tensors["model.layers.0.self_attn.k_proj.weight"] = torch.randn(64, 64)
     with pytest.raises(EngineError, match=r"k_proj\.weight has shape \[64, 64\], config.json says \[32, 64\]"):
-        load_hf_weights(_tiny_dir(tmp_path / "shape", tensors))
+        load_hf_weights(write_tiny_hf_dir(tmp_path / "shape", tensors))
 
 
 def test_unsupported_configs_say_what_is_unsupported(tmp_path):
     with pytest.raises(EngineError, match="RoPE scaling 'yarn' is not supported"):
-        load_hf_weights(_tiny_dir(tmp_path / "yarn", _tiny_tensors(),
-                                  TINY | {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}))
+        load_hf_weights(write_tiny_hf_dir(tmp_path / "yarn", tiny_tensors(),
+                                  TINY_CONFIG | {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}))
     (tmp_path / "gemma").mkdir()
-    (tmp_path / "gemma" / "config.json").write_text(json.dumps(TINY | {"model_type": "gemma2"}))
-    save_file(_tiny_tensors(), str(tmp_path / "gemma" / "model.safetensors"))
+    (tmp_path / "gemma" / "config.json").write_text(json.dumps(TINY_CONFIG | {"model_type": "gemma2"}))
+    save_file(tiny_tensors(), str(tmp_path / "gemma" / "model.safetensors"))
     with pytest.raises(ModelFormatError, match="model_type 'gemma2' is not supported"):
         resolve_model_facts(str(tmp_path / "gemma"))
 
@@ -194,23 +166,23 @@ def test_directory_refusals_through_the_cli(tmp_path, hf_dir):
         resolve_model_facts(str(no_config))
     pickled = tmp_path / "pickled"
     pickled.mkdir()
-    (pickled / "config.json").write_text(json.dumps(TINY))
+    (pickled / "config.json").write_text(json.dumps(TINY_CONFIG))
     (pickled / "pytorch_model.bin").write_bytes(b"\x80\x04\x95" + b"\x00" * 64)
     with pytest.raises(UnsafeCheckpointError, match="pytorch_model.bin"):
         resolve_model_facts(str(pickled))
-    truncated = _tiny_dir(tmp_path / "truncated", _tiny_tensors())
+    truncated = write_tiny_hf_dir(tmp_path / "truncated", tiny_tensors())
     data = (truncated / "model.safetensors").read_bytes()
     (truncated / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(ModelFormatError, match="truncated download"):
         resolve_model_facts(str(truncated))
     # a missing tensor in a directory that is otherwise complete: one line from the CLI
-    broken = _tiny_dir(tmp_path / "broken", {k: v for k, v in _tiny_tensors().items()
+    broken = write_tiny_hf_dir(tmp_path / "broken", {k: v for k, v in tiny_tensors().items()
                                               if "down_proj" not in k})
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(hf_dir / name, broken / name)
     for directory, code, words in ((pickled, 1, "never unpickled"), (broken, 1, "lacks tensor"),
                                    (no_config, 1, "directory")):
-        proc = _run("hi", "-m", str(directory), "--engine", "torch")
+        proc = localchat("run", "hi", "-m", str(directory), "--engine", "torch")
         assert proc.returncode == code, proc.stderr
         assert proc.stderr.startswith("localchat: error:") and proc.stderr.count("\n") == 1
         assert words in proc.stderr

@@ -3,30 +3,15 @@
 from __future__ import annotations
 
 import re
-import time
 
 from textual import events
 
-from localchat.engine.base import SamplingParams
 from localchat.settings import ChatSettings
 from localchat.tui.app import ChatApp
 from localchat.tui.widgets import GaugeBar, MessageView, PromptInput
 
-GREEDY = SamplingParams(temperature=0.0)
+from helpers.pilot import GREEDY, send, wait_until
 
-
-async def wait_until(pilot, predicate, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting for the UI"
-        await pilot.pause(0.02)
-
-
-async def send(pilot, text: str) -> None:
-    prompt = pilot.app.query_one(PromptInput)
-    prompt.text = text
-    prompt.focus()
-    await pilot.press("enter")
 
 
 def replies(app) -> list[MessageView]:

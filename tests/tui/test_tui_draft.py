@@ -19,7 +19,8 @@ from localchat.tui.keymap import parse_keymap
 from localchat.tui.palette import PALETTE_ACTIONS
 from localchat.tui.screens import InfoScreen
 from localchat.tui.widgets import DraftRuns, GaugeBar, format_gauges
-from test_tui import send, wait_until
+
+from helpers.pilot import send, wait_until
 
 GREEDY = SamplingParams(temperature=0.0)
 # The reply quotes the prompt, so prompt lookup finds what comes next.

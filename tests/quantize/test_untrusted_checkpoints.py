@@ -14,23 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from localchat.cli import main
-from tests.test_hf_models import TINY, _tiny_tensors
+
+from helpers.tiny_hf import tiny_tensors, write_tiny_hf_dir
 
 Q = "model.layers.0.self_attn.q_proj.weight"
 K = "model.layers.0.self_attn.k_proj.weight"
-
-
-def _dir(path: Path, tensors: dict | None = None, config: dict = TINY) -> Path:
-    """A tiny llama directory (tests/test_hf_models.py's TINY) with the given tensors."""
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps(config))
-    (path / "tokenizer.json").write_text("{}")
-    if tensors is not None:
-        save_file(tensors, str(path / "model.safetensors"))
-    return path
 
 
 def _raw(path: Path, header: dict | bytes, data: bytes) -> Path:
@@ -51,7 +41,7 @@ def _quantize_error(capsys, src: Path, out_dir: Path, type_name: str = "int8") -
 
 
 def _with(**changes) -> dict:
-    tensors = _tiny_tensors()
+    tensors = tiny_tensors()
     for name, value in changes.items():
         name = {"q": Q, "k": K}.get(name, name)
         if value is None:
@@ -77,7 +67,8 @@ BAD_TENSORS = {
 @pytest.mark.parametrize("type_name", ["int8", "F32"])
 def test_tensors_are_checked_against_config_before_writing(tmp_path, capsys, case, type_name):
     tensors, words = BAD_TENSORS[case]
-    err = _quantize_error(capsys, _dir(tmp_path / "src", tensors), tmp_path / "out", type_name)
+    src = write_tiny_hf_dir(tmp_path / "src", tensors, with_tokenizer=True)
+    err = _quantize_error(capsys, src, tmp_path / "out", type_name)
     assert words in err
 
 
@@ -100,13 +91,13 @@ BAD_HEADERS = {
 @pytest.mark.parametrize("case", list(BAD_HEADERS))
 def test_malformed_safetensors_headers_are_one_line(tmp_path, capsys, case):
     header, n_data, words = BAD_HEADERS[case]
-    src = _dir(tmp_path / "src")
+    src = write_tiny_hf_dir(tmp_path / "src", with_tokenizer=True)
     _raw(src / "model.safetensors", header, b"\0" * n_data)
     assert words in _quantize_error(capsys, src, tmp_path / "out")
 
 
 def test_deeply_nested_config_json_is_one_line(tmp_path, capsys):
-    src = _dir(tmp_path / "src", _tiny_tensors())
+    src = write_tiny_hf_dir(tmp_path / "src", tiny_tensors(), with_tokenizer=True)
     (src / "config.json").write_text('{"a":' + "[" * 60_000 + "]" * 60_000 + "}")
     assert "nested too deeply" in _quantize_error(capsys, src, tmp_path / "out")
 
@@ -130,7 +121,7 @@ def test_disk_filling_up_mid_write_of_safetensors_is_one_line(tmp_path, capsys, 
     def full(*args, **kwargs):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    src = _dir(tmp_path / "src", _tiny_tensors())
+    src = write_tiny_hf_dir(tmp_path / "src", tiny_tensors(), with_tokenizer=True)
     monkeypatch.setattr(safetensors.torch, "serialize_file", full)
     err = _quantize_error(capsys, src, tmp_path / "out")
     assert "No space left on device" in err and "nothing was written" in err
@@ -140,7 +131,7 @@ def test_disk_filling_up_mid_write_of_safetensors_is_one_line(tmp_path, capsys, 
 def test_safetensors_outputs_have_one_file_mode(tmp_path, type_name):
     old = os.umask(0o022)
     try:
-        src = _dir(tmp_path / "src", _tiny_tensors())
+        src = write_tiny_hf_dir(tmp_path / "src", tiny_tensors(), with_tokenizer=True)
         assert main(["quantize", str(src), "-o", str(tmp_path / "out"), "--type", type_name]) == 0
     finally:
         os.umask(old)

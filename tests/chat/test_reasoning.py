@@ -11,7 +11,8 @@ from localchat.settings import ChatSettings
 from localchat.storage import ConversationStore
 from localchat.tui.app import ChatApp
 from localchat.tui.widgets import GaugeBar
-from test_tui import send, wait_until
+
+from helpers.pilot import send, wait_until
 
 REPLY = "<think>\nThe user greets me.\nI greet back.\n</think>\n\nHello!"
 

@@ -12,7 +12,6 @@ import pytest
 
 from localchat.engine import load_engine
 from localchat.engine.base import Message, Request, SamplingParams
-from tiny_models import write_random_model
 
 GREEDY = SamplingParams(temperature=0.0)
 TOPICS = ["the sea", "volcanoes", "bread", "the moon", "bees", "chess", "rain", "glass",
@@ -91,7 +90,7 @@ def test_speculative_sampling_is_distributed_as_plain_sampling(tmp_path):
     plain step), plain vs drafted by a Q4_0 copy of the model (close to it, so drafts are
     often kept and sometimes rejected): a two-sample χ² test of homogeneity, on the
     llama.cpp executor."""
-    from test_speculative import chi_square_p_value
+    from helpers.stats import chi_square_p_value
 
     from localchat.models.specs import resolve_model
     from quantize.gguf_quantize import quantize_gguf

@@ -19,11 +19,11 @@ import httpx2
 import pytest
 
 from localchat.engine.base import Message, Request, SamplingParams
-from server_helpers import (LOCALCHAT, ServerProcess, first_text_chunk, health,
+from helpers.server import (LOCALCHAT, ServerProcess, first_text_chunk, health,
                                   server_env, sse_payloads, wait_for)
 
 KEY = "test-key-123"
-REPO = str(Path(__file__).resolve().parents[1])
+REPO = str(Path(__file__).resolve().parents[2])
 CHAT = [{"role": "user", "content": "Say hi"}]
 COUNTING = "1, 2, 3, 4, 5,"  # greedy SmolLM2 keeps counting: a generation that does not stop
 GREEDY = {"temperature": 0, "max_tokens": 16}

@@ -25,7 +25,7 @@ from huggingface_hub.errors import RepositoryNotFoundError
 from localchat.errors import HubError, ModelFormatError, ModelNotFoundError, UsageError
 from localchat.models import hub
 from localchat.models.hub import HubRef, cached_gguf_files, cached_spec, fetch, parse_hub_ref
-from tiny_files import write_tiny_gguf
+from helpers.tiny_files import write_tiny_gguf
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -8,7 +8,6 @@ import os
 import sqlite3
 from pathlib import Path
 
-from localchat.engine.base import SamplingParams
 from localchat.settings import ChatSettings
 from localchat.storage import ConversationStore
 from localchat.tui.app import ChatApp
@@ -16,33 +15,13 @@ from localchat.tui.palette import ChatCommands
 from localchat.tui.screens import ConfirmScreen, InfoScreen, TextInputScreen
 from localchat.tui.sidebar import ConversationItem, Sidebar
 from localchat.tui.widgets import GaugeBar, PromptInput
-from test_tui import send, wait_until
 
-GREEDY = SamplingParams(temperature=0.0)
+from helpers.pilot import GREEDY, chat, make_app, ready, send, stored, wait_until
+
 
 
 def home() -> Path:
     return Path(os.environ["LOCALCHAT_HOME"])
-
-
-def make_app(engine, max_tokens=8, **kwargs) -> ChatApp:
-    return ChatApp(ChatSettings(sampling=GREEDY, max_tokens=max_tokens), engine=engine, **kwargs)
-
-
-async def ready(pilot):
-    await wait_until(pilot, lambda: pilot.app.query_one(GaugeBar).state == "ready")
-
-
-async def chat(pilot, text: str) -> None:
-    app = pilot.app
-    n = len(app.entries)
-    await send(pilot, text)
-    await wait_until(pilot, lambda: not app._generating and len(app.entries) >= n + 2
-                     and app.entries[-1].status != "streaming")
-
-
-def stored(app):
-    return app.store.messages(app.conversation.id)
 
 
 def sidebar_titles(app) -> list[str]:
@@ -147,7 +126,7 @@ async def test_continue_flag_reopens_the_last_conversation_with_its_settings(eng
 async def test_continue_loads_the_conversations_model_context_and_draft_first(tmp_path):
     """--continue on a chat that ran another file, ctx 256 and the ngram draft loads those,
     with no "used model X; continues with Y" notice."""
-    from tests.tiny_models import write_random_model
+    from helpers.tiny_models import write_random_model
 
     other = write_random_model(tmp_path / "other.gguf")
     store = ConversationStore.open()

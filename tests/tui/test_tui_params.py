@@ -22,7 +22,8 @@ from localchat.tui.palette import PALETTE_ACTIONS
 from localchat.tui.params import ParamsScreen, check_values
 from localchat.tui.picker import ModelPickerScreen, model_row
 from localchat.tui.widgets import GaugeBar, RateSparkline, format_gauges, live_rate
-from test_tui import send, wait_until
+
+from helpers.pilot import send, wait_until
 
 GREEDY = SamplingParams(temperature=0.0)
 

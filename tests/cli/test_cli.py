@@ -12,25 +12,7 @@ from pathlib import Path
 
 import pytest
 
-
-def localchat(*args, stdin: str | None = None, env_extra: dict | None = None, timeout=120):
-    env = {**os.environ, **(env_extra or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "localchat", *args],
-        input=stdin if stdin is not None else "",
-        capture_output=True, text=True, timeout=timeout, env=env,
-    )
-
-
-def assert_one_line_error(proc, *needles):
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith(("localchat: error: ", "localchat run: error: "))
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    assert proc.stdout == ""
+from helpers.cli import assert_one_line_error, localchat
 
 
 def test_run_json_has_text_and_positive_stats():
@@ -296,7 +278,7 @@ def test_a_kv_cache_the_memory_cannot_hold_is_refused_before_allocating(monkeypa
 
 def test_attached_text_feeds_prompt_lookup_drafts_and_the_stats_show_it(tmp_path):
     code = tmp_path / "units.py"
-    code.write_text((Path(__file__).parents[1] / "localchat" / "units.py").read_text()[:1500])
+    code.write_text((Path(__file__).parents[2] / "localchat" / "units.py").read_text()[:1500])
     args = ("run", "--no-history", "--temp", "0", "-n", "60", "--draft", "ngram", "--json")
     quoted = localchat(*args, "--attach", str(code), "Repeat the attached file exactly.")
     unquoted = localchat(*args, "Write a story about a cat.")

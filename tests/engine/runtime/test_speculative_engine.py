@@ -16,7 +16,7 @@ from localchat.engine import load_engine
 from localchat.engine.base import Message, Request, SamplingParams
 from localchat.engine.runtime.sampler import Row, distributions
 from localchat.engine.runtime.speculative.rule import accept_drafts
-from tiny_models import write_random_model
+from helpers.tiny_models import write_random_model
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ("Write a Python function that reverses a string.",
@@ -81,7 +81,7 @@ def test_useless_draft_is_switched_off_and_changes_nothing(plain_replies, useles
 def test_real_distributions_stay_exact(torch_engine, useless_draft):
     """First-token frequencies under the acceptance rule with the bundled model's real
     next-token distribution p and a real (poor) draft distribution q: χ² against p."""
-    from test_speculative import chi_square_p_value
+    from helpers.stats import chi_square_p_value
 
     from localchat.engine.executors.torch.model import KVStore
     from localchat.engine.executors.torch.weights import load_weights

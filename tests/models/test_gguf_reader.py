@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 import pytest
 
-from gguf_builder import (
+from helpers.gguf_builder import (
     ARR, BOOL, F32, GGML_F32, GGML_Q4_0, I32, STR, TINY_TOKENS, U8, U32, U64, RawGGUF,
     bundled_path, gstr, kv, kv_array, kv_raw, load, refused, tensor_info, tiny_model, u32, u64,
 )

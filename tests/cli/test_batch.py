@@ -4,20 +4,13 @@ results in input order, ids echoed, bad lines reported without stopping the rest
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 
 import pytest
 
-LOCALCHAT = [sys.executable, "-m", "localchat"]
-
-
-def localchat(*args, stdin: str = "", timeout=180):
-    return subprocess.run([*LOCALCHAT, *args], input=stdin, capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ))
-
+from helpers.cli import localchat
 
 def jsonl(*objects) -> str:
     return "".join((o if isinstance(o, str) else json.dumps(o)) + "\n" for o in objects)
@@ -118,7 +111,7 @@ def test_ctrl_c_cancels_in_flight_lines(tmp_path):
     batch.write_text(jsonl({"id": "first", "prompt": "Hi", "max_tokens": 1},
                            *({"prompt": "Write a very long essay about rivers.",
                               "max_tokens": 2000} for _ in range(3))))
-    proc = subprocess.Popen([*LOCALCHAT, "run", "--batch", str(batch), "-n", "8"],
+    proc = subprocess.Popen([sys.executable, "-m", "localchat", "run", "--batch", str(batch), "-n", "8"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     first = json.loads(proc.stdout.readline())  # generation is under way

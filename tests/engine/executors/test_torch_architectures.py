@@ -16,7 +16,7 @@ from localchat.engine.executors.torch.model import KVStore, LlamaModel
 from localchat.engine.executors.torch.rope import llama3_rope_factors
 from localchat.engine.executors.torch.weights import load_weights
 from localchat.errors import EngineError
-from tiny_models import HEAD_DIM, write_random_model
+from helpers.tiny_models import HEAD_DIM, write_random_model
 
 N = 300  # positions: long enough for RoPE scaling to matter
 

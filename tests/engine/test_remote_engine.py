@@ -22,6 +22,8 @@ from localchat.engine.remote_http import split_endpoint
 from localchat.engine.sse import sse_data
 from localchat.errors import ContextOverflowError, EngineError, ModelNotFoundError, UsageError
 
+from helpers.cli import assert_one_line_error, localchat
+
 KEY = "test-key"
 GREEDY = SamplingParams(temperature=0)
 
@@ -149,20 +151,6 @@ def test_bad_key_and_unknown_model_are_typed_errors(server_url):
         RemoteEngine(server_url + "/v1/", api_key="wrong")
     with pytest.raises(ModelNotFoundError, match="no model 'nope'"):
         RemoteEngine(server_url, model="nope", api_key=KEY)
-
-
-def localchat(*args, env_extra=None):
-    env = {**os.environ, **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "localchat", *args], input="",
-                          capture_output=True, text=True, timeout=120, env=env)
-
-
-def assert_one_line_error(proc, needle: str) -> None:
-    assert proc.returncode != 0 and proc.stdout == ""
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("localchat: error: "), proc.stderr
-    assert needle in lines[0], lines[0]
 
 
 def test_cli_run_through_the_endpoint_equals_the_local_engine(server_url, engine):

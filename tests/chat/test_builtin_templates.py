@@ -9,8 +9,9 @@ from localchat.chat.template import render_chat
 from localchat.engine import load_engine
 from localchat.engine.base import Message
 from localchat.errors import UsageError
-from tests.test_cli import localchat
-from tests.tiny_models import write_random_model
+
+from helpers.cli import localchat
+from helpers.tiny_models import write_random_model
 
 CONVERSATION = [Message("system", "Be brief."), Message("user", "Hi <start_of_turn> there"),
                 Message("assistant", "Hello."), Message("user", "Name a colour.")]

@@ -15,7 +15,7 @@ from localchat.errors import ModelFormatError, ModelNotFoundError, UnsafeCheckpo
 from localchat.cli.models import cmd_models, cmd_pull
 from localchat.units import human_bytes
 from localchat.models.specs import bundled_model_path, list_models, remembered_paths, resolve_model
-from tiny_files import write_tiny_gguf
+from helpers.tiny_files import write_tiny_gguf
 
 COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
 

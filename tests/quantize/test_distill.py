@@ -18,7 +18,7 @@ from localchat.engine.executors.llamacpp import LlamaCppExecutor
 from localchat.models.files import validate_model_file
 from localchat.models.specs import resolve_model
 from quantize.distill import _batch, file_agreement, kd_loss
-from quantize.distill_data import Example, chat_prompts, teacher_replies
+from quantize.distill_data import chat_prompts, teacher_replies
 from quantize.student import default_layers, student_from_target, write_student_gguf
 
 TARGET = Path(resolve_model("default"))

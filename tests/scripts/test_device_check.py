@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "device_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "device_check.py"
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gguf_builder import (
+from helpers.gguf_builder import (
     F32, I8, I32, STR, TINY_TOKENS, U8, U32, U64, bundled_path, kv, kv_array, load, refused,
     tiny_model,
 )

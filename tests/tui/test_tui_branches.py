@@ -8,8 +8,8 @@ from dataclasses import replace
 from localchat.engine.base import SamplingParams
 from localchat.storage.export import to_markdown
 from localchat.tui.widgets import PromptInput
-from test_tui import send, wait_until
-from test_tui_history import chat, make_app, ready, stored
+
+from helpers.pilot import chat, make_app, ready, send, stored, wait_until
 
 
 def labels(app) -> list[str]:

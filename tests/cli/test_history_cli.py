@@ -14,14 +14,11 @@ from pathlib import Path
 
 from localchat.storage import ConversationStore
 
+from helpers.cli import localchat
+
 
 def db_path() -> Path:
     return Path(os.environ["LOCALCHAT_HOME"]) / "history.db"
-
-
-def localchat(*args, timeout=180):
-    return subprocess.run([sys.executable, "-m", "localchat", *args], input="",
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_run_continue_keeps_history_system_prompt_and_sampling():
