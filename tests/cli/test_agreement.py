@@ -4,20 +4,15 @@ through the real CLI, with the float32 copy that separates arithmetic from round
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-
-def _localchat(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localchat", *args], capture_output=True,
-                          text=True, timeout=600)
+from helpers.cli import localchat
 
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    done = _localchat("eval", "--agreement", "--positions", "600", "--threads", "2", "--json")
+    done = localchat("eval", "--agreement", "--positions", "600", "--threads", "2", "--json", timeout=600)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     print(json.dumps(report, indent=1))
@@ -47,6 +42,6 @@ def test_quantized_file_agrees_as_well_as_llama_cpp_agrees_with_itself(report):
 
 
 def test_eval_agreement_does_not_combine_with_table():
-    done = _localchat("eval", "--agreement", "--table")
+    done = localchat("eval", "--agreement", "--table", timeout=600)
     assert done.returncode == 2 and done.stderr.startswith("localchat: error:")
     assert "--agreement" in done.stderr and "Traceback" not in done.stderr

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -12,6 +10,8 @@ from localchat.errors import UsageError
 from localchat.models.planner import build_plan, context_that_fits, model_size
 from localchat.models.specs import resolve_model_facts
 from localchat.units import parse_memory
+
+from helpers.cli import localchat
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +57,7 @@ def test_bad_memory_sizes_are_usage_errors(text):
 
 
 def test_plan_command_json_and_table():
-    run = lambda *a: subprocess.run([sys.executable, "-m", "localchat", "plan", *a],
-                                    capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    run = lambda *a: localchat("plan", *a)
     out = run("--memory", "1GB,8GB", "-c", "2048", "--json")
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)

@@ -6,8 +6,6 @@ draft (atomically), resumes, and refuses bad arguments in one line."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,8 @@ from localchat.models.specs import resolve_model
 from quantize.distill import _batch, file_agreement, kd_loss
 from quantize.distill_data import chat_prompts, teacher_replies
 from quantize.student import default_layers, student_from_target, write_student_gguf
+
+from helpers.cli import localchat
 
 TARGET = Path(resolve_model("default"))
 
@@ -97,30 +97,25 @@ def test_kd_loss_is_smallest_when_the_student_copies_the_teacher():
     assert same < other
 
 
-def _localchat(*args, home: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localchat", *args], capture_output=True,
-                          text=True, timeout=900, env={**__import__("os").environ,
-                                                       "LOCALCHAT_HOME": str(home)})
-
-
 @pytest.mark.slow
 def test_distill_command_writes_a_draft_that_auto_then_uses_and_resumes(tmp_path):
     home = tmp_path / "home"
+    at_home = {"env_extra": {"LOCALCHAT_HOME": str(home)}, "timeout": 900}
     tiny = ("--layers", "2", "--steps", "2", "--teacher-tokens", "1000", "--threads", "2")
-    done = _localchat("distill", "default", *tiny, "--json", home=home)
+    done = localchat("distill", "default", *tiny, "--json", **at_home)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     draft = Path(result["out"])
     assert draft.parent == home / "drafts" and draft.is_file() and result["steps"] == 2
     assert (draft.parent / (draft.name + ".distill") / "state.pt").is_file()
     # the chat's default draft (auto) is now this file
-    run = _localchat("run", "--temp", "0", "-n", "8", "--json", "Say hi.", home=home)
+    run = localchat("run", "--temp", "0", "-n", "8", "--json", "Say hi.", **at_home)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["draft"]["source"].startswith("model:"), run.stdout
     # an existing draft is not replaced without --force; --resume continues its steps
-    again = _localchat("distill", "default", *tiny, home=home)
+    again = localchat("distill", "default", *tiny, **at_home)
     assert again.returncode == 2 and "already exists" in again.stderr
-    resumed = _localchat("distill", "default", "--resume", "--steps", "3", "--json", home=home)
+    resumed = localchat("distill", "default", "--resume", "--steps", "3", "--json", **at_home)
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["steps"] == 3
 
@@ -129,7 +124,7 @@ def test_distill_argument_errors_are_one_line(tmp_path):
     for args in (("distill", "default", "--layers", "30"),
                  ("distill", "default", "--resume", "-o", str(tmp_path / "none.gguf")),
                  ("distill", str(tmp_path / "missing.gguf"))):
-        done = _localchat(*args, home=tmp_path / "home")
+        done = localchat(*args)
         assert done.returncode != 0 and done.stderr.startswith("localchat: error:"), done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 

@@ -5,8 +5,6 @@ outputs, and the data-safety cases through the real CLI."""
 from __future__ import annotations
 
 import ctypes
-import subprocess
-import sys
 from pathlib import Path
 
 import gguf
@@ -19,6 +17,8 @@ from localchat.engine.base import Message, Request, SamplingParams
 from localchat.models.specs import resolve_model
 from quantize.gguf_convert import dequantize_gguf
 from quantize.gguf_quantize import quantize_gguf
+
+from helpers.cli import localchat
 
 PROMPT = [Message("user", "What is the capital of France?")]
 
@@ -278,8 +278,7 @@ def test_crash_mid_write_leaves_nothing_and_keeps_the_old_output(tmp_path, monke
 def test_bad_flags_are_one_line_errors(tmp_path):
     tmp_path = tmp_path / "out"  # (tmp_path itself also holds the test's LOCALCHAT_HOME)
     tmp_path.mkdir()
-    done = subprocess.run([sys.executable, "-m", "localchat", "quantize", "default", "-o",
-                           str(tmp_path / "x"), "--type", "Q3_X"], capture_output=True, text=True)
+    done = localchat("quantize", "default", "-o", str(tmp_path / "x"), "--type", "Q3_X")
     assert done.returncode == 2 and done.stderr.startswith("localchat: error: unknown --type")
     assert done.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []
 

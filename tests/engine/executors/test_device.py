@@ -4,14 +4,14 @@ has no GPU: the CUDA kernels themselves are exercised only where one exists.)"""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from localchat.engine.executors.torch.device import pick_device
 from localchat.errors import UsageError
+
+from helpers.cli import localchat
 
 
 def test_auto_picks_the_best_available_device():
@@ -30,8 +30,7 @@ def test_missing_cuda_is_a_clear_usage_error():
 
 
 def test_device_flag_errors_are_one_line():
-    done = subprocess.run([sys.executable, "-m", "localchat", "run", "--engine", "torch",
-                           "--device", "tpu", "hi"], capture_output=True, text=True, timeout=120)
+    done = localchat("run", "--engine", "torch", "--device", "tpu", "hi")
     assert done.returncode == 2 and done.stderr.startswith("localchat: error: unknown device")
     assert "Traceback" not in done.stderr
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 
 import pytest
 
 from localchat.engine.base import Delta, Message, Request, Result, SamplingParams
 from localchat.errors import ContextOverflowError
+
+from helpers.cli import localchat
 
 GREEDY = SamplingParams(temperature=0.0)
 HELLO = [Message("user", "Hello! Who are you?")]
@@ -92,10 +92,8 @@ def test_cancel_and_length_and_overflow(torch_engine):
 
 
 def test_run_command_with_the_torch_engine():
-    proc = subprocess.run(
-        [sys.executable, "-m", "localchat", "run", "Hello! Who are you?", "--engine", "torch",
-         "-n", "8", "--temp", "0", "--json"],
-        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    proc = localchat("run", "Hello! Who are you?", "--engine", "torch", "-n", "8", "--temp", "0",
+                     "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["engine"] == "torch" and out["text"] and out["decode_tok_s"] > 0
@@ -117,8 +115,6 @@ def test_kv_memory_budget_and_auto_engine():
 
 
 def test_kv_memory_flag_errors_are_one_line():
-    proc = subprocess.run(
-        [sys.executable, "-m", "localchat", "run", "hi", "--engine", "torch", "--kv-memory",
-         "1MB"], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    proc = localchat("run", "hi", "--engine", "torch", "--kv-memory", "1MB")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "--kv-memory" in proc.stderr

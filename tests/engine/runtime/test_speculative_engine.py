@@ -5,8 +5,6 @@ kept exact, a useless draft switched off, and clear errors for drafts that canno
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
@@ -17,6 +15,8 @@ from localchat.engine.base import Message, Request, SamplingParams
 from localchat.engine.runtime.sampler import Row, distributions
 from localchat.engine.runtime.speculative.rule import accept_drafts
 from helpers.tiny_models import write_random_model
+
+from helpers.cli import localchat
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ("Write a Python function that reverses a string.",
@@ -126,15 +126,10 @@ def test_llama_cpp_speculation_is_identical_and_self_draft_accepts_all(engine):
             eng.close()
 
 
-def _localchat(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localchat", *args], capture_output=True,
-                          text=True, timeout=300)
-
-
 def test_a_draft_with_another_vocabulary_is_refused(tmp_path):
     other = write_random_model(tmp_path / "other-vocab.gguf", renamed_token=1000)
     for engine_name in ("torch", "llama.cpp"):
-        done = _localchat("run", "--engine", engine_name, "--draft-model", str(other), "hi")
+        done = localchat("run", "--engine", engine_name, "--draft-model", str(other), "hi", timeout=300)
         assert done.returncode == 2, done.stderr
         assert done.stderr.startswith("localchat: error: draft model") and "token 1000" in done.stderr
         assert "Traceback" not in done.stderr
@@ -144,13 +139,13 @@ def test_draft_flag_errors_are_one_line():
     cases = [("--no-draft", "--num-draft-tokens", "3"), ("--draft-model", "nope/missing.gguf"),
              ("--draft", "ngram", "--num-draft-tokens", "0")]
     for args in cases:
-        done = _localchat("run", *args, "hi")
+        done = localchat("run", *args, "hi", timeout=300)
         assert done.returncode != 0 and done.stderr.startswith("localchat: error:"), args
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
 
 
 def test_json_result_carries_draft_stats():
-    done = _localchat("run", "--engine", "torch", "--draft", "ngram", "--temp", "0", "-n", "24",
+    done = localchat("run", "--engine", "torch", "--draft", "ngram", "--temp", "0", "-n", "24",
                       "--json", PROMPTS[1])
     assert done.returncode == 0, done.stderr
     draft = json.loads(done.stdout)["draft"]
@@ -163,7 +158,7 @@ def test_json_result_carries_draft_stats():
 def test_llama_cpp_speculation_runs_past_512_tokens(draft):
     """The old engine died at n_past = 512 with either draft (a broadcast error in
     llama-cpp-python's eval); the runtime's executor must go on to -n."""
-    done = _localchat("run", "--draft" if draft == "ngram" else "--draft-model", draft,
+    done = localchat("run", "--draft" if draft == "ngram" else "--draft-model", draft,
                       "--temp", "0", "-n", "560", "--no-history", "--json",
                       "Write a very long essay about the history of computing.")
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
@@ -188,9 +183,8 @@ def test_auto_draft_is_prompt_lookup_without_a_kept_draft_and_skips_seeded_reque
 
 @pytest.mark.slow
 def test_bench_reports_the_speculative_section_per_task():
-    done = subprocess.run([sys.executable, "-m", "localchat", "bench", "--engines", "llama.cpp",
-                           "-p", "16", "-g", "16", "-r", "1", "--draft", "ngram", "--json"],
-                          capture_output=True, text=True, timeout=1200)  # 4 loads, 10 replies
+    done = localchat("bench", "--engines", "llama.cpp", "-p", "16", "-g", "16", "-r", "1",
+                     "--draft", "ngram", "--json", timeout=1200)  # 4 loads, 10 replies
     assert done.returncode == 0, done.stderr
     spec = json.loads(done.stdout)["speculative"]
     assert spec["source"] == "ngram" and set(spec["tasks"]) == {"chat", "quote"}
