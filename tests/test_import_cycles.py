@@ -199,14 +199,5 @@ def test_private_reach_sees_a_mixin_calling_another_modules_private(tmp_path):
     assert private_reach(pkg) == {"pkg.controls": {"_error"}}
 
 
-# the command-line benchmark and the vocabulary reader reach into the llama.cpp executor
-KNOWN_PRIVATE_REACH = {
-    "localchat.cli.bench_kernel": {"_batch", "_ctx"},
-    "localchat.engine.executors.llamacpp_vocab": {"_model"},
-}
-
-
 def test_no_module_uses_another_modules_private_attributes():
-    new = {module: sorted(names - KNOWN_PRIVATE_REACH.get(module, set()))
-           for module, names in private_reach().items()}
-    assert {module: names for module, names in new.items() if names} == {}
+    assert private_reach() == {}

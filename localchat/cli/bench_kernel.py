@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-import llama_cpp
 import numpy as np
 
 from localchat.engine.executors.llamacpp import LlamaCppExecutor
@@ -15,26 +14,12 @@ from localchat.models.facts import GGUFFacts
 
 def _decode(executor: LlamaCppExecutor, entries: list[tuple[int, int, int, bool]]) -> np.ndarray:
     """entries: (slot, position, token, wants logits); the argmax of each wanted row."""
-    b, out = executor._batch, []
-    for start in range(0, len(entries), len(b.token)):
-        part = entries[start:start + len(b.token)]
-        n = len(part)
-        b.seq_id[:n], b.pos[:n], b.token[:n], b.logits[:n] = zip(*part)
-        b.struct.n_tokens = n
-        if llama_cpp.llama_decode(executor._ctx.ctx, b.struct) != 0:
-            raise RuntimeError("llama_decode failed")
-        rows = int(b.logits[:n].sum())
-        if rows:
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(executor._ctx.ctx),
-                                           shape=(rows, executor.n_vocab))
-            out.append(logits.argmax(-1))
-    return np.concatenate(out)
+    return executor.decode_raw(entries).argmax(-1)
 
 
 def _greedy(executor: LlamaCppExecutor, prompts: list[list[int]], steps: int) -> tuple[float, float]:
     """(decode tok/s, tok/s over prefill and decode together) for len(prompts) sequences."""
-    mem = llama_cpp.llama_get_memory(executor._ctx.ctx)
-    llama_cpp.llama_memory_clear(mem, True)
+    executor.clear()
     start = time.perf_counter()  # every prompt in one batch, then steps of one token each
     first = _decode(executor, [(s, i, t, i == len(p) - 1)
                                for s, p in enumerate(prompts) for i, t in enumerate(p)])

@@ -176,6 +176,22 @@ class LlamaCppExecutor(Executor):
         logits = llama_cpp.llama_get_logits(self._ctx.ctx)
         return np.ctypeslib.as_array(logits, shape=(n_out, self.n_vocab)).copy()
 
+    def decode_raw(self, entries: Sequence[tuple[int, int, int, bool]]) -> np.ndarray:
+        """Bare llama_decode over (slot, position, token, wants logits) entries, with no KV
+        bookkeeping (the benchmark's kernel limit); the wanted rows' logits."""
+        b, out = self._batch, []
+        for start in range(0, len(entries), MAX_BATCH):
+            part = entries[start:start + MAX_BATCH]
+            n = len(part)
+            b.seq_id[:n], b.pos[:n], b.token[:n], b.logits[:n] = zip(*part)
+            out.append(self._decode(n, int(b.logits[:n].sum())))
+        return np.concatenate(out)
+
+    def clear(self) -> None:
+        """Empty every slot's KV."""
+        llama_cpp.llama_memory_clear(self._memory, True)
+        self._filled = [0] * len(self._filled)
+
     def _cut(self, slot: int, start: int) -> None:
         """Drop the slot's KV from `start` on (all of it where the state cannot be cut)."""
         if not llama_cpp.llama_memory_seq_rm(self._memory, slot, start, -1):

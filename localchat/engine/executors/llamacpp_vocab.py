@@ -72,17 +72,19 @@ def token_piece(model: LlamaModel, token: int, special: bool = False) -> bytes:
 
 
 class LlamaCppVocabulary:
-    """A llama.cpp model's vocabulary as a Vocabulary. `owner` (a vocab-only Llama, say)
-    is closed with it; a model an executor runs is closed by the executor."""
+    """A llama.cpp model's vocabulary as a Vocabulary. `owner` (a vocab-only model) is
+    closed with it; a model an executor runs is closed by the executor."""
 
-    def __init__(self, model: LlamaModel, owner: llama_cpp.Llama | None = None) -> None:
+    def __init__(self, model: LlamaModel, owner: LlamaModel | None = None) -> None:
         self.model, self._owner = model, owner
         self._eog: dict[int, bool] = {}  # asked for every token of every reply: remembered
 
     @classmethod
     def vocab_only(cls, path: str) -> "LlamaCppVocabulary":
-        llm = llama_cpp.Llama(path, vocab_only=True, verbose=False)
-        return cls(llm._model, owner=llm)
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        model = LlamaModel(path_model=path, params=params, verbose=False)
+        return cls(model, owner=model)
 
     def tokenize_messages(self, template: str | None, messages: Sequence[Message]) -> list[int]:
         return render_and_tokenize(self.model, template, messages)
