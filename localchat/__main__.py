@@ -1,3 +1,5 @@
+"""`python -m localchat`: the same as the `localchat` command."""
+
 from localchat.cli import main
 
 raise SystemExit(main())

@@ -1,11 +1,6 @@
-"""`localchat distill TARGET -o DRAFT.gguf`: a small draft cut from the target (its
-embedding, head and a few layers) and trained to match the target's next-token
-distributions (KL at temperature T over the target's top-k, plus optional hard labels).
-
-Teacher labels and the training state live in `DRAFT.gguf.distill/` beside the output:
-Ctrl+C saves the last step there and `--resume` continues from it; the GGUF is written
-atomically when training ends.
-"""
+"""`localchat distill TARGET -o DRAFT.gguf`: a small draft cut from the target, trained to match its
+next-token distributions. State lives in `DRAFT.gguf.distill/` beside the output (Ctrl+C saves,
+`--resume` continues); the GGUF is written atomically when training ends."""
 
 from __future__ import annotations
 

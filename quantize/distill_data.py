@@ -1,10 +1,6 @@
-"""What a draft learns from: the target's own greedy replies to chat prompts (and, on
-request, the user's saved conversations or a text file), each position labelled with the
-target's top-k next-token log-probabilities, computed through the llama.cpp executor.
-
-The built-in prompts are generated from templates × subjects, so they never overlap the
-Python documentation that `localchat eval` scores.
-"""
+"""What a draft learns from: the target's greedy replies to chat prompts (or saved conversations, or
+a text file), each position labelled with the target's top-k next-token log-probabilities. The
+built-in prompts never overlap the text `localchat eval` scores."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""A draft model cut from its target: the target's embedding, output head and a few of its
-layers, as a trainable float32 torch module, written back as a normal GGUF.
-
-The embedding and head stay frozen (the draft shares the target's vocabulary and output
-space); the kept layers and the final norm train. Weights are in GGUF's layout (Q/K rows
-permuted for adjacent-pair RoPE on Llama), so they go back to the file unchanged.
-"""
+"""A draft model cut from its target (embedding, output head, a few layers) as a trainable float32
+torch module, written back as a normal GGUF. Embedding and head stay frozen; the kept layers and
+the final norm train."""
 
 from __future__ import annotations
 

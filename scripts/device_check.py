@@ -1,14 +1,6 @@
-"""One GPU check of the torch executor, in under 8 minutes: a random-weight model of the
-bundled model's shape runs on --device and on the CPU; prints agreement, batching and
-prefix-cache exactness, decode tok/s, kernels; ends `device-check: PASS` or `FAIL (...)`.
-
-On a lent nvidia-h200 (Python 3.12, torch; no gguf, diskcache or llama-cpp-python), after
-`scripts/device-check wheels` here (fills the ignored .whl/, ~24 MB), call the run tool with
-  command="scripts/device-check --device cuda", carry=[".whl"], timeout_s=540
-There the vocabulary is synthetic (the bundled GGUF is not carried); where the carried
-llama-cpp-python (built on another machine) fails to import, a stub vocabulary stands in.
-Everything printed also goes to $OUT/device_check.json when OUT is set.
-"""
+"""One GPU check of the torch executor, under 8 minutes (how to run it: docs/design-notes.md): a
+random-weight model of the bundled model's shape on --device and the CPU; prints agreement,
+batching and prefix-cache exactness, tok/s, kernels; ends `device-check: PASS` or `FAIL (...)`."""
 
 from __future__ import annotations
 

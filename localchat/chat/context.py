@@ -67,10 +67,7 @@ def fit_history(
 ) -> FitResult:
     """Keep the most recent history whose prompt is at most `budget` tokens.
 
-    count_tokens renders and tokenizes, so it is expensive: this calls it at most
-    2 + log2(turns) times (binary search on how many oldest turns to drop; the token
-    count only shrinks as turns are dropped).
-    """
+    count_tokens (render and tokenize: expensive) is called at most 2 + log2(turns) times."""
     head, turns, tail = _split(messages)
 
     def kept(dropped: int) -> tuple[Message, ...]:

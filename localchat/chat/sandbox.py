@@ -65,12 +65,8 @@ def _too_big(what: str) -> _LimitExceeded:
 
 
 def _weight(value: Any, limit: int, memo: dict[int, int] | None = None, depth: int = 0) -> int:
-    """Roughly len(str(value)), counting shared references each time they print.
-
-    Stops once past limit; memoized by identity, so nested lists of one shared big
-    string cost linear time to measure and cannot be used to build huge text in one
-    C-level call (str, join, tojson).
-    """
+    """Roughly len(str(value)), counting shared references each time they print; stops once past
+    limit. Memoized by identity, so it takes linear time even on nested shared references."""
     if isinstance(value, str):
         return len(value) + 1
     if isinstance(value, int) and not isinstance(value, bool):

@@ -291,11 +291,10 @@ class ChatSession:
         entry.stats, entry.finish_reason = event.stats, event.finish_reason
 
     def fail(self, reply: Reply, error: str) -> tuple[str, list[Entry]]:
-        """Generating reply failed; returns (what happened, the entries that left):
-        'kept': a continued reply keeps its text, interrupted;
-        'restored': a new version was deleted and the one it was to replace is back;
-        'dropped': a first reply was deleted, and the user's message it answered with it;
-        'gone': the entry had already left the session."""
+        """Generating reply failed; returns (what happened, the entries that left): 'kept' (a
+        continued reply keeps its text, interrupted), 'restored' (a new version was deleted, the
+        one it was to replace is back), 'dropped' (a first reply was deleted, with the user's
+        message it answered) or 'gone' (the entry had already left the session)."""
         entry = reply.entry
         entry.error, entry.status = error, ReplyStatus.INTERRUPTED
         if not any(e is entry for e in self.entries):

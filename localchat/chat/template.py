@@ -83,12 +83,9 @@ def render_chat(
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
 ) -> RenderedPrompt:
-    """Render messages with the model's chat template (ChatML when it has none).
-
-    Renders twice: once with each content replaced by a random sentinel (to find where
-    contents land) and once for real; the segments are used only if they reproduce the
-    real render exactly. Raises TemplateError for unsafe, broken or too costly templates.
-    """
+    """Render messages with the model's chat template (ChatML when it has none); the segments
+    marking where contents land are used only if they reproduce the real render exactly.
+    Raises TemplateError for unsafe, broken or too costly templates."""
     source = template or BUILTIN_TEMPLATES["chatml"]  # no (or an empty) template: ChatML
     if len(source) > MAX_TEMPLATE_CHARS:
         raise TemplateError(f"chat template rejected: longer than {MAX_TEMPLATE_CHARS} characters")

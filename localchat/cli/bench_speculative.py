@@ -1,7 +1,6 @@
-"""`localchat bench --draft-model SPEC` (or `--draft ngram|auto`): decode speed with and
-without the draft on the same prompts at temperature 0 (a chat task, and a task whose
-replies quote the prompt), with α, c, β and γ as the engine measured them, and whether
-the outputs were identical (greedy speculation changes the speed, never the text)."""
+"""`localchat bench --draft-model SPEC` (or `--draft ngram|auto`): decode speed with and without
+the draft on the same prompts at temperature 0, with α, c, β and γ as the engine measured them,
+and whether the outputs were identical (greedy speculation changes the speed, never the text)."""
 
 from __future__ import annotations
 

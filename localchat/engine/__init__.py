@@ -34,21 +34,10 @@ def load_engine(
     chat_template: str | None = None,
     timeout: float | None = None,
 ) -> Engine:
-    """Resolve a model SPEC, validate the file, and load it into the chosen engine.
-
-    ctx_size None picks min(the model's training context, 4096), like Ollama's default;
-    0 means the model's full training context. engine "auto" picks torch for the
-    architectures it runs and llama.cpp for everything else. draft: a draft model SPEC,
-    "ngram" or "auto" (a kept distilled draft, else ngram; not for seeded requests);
-    num_draft_tokens fixes how many tokens it drafts per step. parallel: the
-    llama.cpp executor's KV slots (sequences at once); cache_types its K and V cache
-    types (None: the defaults that keep batching exact), gpu_layers its layers offloaded
-    (-ngl; None: all where its build has a GPU). endpoint: an OpenAI-compatible
-    server's URL; then nothing is loaded here (engine/remote.py), and timeout bounds each
-    wait for it (seconds). chat_template: a
-    built-in template's name or a Jinja file, instead of the model file's
-    (chat/builtin_templates.py; files without one get their family's format).
-    """
+    """Resolve a model SPEC, validate the file, load it into `engine` ("auto": torch where it runs
+    the architecture, else llama.cpp). ctx_size None: min(trained, 4096), 0: trained; draft: a SPEC,
+    "ngram" or "auto"; parallel, cache_types, gpu_layers: llama.cpp only; endpoint: a remote server
+    (nothing loaded); chat_template: a built-in name or Jinja file. More: docs/design-notes.md."""
     from localchat.models.specs import resolve_model_facts
 
     if endpoint is not None:  # an OpenAI-compatible server does the work; spec names its model

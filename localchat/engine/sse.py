@@ -39,13 +39,10 @@ _END = object()
 
 
 class BackgroundStream:
-    """Runs produce(stopped) on a daemon thread and hands its items (never None) over
-    one at a time.
-
-    produce is given a threading.Event that is set once nobody wants more items; it
-    should check it between items and then return (closing its HTTP response). An
-    exception it raises is raised again from next_item().
-    """
+    """Runs produce(stopped) on a daemon thread and hands its items (never None) over one at a time.
+    `stopped` is a threading.Event set once nobody wants more items: produce should check it
+    between items and then return (closing its HTTP response). An exception it raises is raised
+    again from next_item()."""
 
     def __init__(self, produce: Callable[[threading.Event], Iterable[object]]) -> None:
         self._items: queue.Queue = queue.Queue()

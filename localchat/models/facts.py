@@ -1,7 +1,6 @@
-"""What is known about a model, whatever its file: GGUFFacts (with the one KV bytes per
-token formula), and the one default-context rule: -c N as given, -c 0 the model's
-trained context, no -c min(trained, DEFAULT_CTX) (Ollama's default). Imports nothing
-from localchat, so the engine interface can load it without gguf or numpy."""
+"""What is known about a model, whatever its file: GGUFFacts (with the one KV bytes per token
+formula) and the one default-context rule: -c N as given, -c 0 the model's trained context,
+no -c min(trained, DEFAULT_CTX). Imports nothing from localchat, nor gguf or numpy."""
 
 from __future__ import annotations
 

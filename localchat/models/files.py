@@ -1,12 +1,6 @@
-"""Check a local model file before anything loads it, and read the facts we show.
-
-A model file is untrusted input: it may be a pickle (which runs code when loaded), a
-download that stopped halfway, or garbage. validate_model_file() refuses all of these
-with a typed one-line error, and returns GGUFFacts for a good file. It reads only the
-GGUF header through gguf_reader (checked metadata and tensor table, memory-mapped);
-tensor data is never copied.
-pickle and torch are never imported here.
-"""
+"""Check a local model file before anything loads it: validate_model_file() refuses pickles,
+truncated downloads and garbage with a typed one-line error and returns GGUFFacts for a good
+GGUF. Only the header is read (memory-mapped); pickle and torch are never imported here."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Check the model metadata that engines use as sizes, before any loop or index uses it.
-
-A well-formed GGUF can still lie: llama.cpp wrote out of bounds on a block_count above
-its layer limit and read a token-score array declared as 1-byte ints as floats. The
-checks are arch-generic: keys are looked up under general.architecture (ARCH).
-"""
+"""Check the model metadata that engines use as sizes, before any loop or index uses it; the
+checks are arch-generic (keys are looked up under general.architecture, ARCH)."""
 
 from __future__ import annotations
 

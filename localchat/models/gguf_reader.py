@@ -1,13 +1,6 @@
-"""Read a GGUF file without trusting it.
-
-A model file is untrusted input: llama.cpp's advisories (huge counts, string lengths
-past EOF, overflowing dims, tensors past EOF) all came from a loader that used a number
-from the file before checking it. read_gguf() memory-maps the file and parses the
-header, metadata and tensor table, checking every count, length, type, offset and size
-against the bytes actually there, in Python ints (no overflow), before using it. The
-first problem raises GGUFFormatError naming the field. Tensor data is never read here,
-only sliced zero-copy by GGUFFile.tensor_data(). gguf-py supplies constants only.
-"""
+"""Read a GGUF file without trusting it: read_gguf() memory-maps it and checks every count, length,
+type, offset and size against the bytes there before use (GGUFFormatError names the field).
+Tensor data is never read here, only sliced zero-copy by GGUFFile.tensor_data()."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Check a Hugging Face model directory before anything loads it, and read its facts.
-
-A directory is untrusted input like a GGUF file: config.json and the tokenizer files are
-parsed as data (nesting depth bounded); every safetensors header entry's dtype, shape and
-offsets are checked against its file, and a float checkpoint's tensors against
-config.json (names, shapes, float types); pickle checkpoints (pytorch_model.bin, *.pt)
-are refused, never opened. The facts come back as GGUFFacts (the fields fit any model;
-`path` is the directory). Neither torch nor pickle is imported here.
-"""
+"""Check a Hugging Face model directory before anything loads it, and read its facts as GGUFFacts
+(`path` is the directory): JSON parsed as data, safetensors checked against their files and
+config.json, pickle checkpoints refused unopened. Neither torch nor pickle is imported here."""
 
 from __future__ import annotations
 

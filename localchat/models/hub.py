@@ -1,14 +1,6 @@
-"""Hugging Face references: `OWNER/REPO:FILE.gguf` or `OWNER/REPO:QUANT`.
-
-A reference is checked before anything touches disk or network, so a SPEC can never
-name a path outside the hub cache. Downloads go through huggingface_hub (its cache,
-its progress bar, HF_HUB_OFFLINE). Offline, or with local_only, nothing is fetched:
-a QUANT is resolved against the files already in the local cache. Every file returned
-has passed validate_model_file.
-
-Online, the hub is first asked one short request (no retries, PROBE_TIMEOUT); when it
-cannot be reached, the cache answers or one line says so (README: "Models" says why).
-"""
+"""Hugging Face references, `OWNER/REPO:FILE.gguf` or `OWNER/REPO:QUANT`, checked before any disk
+or network access (never a path outside the hub cache); fetched through huggingface_hub (offline
+or local_only: from its cache only). Every file returned has passed validate_model_file."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Short model names, as Ollama users type them: `smollm2:135m`, `qwen2.5:0.5b`,
-`llama3.2:1b-q8_0`. Each names a Hugging Face GGUF repository and a default quant;
-a tag ending in `-QUANT` picks another. Users add or override names in the [models]
-table of config.toml:
-
-    [models]
-    "tinyllama:1.1b" = "TheBloke/TinyLlama-1.1B-Chat-v1.0-GGUF:Q4_K_M"
-"""
+"""Short model names as Ollama users type them (`smollm2:135m`, `llama3.2:1b-q8_0`): each names a
+Hugging Face GGUF repository and a default quant, and a `-QUANT` tag picks another. The [models]
+table of config.toml adds or overrides names."""
 
 from __future__ import annotations
 

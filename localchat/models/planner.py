@@ -1,12 +1,6 @@
-"""The memory planner: "does it fit?" is the wrong question; the planner answers "with
-how much context, for how many users?" from a model's metadata alone (`localchat plan`
-prints it; the TUI's model picker marks what fits).
-
-Weights bytes are the file's tensor bytes (what llama.cpp reports as the model size)
-and, for other quant types, parameters × bits per weight. KV bytes per token are
-GGUFFacts.kv_bytes_per_token (2 · layers · kv_heads · head_dim · bytes per value) per
-KV-cache type; the engines use the same formula (tests check that they agree).
-"""
+"""The memory planner: with how much context, for how many users a model fits, from its metadata
+alone (`localchat plan`; the TUI's model picker). Weights are the file's tensor bytes; KV bytes
+per token are GGUFFacts.kv_bytes_per_token, the formula the engines use."""
 
 from __future__ import annotations
 

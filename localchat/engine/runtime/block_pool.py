@@ -92,12 +92,9 @@ class BlockPool:
     # ---- sequence operations -------------------------------------------------------
 
     def allocate(self, seq_id: int, token_ids: Sequence[int]) -> int:
-        """Give a new sequence blocks for its prompt, sharing cached prefix blocks.
-
-        Returns cached_tokens, the number of prompt tokens that need no prefill: a
-        multiple of block_size below n (the last token must run to produce logits).
-        Nothing changes if this raises.
-        """
+        """Give a new sequence blocks for its prompt, sharing cached prefix blocks. Returns
+        cached_tokens, the prompt tokens that need no prefill: a multiple of block_size below n
+        (the last token must run to produce logits). Nothing changes if this raises."""
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} already has blocks")
         tokens = list(token_ids)

@@ -59,11 +59,8 @@ class LlamaModel:
 
     def _decode_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                           valid: torch.Tensor) -> torch.Tensor:
-        """B single-token queries at once (see _AttentionPlan), their contexts padded to one
-        length. q: [B, H, D]; keys/values: [B, L, KV, D] (any float dtype); valid: [B, L].
-
-        K/V are copied to [B, KV, L, D] first: matmul over the permuted view took a
-        different path for B = 1 than for B > 1, and so different bits."""
+        """B single-token queries at once (see _AttentionPlan), their contexts padded to one length.
+        q: [B, H, D]; keys/values: [B, L, KV, D] (any float dtype); valid: [B, L]."""
         c = self.config
         b, group = q.shape[0], c.n_heads // c.n_kv_heads
         qg = q.view(b, c.n_kv_heads, group, c.head_dim)
@@ -132,13 +129,10 @@ class LlamaModel:
 
 @dataclass
 class Batch:
-    """The new tokens of several sequences, concatenated in sequence order.
-
-    seqs: per sequence, (how many of the new tokens are its, every slot of its context
-    in position order, the new ones included, the first position whose attention runs
-    row-wise). logit_rows: which new tokens' logits to return (the last one of each
-    sequence that samples next; all of them to verify drafts).
-    """
+    """The new tokens of several sequences, concatenated in sequence order. seqs: per sequence, (how
+    many new tokens are its, every slot of its context in position order, new ones included, the
+    first position attended row-wise). logit_rows: which new tokens' logits to return (the last of
+    each sequence that samples next; all of them to verify drafts)."""
 
     tokens: torch.Tensor  # [N]
     positions: torch.Tensor  # [N]

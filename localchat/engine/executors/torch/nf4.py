@@ -53,11 +53,9 @@ class NF4Matrix:
 
 
 def load_nf4(get: Callable[[str], torch.Tensor | None], name: str) -> NF4Matrix | torch.Tensor:
-    """Read `name` (the packed weight) and its quant-state tensors through `get`
-    (None for a missing tensor); double-quantized absmax is expanded here, once.
-
-    A matrix whose rows are not whole blocks comes back dequantized (float32): its
-    blocks cross rows, so it can be neither chunked by rows nor fused."""
+    """Read `name` (the packed weight) and its quant-state tensors through `get` (None for a missing
+    tensor), expanding double-quantized absmax once. A matrix whose rows are not whole blocks comes
+    back dequantized (float32)."""
     state = read_quant_state(_need(get, f"{name}.{QUANT_STATE_KEY}"))
     if state.get("quant_type") != "nf4":
         raise EngineError(f"{name}: 4-bit type {state.get('quant_type')!r} is not supported "

@@ -1,11 +1,6 @@
-"""Where draft tokens come from: a second model (any executor, same vocabulary) with its
-own block manager, or the sequence itself (prompt lookup, no model).
-
-Both serve every speculating sequence of a step at once: propose() drafts γ tokens after
-each sequence's tokens (a model draft runs one batched forward pass per draft position),
-settle() is told a sequence's tokens are final again (a model draft keeps the KV that
-matches them and cuts the rest), retain() forgets every sequence no longer running.
-"""
+"""Where draft tokens come from: a second model (any executor, same vocabulary, own block manager)
+or the sequence itself (prompt lookup). Each serves all speculating sequences of a step at once:
+propose() drafts γ tokens each, settle() syncs to final tokens, retain() forgets ended ones."""
 
 from __future__ import annotations
 

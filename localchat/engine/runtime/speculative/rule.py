@@ -1,9 +1,5 @@
-"""Which draft tokens to keep (Leviathan, Kalman & Matias 2023): keep d_i with
-probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection draw from
-norm(max(0, p_i − q_i)); if all are kept, draw a bonus token from p_γ. The output is then
-distributed exactly as the target's own sampling. At temperature 0 the rule reduces to
-"keep while the draft equals the target's argmax".
-"""
+"""Which draft tokens to keep (Leviathan, Kalman & Matias 2023), so that the output is distributed
+exactly as the target's own sampling (at temperature 0: keep while the draft is its argmax)."""
 
 from __future__ import annotations
 
