@@ -23,72 +23,82 @@ TASKS = {
         "Write a short story about a lighthouse keeper who finds a message in a bottle.",
         "Explain how a hash table works, step by step, with an example in Python.",
         "Describe the water cycle to a ten-year-old.",
+        "Give three tips for staying focused while studying, with a reason for each.",
+        "Compare Python lists and tuples: when would you use each?",
+        "Write a polite email asking a neighbour to turn their music down at night.",
     ),
     "quote": (  # replies that copy their prompt: where prompt lookup pays
         "Repeat the following text exactly, fixing only its spelling mistakes:\n\n" + PASSAGE,
         "Rewrite the following text word for word, but change every 'river' to 'stream':\n\n"
         + PASSAGE,
+        "Correct the grammar of the following text and give it back in full:\n\n" + PASSAGE,
     ),
 }
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def _decode_runs(engine, prompts, gen_tokens: int) -> tuple[list[float], list[tuple[int, ...]], list[dict]]:
-    rates, outputs, drafts = [], [], []
-    engine.complete(Request(messages=[Message("user", "Hi")], sampling=GREEDY, max_tokens=4))
+def _decode(engine, prompt: str, gen_tokens: int) -> tuple[float, tuple[int, ...], dict]:
+    """One greedy reply: (decode tok/s, its tokens, the draft's stats)."""
+    tokens: list[int] = []
+    result = None
+    for event in engine.generate(Request(messages=[Message("user", prompt)], sampling=GREEDY,
+                                         max_tokens=gen_tokens)):
+        tokens += getattr(event, "token_ids", ())
+        result = event
+    return result.stats.decode_tok_s, tuple(tokens), result.stats.draft or {}
+
+
+def _task(plain, drafted, prompts, gen_tokens: int) -> dict:
+    """Each prompt plain, with the draft, plain again: a ratio against the two plain runs
+    around it, so drift on a shared machine cancels (each prompt once: the draft remembers)."""
+    base_rates, rates, ratios, drafts, identical = [], [], [], [], True
     for prompt in prompts:
-        tokens: list[int] = []
-        result = None
-        for event in engine.generate(Request(messages=[Message("user", prompt)], sampling=GREEDY,
-                                             max_tokens=gen_tokens)):
-            tokens += getattr(event, "token_ids", ())
-            result = event
-        rates.append(result.stats.decode_tok_s)
-        outputs.append(tuple(tokens))
-        drafts.append(result.stats.draft or {})
-    return rates, outputs, drafts
-
-
-def _summary(base, drafted) -> dict:
-    (base_rates, base_out, _), (rates, out, drafts) = base, drafted
+        before, base_out, _ = _decode(plain, prompt, gen_tokens)
+        rate, out, stats = _decode(drafted, prompt, gen_tokens)
+        after = _decode(plain, prompt, gen_tokens)[0]
+        base = (before + after) / 2
+        base_rates.append(base)
+        rates.append(rate)
+        ratios.append(rate / base if base else 0.0)
+        drafts.append(stats)
+        identical = identical and out == base_out
     proposed = sum(d.get("proposed", 0) for d in drafts)
     accepted = sum(d.get("accepted", 0) for d in drafts)
-    no_draft, with_draft = statistics.median(base_rates), statistics.median(rates)
 
     def mean(key):
         values = [d[key] for d in drafts if d.get(key) is not None and d.get("proposed")]
         return statistics.mean(values) if values else None
 
     return {
-        "no_draft_tok_s": no_draft, "draft_tok_s": with_draft,
-        "speedup": with_draft / no_draft if no_draft else 0.0,
+        "no_draft_tok_s": statistics.median(base_rates), "draft_tok_s": statistics.median(rates),
+        "speedup": statistics.median(ratios),
         "alpha": accepted / proposed if proposed else 0.0,
         "c": mean("c"), "beta": mean("beta"), "gamma": drafts[-1].get("gamma"),
         "predicted_speedup": mean("predicted_speedup"),
         "tokens_per_target_pass": statistics.mean(d.get("tokens_per_target_pass", 1.0) for d in drafts),
-        "identical_output": base_out == out, "prompts": len(out),
+        "identical_output": identical, "prompts": len(prompts),
         "per_prompt": {"no_draft_tok_s": base_rates, "draft_tok_s": rates, "draft_stats": drafts},
     }
 
 
 def bench_speculative(settings: ChatSettings, gen_tokens: int) -> dict:
-    """Two loads of the same target (plain, then with the draft); the same prompts. The
-    top-level figures are the chat task's; `tasks` has each task's."""
-    runs = {}
+    """The target loaded twice (plain, and with the draft), each prompt run on both; speedup
+    is the median of the per-prompt ratios. Top-level figures are the chat task's."""
     plain = settings.with_draft(None, None).load_engine()
     try:
-        print("benchmarking without the draft…", file=sys.stderr)
-        runs["plain"] = {task: _decode_runs(plain, prompts, gen_tokens) for task, prompts in TASKS.items()}
+        drafted = settings.load_engine()
+        try:
+            source = getattr(getattr(drafted, "draft", None), "source", settings.draft)
+            print(f"benchmarking draft {source} against no draft…", file=sys.stderr)
+            warm = Request(messages=[Message("user", "Hi")], sampling=GREEDY, max_tokens=4)
+            plain.complete(warm)
+            drafted.complete(warm)
+            tasks = {task: _task(plain, drafted, prompts, gen_tokens)
+                     for task, prompts in TASKS.items()}
+        finally:
+            drafted.close()
     finally:
         plain.close()
-    drafted = settings.load_engine()
-    try:
-        source = getattr(getattr(drafted, "draft", None), "source", settings.draft)
-        print(f"benchmarking with draft {source}…", file=sys.stderr)
-        runs["draft"] = {task: _decode_runs(drafted, prompts, gen_tokens) for task, prompts in TASKS.items()}
-    finally:
-        drafted.close()
-    tasks = {task: _summary(runs["plain"][task], runs["draft"][task]) for task in TASKS}
     head = {k: v for k, v in tasks["chat"].items() if k != "per_prompt"}
     return {"draft": settings.draft, "source": source, "engine": settings.engine,
             "gen_tokens": gen_tokens, **head, "tasks": tasks}
@@ -99,7 +109,7 @@ def format_speculative(s: dict) -> str:
         return "n/a" if value is None else format(value, fmt)
 
     lines = [f"speculative decoding, draft {s['source']} ({s['engine']} engine), temperature 0, "
-             f"median over prompts × {s['gen_tokens']} tokens",
+             f"median over prompts × {s['gen_tokens']} tokens (each between two plain runs)",
              f"  {'task':6s} {'no draft':>9s} {'draft':>9s} {'speedup':>8s} {'α':>5s} {'c':>5s} "
              f"{'β':>5s} {'γ':>3s} {'predicted':>9s} {'tok/pass':>8s}  identical"]
     for task, t in s["tasks"].items():

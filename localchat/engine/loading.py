@@ -36,7 +36,7 @@ def load_runtime(facts: GGUFFacts, engine: str, *, n_ctx: int, threads: int | No
     auto_draft: the draft was chosen for the user (dropped where it cannot work, skipped
     for seeded requests);
     gpu_layers, cache_types, flash_attn: the llama.cpp executor's (LlamaCppExecutor)."""
-    from localchat.engine.runtime.speculative.drafts import ModelDraft, NgramDraft
+    from localchat.engine.runtime.speculative.drafts import LookupThenModel, ModelDraft, NgramDraft
 
     options = dict(n_ctx=n_ctx, threads=threads, kv_memory=kv_memory, device=device,
                    parallel=parallel, gpu_layers=gpu_layers, cache_types=cache_types,
@@ -56,6 +56,8 @@ def load_runtime(facts: GGUFFacts, engine: str, *, n_ctx: int, threads: int | No
                                  "back, so it cannot verify drafts: run it without a draft")
             source = ModelDraft(load_executor(draft, engine, **{**options, "kv_memory": None}),
                                 draft.name)
+            if auto_draft:  # a kept distilled draft: lookup first where the text repeats
+                source = LookupThenModel(NgramDraft(), source)
         if source is not None:
             source.auto = auto_draft
         return RuntimeEngine(executor, facts, draft=source, num_draft_tokens=num_draft_tokens)

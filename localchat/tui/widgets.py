@@ -74,11 +74,12 @@ def kv_bar(used: int, capacity: int, cached: int = 0, width: int = 8) -> str:
 
 
 def draft_gauge(draft: dict) -> str:
-    """`draft 87% γ4`: the share of drafted tokens the target kept so far, and γ, the
-    tokens drafted per step now (γ0: the engine paused speculation, it did not pay)."""
+    """`ngram 87% γ4`: the draft's source (ngram, model or ngram+model), the share of drafted
+    tokens the target kept so far, and γ now (γ0: speculation paused, it did not pay)."""
+    source = draft.get("source", "draft").split(":")[0]
     rate = f"{draft.get('acceptance_rate', 0.0):.0%}" if draft.get("proposed") else "–"
     gamma = draft.get("gamma")
-    return f"draft {rate}" + (f" γ{gamma}" if gamma is not None else "")
+    return f"{source} {rate}" + (f" γ{gamma}" if gamma is not None else "")
 
 
 CONTEXT_WARNING = 0.9  # share of the context window in use that the gauge warns at

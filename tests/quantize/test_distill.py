@@ -111,7 +111,7 @@ def test_distill_command_writes_a_draft_that_auto_then_uses_and_resumes(tmp_path
     # the chat's default draft (auto) is now this file
     run = localchat("run", "--temp", "0", "-n", "8", "--json", "Say hi.", **at_home)
     assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout)["draft"]["source"].startswith("model:"), run.stdout
+    assert json.loads(run.stdout)["draft"]["source"].startswith("ngram+model:"), run.stdout
     # an existing draft is not replaced without --force; --resume continues its steps
     again = localchat("distill", "default", *tiny, **at_home)
     assert again.returncode == 2 and "already exists" in again.stderr

@@ -64,7 +64,7 @@ async def test_gauges_show_draft_acceptance_and_f4_colours_drafted_tokens(draft_
         draft = gauges.stats.draft
         assert draft is not None and draft["source"] == "ngram" and draft["proposed"] > 0
         line = str(gauges.render())
-        assert f"draft {draft['acceptance_rate']:.0%} γ{draft['gamma']}" in line, line
+        assert f"ngram {draft['acceptance_rate']:.0%} γ{draft['gamma']}" in line, line
         assert cell_len(line) <= gauges.content_size.width  # fits at 80 columns
 
         # the reply's runs are its text, split by source; the ngram draft fired
@@ -148,12 +148,12 @@ def test_format_gauges_with_a_draft_fits_80_columns():
     draft = {"source": "ngram", "proposed": 40, "accepted": 32, "acceptance_rate": 0.8,
              "gamma": 4, "measured_speedup": None}
     full = format_gauges(stats_with(draft), "generating")
-    assert full.endswith(" │ draft 80% γ4") and "19.8 MiB/2.1 GiB" in full and "TTFT 125 ms" in full
+    assert full.endswith(" │ ngram 80% γ4") and "19.8 MiB/2.1 GiB" in full and "TTFT 125 ms" in full
     fitted = format_gauges(stats_with(draft), "generating", width=78)  # 80 minus padding
     assert cell_len(fitted) <= 78 < cell_len(full)
-    assert "draft 80% γ4" in fitted and "ctx 900/4096" in fitted and "142.0 tok/s" in fitted
+    assert "ngram 80% γ4" in fitted and "ctx 900/4096" in fitted and "142.0 tok/s" in fitted
     narrow = format_gauges(stats_with(draft), "generating", width=49)  # sidebar open
-    assert cell_len(narrow) <= 49 and "draft 80% γ4" in narrow
+    assert cell_len(narrow) <= 49 and "ngram 80% γ4" in narrow
 
     assert "draft" not in format_gauges(stats_with(None), "ready")
     plain = format_gauges(stats_with(None), "ready")

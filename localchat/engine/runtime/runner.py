@@ -18,7 +18,8 @@ from localchat.engine.runtime.block_manager import BlockManager
 from localchat.engine.runtime.compute_thread import COMPUTE
 from localchat.engine.runtime.sampler import Row, argmax, distributions, penalized, sample
 from localchat.engine.runtime.scheduler import ScheduledChunk, Scheduler
-from localchat.engine.runtime.sequence import FINISHED, RUNNING, Sequence
+from localchat.engine.runtime.sequence import FINISHED, Sequence
+from localchat.engine.runtime.speculative.adaptive import AdaptiveGamma
 from localchat.engine.runtime.speculative.drafts import DraftSource
 from localchat.engine.runtime.speculative.rule import accept_drafts, accept_greedy
 from localchat.engine.runtime.speculative.state import Speculation
@@ -40,7 +41,9 @@ class Runner:
             max_running = min(max_running, executor.layout.pools)
         self.scheduler = Scheduler(self.blocks, max_tokens_per_step, max_running)
         self.n_ctx = n_ctx
-        self.draft, self.num_draft_tokens = draft, num_draft_tokens
+        self.draft = draft
+        self.adaptive = AdaptiveGamma(fixed=num_draft_tokens,
+                                      alpha_priors=draft.alpha_priors if draft else {})
         self._is_end = is_end_of_generation
         self._ids = itertools.count()
         self._inbox: list[Sequence] = []
@@ -56,7 +59,7 @@ class Runner:
                generator: torch.Generator) -> Sequence:
         seq = Sequence(next(self._ids), list(prompt), len(prompt), params, budget, generator)
         if self.draft is not None and not (self.draft.auto and params.seed is not None):
-            seq.speculation = Speculation(self.draft.source, self.num_draft_tokens)
+            seq.speculation = Speculation(self.draft.source, self.adaptive)
         with self._lock:
             if self._closed:
                 raise EngineError("the engine is closed")
@@ -168,7 +171,8 @@ class Runner:
                 continue
             room = min(self.n_ctx - len(seq.tokens) - 1,
                        seq.budget - len(seq.completion) - 1, budget)
-            gamma = seq.speculation.choose(room)
+            evidence = self.draft.evidence(seq)
+            gamma = 0 if evidence is False else seq.speculation.choose(room, evidence)
             budget -= gamma
             requests.append((seq, gamma))
             owners.append(chunk)

@@ -149,17 +149,37 @@ def _sequence(seq_id: int, tokens: list[int], n_prompt: int):
     return Sequence(seq_id, list(tokens), n_prompt)
 
 
-def test_prompt_lookup_takes_the_longest_match_and_proposes_more_the_longer_it_is():
+def test_prompt_lookup_takes_the_longest_match_and_its_length_is_the_evidence():
     from localchat.engine.runtime.speculative.drafts import NgramDraft, longest_match
 
     assert longest_match([1, 2, 3, 4, 9, 2, 3, 4], 16) == (3, [9, 2, 3, 4])
     assert longest_match([7, 1, 8, 2, 9, 1], 16) == (1, [8, 2, 9, 1])  # only a one-token match
     assert longest_match([1, 2, 3], 16) == (0, [])
     draft = NgramDraft()
-    assert draft._lookup([1, 2, 3, 5, 6, 3], 8) == [5]  # one token matched: one proposed
-    assert draft._lookup([9, 2, 3, 5, 6, 2, 3], 8) == [5, 6, 2]  # two matched: three
-    assert draft._lookup([1, 2, 3, 5, 6, 7, 1, 2, 3], 8) == [5, 6, 7, 1, 2, 3]  # three: up to γ
-    assert draft._lookup([1, 2, 3, 5, 6, 7, 1, 2, 3], 2) == [5, 6]
+    assert draft.lookup([1, 2, 3, 5, 6, 3]) == (1, [5, 6, 3])
+    assert draft.lookup([9, 2, 3, 5, 6, 2, 3]) == (2, [5, 6, 2, 3])
+    seq = _sequence(0, [1, 2, 3, 5, 6, 7, 1, 2, 3], 3)
+    assert draft.evidence(seq) == 3
+    assert draft.propose([(seq, 2)]) == [([5, 6], None)]  # at most γ
+    assert draft.evidence(_sequence(1, [1, 2, 3, 4], 2)) is False  # no match: nothing to draft
+
+
+def test_the_acceptance_is_learned_per_match_length_and_shared_by_requests():
+    """A long match that is always accepted turns speculation on for long matches only."""
+    from localchat.engine.runtime.speculative.drafts import NgramDraft
+
+    a = AdaptiveGamma(alpha_priors=NgramDraft.alpha_priors)
+    a.observe_plain(0.05)
+    for _ in range(40):
+        for key, accepts in ((8, True), (1, False)):
+            g = a.choose(key)
+            if g:
+                a.observe_round(g, g if accepts else 0, draft_s=0.0, verify_s=0.05 * (1 + 0.3 * g),
+                                key=key)
+            else:
+                a.observe_plain(0.05)
+    assert a.choose(8) >= 5 and a.alpha_for(8) > 0.95
+    assert a.choose(1) == 0 and a.alpha_for(1) < 0.2
 
 
 def test_finished_replies_feed_later_requests_drafts():
@@ -169,11 +189,11 @@ def test_finished_replies_feed_later_requests_drafts():
     draft = NgramDraft()
     prompt = [100, 101, 102]
     first = _sequence(0, prompt + [7, 8, 9, 10, 11, 12], len(prompt))
-    draft.propose([(first, 4)])
-    assert draft._lookup(prompt + [7, 8], 4) == []  # nothing stored yet: no match
+    draft.evidence(first)
+    assert draft.lookup(prompt + [7, 8]) == (0, [])  # nothing stored yet: no match
     draft.retain(set())  # the first reply has finished
-    assert draft._lookup(prompt + [7, 8], 4) == [9, 10, 11]  # two tokens matched: three
-    assert draft._lookup(prompt + [5, 7, 8, 9], 4) == [10, 11, 12]
+    assert draft.lookup(prompt + [7, 8]) == (2, [9, 10, 11, 12])
+    assert draft.lookup(prompt + [5, 7, 8, 9]) == (3, [10, 11, 12])
 
 
 def test_the_suffix_store_forgets_when_full():
@@ -183,5 +203,5 @@ def test_the_suffix_store_forgets_when_full():
     draft.HISTORY_TOKENS = 10
     draft._remember([1, 2, 3, 4, 5, 6])
     draft._remember([20, 21, 22, 23, 24, 25])  # over the limit: the store starts again
-    assert draft._lookup([0, 1, 2], 4) == []
-    assert draft._lookup([0, 21, 22], 4) == [23, 24, 25]
+    assert draft.lookup([0, 1, 2]) == (0, [])
+    assert draft.lookup([0, 21, 22]) == (2, [23, 24, 25])

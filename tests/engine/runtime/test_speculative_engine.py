@@ -181,10 +181,32 @@ def test_auto_draft_is_prompt_lookup_without_a_kept_draft_and_skips_seeded_reque
         engine.close()
 
 
+def test_auto_with_a_kept_draft_looks_up_first_then_asks_the_model(useless_draft):
+    """A kept draft (here random weights) joins prompt lookup; greedy output is unchanged."""
+    from localchat.models.drafts import draft_path_for
+    from localchat.models.specs import resolve_model_facts
+
+    kept = draft_path_for(resolve_model_facts("default"))
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.symlink_to(useless_draft)
+    engine = load_engine("default", threads=2, ctx_size=512, draft="auto")
+    try:
+        assert engine.draft.source.startswith("ngram+model:")
+        for prompt in PROMPTS:
+            tokens, draft = reply(engine, prompt)
+            assert draft["source"].startswith("ngram+model:")
+            seeded = SamplingParams(temperature=0.0, seed=1)  # auto: seeded requests never draft
+            plain, no_draft = reply(engine, prompt, seeded)
+            assert no_draft is None and tokens == plain
+        assert draft["proposed"] > 0 and draft["accepted"] > 0  # the repeat: lookup drafted
+    finally:
+        engine.close()
+
+
 @pytest.mark.slow
 def test_bench_reports_the_speculative_section_per_task():
     done = localchat("bench", "--engines", "llama.cpp", "-p", "16", "-g", "16", "-r", "1",
-                     "--draft", "ngram", "--json", timeout=1200)  # 4 loads, 10 replies
+                     "--draft", "ngram", "--json", timeout=1200)  # 3 loads, 27 replies
     assert done.returncode == 0, done.stderr
     spec = json.loads(done.stdout)["speculative"]
     assert spec["source"] == "ngram" and set(spec["tasks"]) == {"chat", "quote"}

@@ -1,6 +1,6 @@
 """Where draft tokens come from: a second model (any executor, same vocabulary, own block manager)
-or the sequence itself (prompt lookup). Each serves all speculating sequences of a step at once:
-propose() drafts γ tokens each, settle() syncs to final tokens, retain() forgets ended ones."""
+or the sequence itself (prompt lookup). Each serves a step's speculating sequences at once:
+evidence() before γ is chosen, propose() γ tokens each, settle() to final tokens, retain() live."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ Proposal = tuple[list[int], torch.Tensor | None]  # drafts, their distributions 
 class DraftSource(Protocol):
     source: str
     auto: bool  # chosen for the user: seeded requests (reproducible ones) do not speculate
+    alpha_priors: dict  # evidence key -> the acceptance expected before any is measured
+
+    def evidence(self, seq: Sequence) -> object:
+        """What this draft knows before drafting for seq: a key the acceptance is tracked
+        by, None (no such evidence), or False (nothing to propose now)."""
 
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[Proposal]:
         """Up to γ draft tokens after each (sequence, γ)'s tokens."""
@@ -34,12 +39,16 @@ class ModelDraft:
     """A smaller (or more quantized) model of the same vocabulary."""
 
     auto = False
+    alpha_priors: dict = {}
 
     def __init__(self, executor: Executor, name: str) -> None:
         self.executor = executor
         self.blocks = BlockManager(executor.layout)
         self.source = f"model:{name}"
         self._mirrors: dict[int, Sequence] = {}  # target seq_id -> the draft's copy
+
+    def evidence(self, seq: Sequence) -> None:
+        return None
 
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[Proposal]:
         drafts: list[list[int]] = [[] for _ in requests]
@@ -131,26 +140,40 @@ class ModelDraft:
 class NgramDraft:
     """Prompt lookup over the whole sequence (system prompt, earlier turns, attached text),
     then over the engine's earlier replies (a suffix index, as in SuffixDecoding): the
-    longest match of the sequence's tail wins, and it proposes more tokens the longer
-    the match (1 after a one-token match, 3 after two, γ after three or more)."""
+    longest match of the sequence's tail wins; its length is the evidence γ is chosen on."""
 
     source = "ngram"
     auto = False
     MAX_MATCH = 16  # tokens of the tail compared
     HISTORY_TOKENS = 65_536  # earlier replies kept for lookup
+    # acceptance after a match of 1, 2, ... 8+ tokens, before any is measured
+    alpha_priors = {1: 0.25, 2: 0.35, 3: 0.55, 4: 0.65, 5: 0.7, 6: 0.75, 7: 0.8, 8: 0.9}
 
     def __init__(self) -> None:
         self._live: dict[int, Sequence] = {}
+        self._found: dict[int, tuple[int, list[int]]] = {}  # seq_id -> (at length, tokens)
         self._replies: list[list[int]] = []
         self._index: dict[tuple[int, int], list[tuple[int, int]]] = {}  # bigram -> (reply, end)
         self._kept = 0
 
-    def propose(self, requests: list[tuple[Sequence, int]]) -> list[Proposal]:
-        for seq, _ in requests:
-            self._live[seq.seq_id] = seq
-        return [(self._lookup(seq.tokens, gamma) if gamma else [], None) for seq, gamma in requests]
+    def evidence(self, seq: Sequence) -> int | bool:
+        self._live[seq.seq_id] = seq
+        length, follow = self.lookup(seq.tokens)
+        self._found[seq.seq_id] = (len(seq.tokens), follow)
+        return min(length, 8) if length else False
 
-    def _lookup(self, context: list[int], gamma: int) -> list[int]:
+    def propose(self, requests: list[tuple[Sequence, int]]) -> list[Proposal]:
+        out = []
+        for seq, gamma in requests:
+            at, follow = self._found.pop(seq.seq_id, (-1, []))
+            if at != len(seq.tokens):
+                follow = self.lookup(seq.tokens)[1]
+            out.append((follow[:gamma], None))
+        return out
+
+    def lookup(self, context: list[int]) -> tuple[int, list[int]]:
+        """(the longest match of context's tail, in itself or in earlier replies; the
+        tokens that followed it)."""
         length, follow = longest_match(context, self.MAX_MATCH)
         if length < self.MAX_MATCH and len(context) >= 2:
             for r, end in reversed(self._index.get((context[-2], context[-1]), ())):
@@ -161,13 +184,14 @@ class NgramDraft:
                     m += 1
                 if m > length and end + 1 < len(reply):
                     length, follow = m, reply[end + 1:]
-        return follow[:min(gamma, (1, 3)[length - 1] if length < 3 else gamma)] if length else []
+        return length, follow
 
     def settle(self, seq: Sequence) -> None:
         pass
 
     def retain(self, running: set[int]) -> None:
         for seq_id in [i for i in self._live if i not in running]:
+            self._found.pop(seq_id, None)
             self._remember(self._live.pop(seq_id).completion)
 
     def _remember(self, reply: list[int]) -> None:
@@ -184,6 +208,44 @@ class NgramDraft:
 
     def close(self) -> None:
         pass
+
+
+class LookupThenModel:
+    """Prompt lookup where the sequence's tail has a match, the model draft elsewhere (auto's
+    choice when a distilled draft is kept); acceptance is tracked per match length and model."""
+
+    auto = False
+
+    def __init__(self, lookup: NgramDraft, model: ModelDraft) -> None:
+        self.lookup, self.model = lookup, model
+        self.source = f"ngram+{model.source}"
+        self.alpha_priors = lookup.alpha_priors
+        self._looked_up: set[int] = set()  # sequences whose next proposal is the lookup's
+
+    def evidence(self, seq: Sequence) -> int | None:
+        key = self.lookup.evidence(seq)
+        if key is False:
+            self._looked_up.discard(seq.seq_id)
+            return None
+        self._looked_up.add(seq.seq_id)
+        return key
+
+    def propose(self, requests: list[tuple[Sequence, int]]) -> list[Proposal]:
+        mine = [seq.seq_id in self._looked_up for seq, _ in requests]
+        looked = iter(self.lookup.propose([r for r, m in zip(requests, mine) if m]))
+        drafted = iter(self.model.propose([r for r, m in zip(requests, mine) if not m]))
+        return [next(looked) if m else next(drafted) for m in mine]
+
+    def settle(self, seq: Sequence) -> None:
+        self.model.settle(seq)
+
+    def retain(self, running: set[int]) -> None:
+        self._looked_up &= running
+        self.lookup.retain(running)
+        self.model.retain(running)
+
+    def close(self) -> None:
+        self.model.close()
 
 
 def longest_match(context: list[int], max_len: int) -> tuple[int, list[int]]:
