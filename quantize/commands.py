@@ -131,6 +131,8 @@ def cmd_eval(args) -> int:
 
     from localchat.models.specs import resolve_model_facts
 
+    if args.drafts is not None and not args.table:
+        raise UsageError("--drafts adds rows to --table")
     if args.agreement and (args.table or args.reference):
         raise UsageError("--agreement compares engines; it does not combine with --table or --reference")
     if args.agreement:
@@ -145,7 +147,14 @@ def cmd_eval(args) -> int:
         from quantize.schemes import TABLE_SCHEMES
 
         schemes = tuple(s.strip() for s in args.schemes.split(",")) if args.schemes else TABLE_SCHEMES
-        result = run_table(facts, protocol, schemes, text_file=args.text)
+        if args.drafts is not None:
+            drafts = [resolve_model_facts(d.strip()) for d in args.drafts.split(",") if d.strip()]
+        else:
+            from localchat.models.drafts import kept_draft
+
+            kept = None if facts.path.is_dir() else kept_draft(facts)
+            drafts = [] if kept is None else [resolve_model_facts(str(kept))]
+        result = run_table(facts, protocol, schemes, text_file=args.text, drafts=drafts)
         print(json.dumps(result, indent=2) if args.json else format_table(result, protocol))
         return 0
     from quantize.eval_file import evaluate_file, format_report

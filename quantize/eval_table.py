@@ -1,6 +1,6 @@
 """`localchat eval --table`: every scheme on one model in one command, each row the float32
 reference with its block projections simulated (quantize/simulate.py); columns: bits per
-weight, matrix error, perplexity, KL, top-1 agreement and α."""
+weight, matrix error, perplexity, KL, top-1 agreement and α; distilled drafts beside them."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from localchat.errors import UsageError
 from localchat.models.facts import GGUFFacts
 from quantize.matrix_stats import matrix_error, summarize
 from quantize.quality import Protocol, compare, perplexity, scored_logprobs, targets, text_tokens, windows
@@ -55,7 +56,9 @@ def float32_weights(facts: GGUFFacts):
 
 
 def run_table(facts: GGUFFacts, protocol: Protocol, schemes=TABLE_SCHEMES,
-              text_file: str | None = None) -> dict:
+              text_file: str | None = None, drafts: list[GGUFFacts] = ()) -> dict:
+    """Each scheme simulated on facts' float32 weights, then each draft file (a distilled
+    student, fewer layers), scored against the float32 reference on the same text."""
     torch.manual_seed(0)
     ref = float32_weights(facts)
     tokens, spans = scored_text(facts, protocol, text_file)
@@ -75,6 +78,17 @@ def run_table(facts: GGUFFacts, protocol: Protocol, schemes=TABLE_SCHEMES,
                      "worst_rel_error": s["worst_rel_error"], "worst_matrix": s["worst_matrix"],
                      "median_rel_error": s["median_rel_error"]} | q)
         del model
+    from localchat.engine.executors.torch.weights import load_weights
+
+    for draft in drafts:
+        if draft.vocab_size != facts.vocab_size:
+            raise UsageError(f"the draft {draft.name} has another vocabulary than {facts.name}")
+        q = compare(ref_lp, scored_logprobs(load_weights(draft.path), tokens, spans), target,
+                    gamma=protocol.gamma, cost_ratio=protocol.cost_ratio)
+        rows.append({"scheme": f"draft: {draft.n_layers} of {facts.n_layers} layers "
+                               f"({draft.quant_type})", "draft": str(draft.path),
+                     "bits_per_weight": None, "worst_rel_error": None, "worst_matrix": None,
+                     "median_rel_error": None} | q)
     return {"reference": reference, "rows": rows, "protocol": protocol.as_dict(), "note": NOTE}
 
 
@@ -89,10 +103,14 @@ def format_table(result: dict, protocol: Protocol) -> str:
              f"| scheme | bits/weight | worst rel. error | median rel. error | perplexity (95 % CI) "
              f"| KL | top-1 agreement | α | speedup γ=4, c={protocol.cost_ratio} |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    def num(value, fmt: str) -> str:
+        return "–" if value is None else format(value, fmt)
+
     for r in result["rows"]:
         lo, hi = r["perplexity_ci95"]
-        lines.append(f"| {r['scheme']} | {r['bits_per_weight']:.3f} | {r['worst_rel_error']:.4f} "
-                     f"| {r['median_rel_error']:.4f} | {r['perplexity']:.3f} ({lo:.2f}–{hi:.2f}) "
+        lines.append(f"| {r['scheme']} | {num(r['bits_per_weight'], '.3f')} "
+                     f"| {num(r['worst_rel_error'], '.4f')} | {num(r['median_rel_error'], '.4f')} "
+                     f"| {r['perplexity']:.3f} ({lo:.2f}–{hi:.2f}) "
                      f"| {r['kl_divergence']:.4f} | {r['agreement']:.2%} | {r['alpha']:.3f} "
                      f"| {r['predicted_speedup']:.2f}x |")
     return "\n".join(lines)

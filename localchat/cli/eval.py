@@ -21,6 +21,9 @@ def add_parser(sub) -> None:
                                "simulated on -m's float32 weights")
     evaluate.add_argument("--schemes", default=None, metavar="A,B,...",
                           help="--table rows (default: the full table)")
+    evaluate.add_argument("--drafts", default=None, metavar="A,B,...",
+                          help="--table: distilled drafts to score beside the schemes "
+                               "(default: the one kept for -m, if any)")
     evaluate.add_argument("--reference", default=None, metavar="SPEC",
                           help="compare -m against this model (run as float32)")
     evaluate.add_argument("--positions", type=int, default=1100, metavar="N",

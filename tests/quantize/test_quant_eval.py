@@ -19,6 +19,8 @@ from localchat.engine.runtime.speculative.adaptive import expected_speedup as sp
 from quantize.quality import compare, windows
 from quantize.schemes import rtn_dequantize, rtn_quantize, simulate
 
+from helpers.tiny_models import write_random_model
+
 
 @pytest.fixture(scope="module")
 def real_matrices() -> dict[str, torch.Tensor]:
@@ -95,6 +97,21 @@ def test_eval_table_json_shape(capsys):
     assert q8["bits_per_weight"] == 8.5 and int4["bits_per_weight"] == pytest.approx(4, abs=1e-3)
     assert q8["agreement"] > 0.9 and q8["alpha"] > 0.9 and int4["alpha"] < q8["alpha"]
     assert int4["perplexity"] > q8["perplexity"] and int4["worst_rel_error"] > q8["worst_rel_error"]
+
+
+def test_eval_table_scores_a_draft_beside_the_schemes(tmp_path, capsys):
+    """A draft with fewer layers (random weights, the bundled vocabulary) gets a row with α
+    and no matrix columns; --drafts without --table is refused in one line."""
+    draft = write_random_model(tmp_path / "draft.gguf")
+    assert main(["eval", "--table", "--schemes", "Q8_0", "--drafts", str(draft), "--tokens", "64",
+                 "--window", "96", "--threads", "2"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| draft: 2 of 30 layers"))
+    assert row.count("| – ") == 3  # no bits per weight or matrix error for a cut-down model
+    alpha = float(row.split("|")[8])
+    assert 0 <= alpha < 0.2  # random weights: the target's token is rarely its top one
+    assert main(["eval", "--drafts", str(draft)]) == 2
+    assert "--drafts adds rows to --table" in capsys.readouterr().err
 
 
 @pytest.mark.slow
