@@ -132,7 +132,8 @@ def test_the_bundled_model_keeps_its_file_size_and_names_each_layers_kernel():
     finally:
         engine.close()
     tensor_bytes = sum(int(t.n_bytes) for t in GGUFReader(info.path).tensors)
-    assert info.weights_bytes <= 1.5 * tensor_bytes, (info.weights_bytes, tensor_bytes)
+    # the embedding stays mapped from the file (rows paged in when looked up), not held
+    assert info.weights_bytes <= 1.1 * tensor_bytes, (info.weights_bytes, tensor_bytes)
     assert info.kernels == {
         "attn_qkv 960x576 Q4_1": "int4pack", "attn_output 576x576 Q4_1": "int4pack",
         "ffn_gate_up 3072x576 Q4_1": "int4pack", "ffn_down 576x1536 Q4_1": "int4pack",

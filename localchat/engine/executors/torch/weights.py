@@ -23,14 +23,16 @@ FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 
 
 class QuantizedEmbedding:
-    """Token rows kept as the file stores them (e.g. Q8_0) and dequantized when looked
-    up: exactly llama.cpp's rows, at the file's size."""
+    """Token rows as the file stores them (e.g. Q8_0), dequantized when looked up: exactly
+    llama.cpp's rows. `raw` may be a view of the mapped file: then only rows looked up are
+    paged in (llama.cpp's mmap), and nbytes counts nothing held."""
 
     def __init__(self, raw: np.ndarray, ggml_type: int, n_rows: int,
                  device: torch.device = torch.device("cpu")) -> None:
         self.raw = raw.reshape(n_rows, -1)
         self.ggml_type = ggml_type
         self.device = device
+        self.mapped = raw.base is not None and not raw.flags.writeable
 
     def __getitem__(self, tokens: torch.Tensor) -> torch.Tensor:
         rows = dequantize(self.raw[tokens.cpu().numpy()], self.ggml_type).astype(np.float32)
@@ -41,7 +43,7 @@ class QuantizedEmbedding:
 
     @property
     def nbytes(self) -> int:
-        return self.raw.nbytes
+        return 0 if self.mapped else self.raw.nbytes
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,8 @@ class ModelWeights:
         return self
 
     def nbytes(self) -> int:
-        """Bytes of every distinct tensor held (a tied output is counted once)."""
+        """Bytes of every distinct tensor held in memory (a tied output once; an embedding
+        mapped from the file not at all)."""
         seen: dict[int, int] = {}
 
         def add(obj) -> None:
@@ -217,7 +220,7 @@ def load_weights(path: Path, device: torch.device = torch.device("cpu"),
     try:
         embd = tensors["token_embd.weight"]
         embedding = dense(embd.name) if embd.ggml_type == Q.F32 else QuantizedEmbedding(
-            gguf_file.tensor_data(embd.name).copy(), embd.ggml_type, embd.shape[1], device)
+            gguf_file.tensor_data(embd.name), embd.ggml_type, embd.shape[1], device)
         layers = [
             LayerWeights(
                 attn_norm=dense(f"blk.{i}.attn_norm.weight"),
@@ -239,4 +242,5 @@ def load_weights(path: Path, device: torch.device = torch.device("cpu"),
     except KeyError as exc:
         raise EngineError(f"{path.name} lacks tensor {exc}; use --engine llama.cpp") from None
     finally:
-        gguf_file.close()  # every tensor above was copied, packed or dequantized
+        gguf_file.close()  # tensors were copied, packed or dequantized; the embedding's view
+        # keeps the file mapped while the model lives
