@@ -141,6 +141,8 @@ def write_student_gguf(student: Student, target: Path, out: Path) -> Path:
                 value = len(student.blocks)
             elif name == "general.name":
                 value = f"{value} draft ({len(student.blocks)} layers)"
+            elif name == "general.file_type":  # the layers are Q8_0 whatever the target's were
+                value = int(gguf.LlamaFileType.MOSTLY_Q8_0)
             sub_type = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(name, value, field.types[0], sub_type=sub_type)
         copied = {t.name: t for t in reader.tensors if not t.name.startswith("blk.")}

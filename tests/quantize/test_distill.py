@@ -58,7 +58,7 @@ def test_a_cut_student_runs_in_llama_cpp_as_in_torch(replies, tmp_path):
     assert student.source_layers == [0, 29]
     out = write_student_gguf(student, TARGET, tmp_path / "draft.gguf")
     facts = validate_model_file(out)
-    assert facts.n_layers == 2 and facts.chat_template
+    assert facts.n_layers == 2 and facts.chat_template and facts.quant_type == "Q8_0"
     tokens = replies[0].tokens
     with torch.no_grad():
         ours = student(tokens[None])[0]
