@@ -24,6 +24,12 @@ def home() -> Path:
     return Path(os.environ["LOCALCHAT_HOME"])
 
 
+def write_config(text: str) -> None:
+    """config.toml in the test's LOCALCHAT_HOME."""
+    home().mkdir(parents=True, exist_ok=True)
+    (home() / "config.toml").write_text(text)
+
+
 def sidebar_titles(app) -> list[str]:
     return [item.conversation.title for item in app.query(ConversationItem)]
 
@@ -427,8 +433,7 @@ async def test_locked_database_starts_without_history_and_says_so(engine):
 
 
 async def test_keys_rebound_by_action_name_in_config_toml(engine):
-    home().mkdir(parents=True, exist_ok=True)
-    (home() / "config.toml").write_text('[keys]\nregenerate = "f5"\ntoggle_theme = "f9"\n')
+    write_config('[keys]\nregenerate = "f5"\ntoggle_theme = "f9"\n')
     app = make_app(engine)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
@@ -443,8 +448,7 @@ async def test_keys_rebound_by_action_name_in_config_toml(engine):
 
 
 async def test_bad_keymap_is_reported_and_defaults_kept(engine):
-    home().mkdir(parents=True, exist_ok=True)
-    (home() / "config.toml").write_text('[keys]\nfly = "f5"\n')
+    write_config('[keys]\nfly = "f5"\n')
     app = make_app(engine)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)

@@ -32,6 +32,22 @@ def ready(app) -> bool:
     return app.query_one(GaugeBar).state == "ready" and app._reloading is None
 
 
+def self_loading_app(max_tokens: int) -> ChatApp:
+    """A greedy app that loads the default model itself (256-token context)."""
+    return ChatApp(ChatSettings(ctx_size=256, threads=2, sampling=GREEDY, max_tokens=max_tokens))
+
+
+async def loaded(pilot) -> None:
+    """Wait until the app's engine is loaded and no reload is under way."""
+    await wait_until(pilot, lambda: ready(pilot.app) and pilot.app.engine is not None)
+
+
+async def say_hello(pilot) -> None:
+    """Send "Hello" as the first message and wait for the reply to finish."""
+    await send(pilot, "Hello")
+    await wait_until(pilot, lambda: len(pilot.app.history) == 2 and not pilot.app._generating)
+
+
 async def open_screen(pilot, key, screen_class):
     await pilot.press(key)
     await wait_until(pilot, lambda: isinstance(pilot.app.screen, screen_class))
@@ -99,9 +115,9 @@ async def test_parameters_panel_rejects_bad_values_inline_and_applies_good_ones(
 
 
 async def test_context_size_change_reloads_the_engine_without_blocking_the_ui(monkeypatch):
-    app = ChatApp(ChatSettings(ctx_size=256, threads=2, sampling=GREEDY, max_tokens=4))
+    app = self_loading_app(4)
     async with app.run_test(size=(80, 24)) as pilot:
-        await wait_until(pilot, lambda: ready(app) and app.engine is not None)
+        await loaded(pilot)
         old = app.engine
         gate, real_load = threading.Event(), ChatSettings.load_engine
         monkeypatch.setattr(ChatSettings, "load_engine",
@@ -182,11 +198,10 @@ def local_copy(tmp_path):
 
 
 async def test_model_picker_lists_models_and_switches_model_and_draft_live(local_copy):
-    app = ChatApp(ChatSettings(ctx_size=256, threads=2, sampling=GREEDY, max_tokens=12))
+    app = self_loading_app(12)
     async with app.run_test(size=(80, 24)) as pilot:
-        await wait_until(pilot, lambda: ready(app) and app.engine is not None)
-        await send(pilot, "Hello")
-        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        await loaded(pilot)
+        await say_hello(pilot)
 
         picker = await open_screen(pilot, "f7", ModelPickerScreen)
         assert isinstance(picker, ModelPickerScreen)
@@ -332,28 +347,26 @@ def test_live_rate_and_prefill_in_the_gauge_line():
 
 
 async def test_model_slash_command_switches_the_model_and_refuses_a_bad_one(local_copy, tmp_path):
-    app = ChatApp(ChatSettings(ctx_size=256, threads=2, sampling=GREEDY, max_tokens=8))
+    app = self_loading_app(8)
     async with app.run_test(size=(80, 24)) as pilot:
-        await wait_until(pilot, lambda: ready(app) and app.engine is not None)
+        await loaded(pilot)
         await send(pilot, f"/model {tmp_path / 'missing.gguf'}")
         await wait_until(pilot, lambda: ready(app) and app.last_error is not None)
         assert "missing.gguf" in app.last_error and app.settings.model == "default"
         await send(pilot, f"/model {local_copy}")
         await wait_until(pilot, lambda: ready(app) and app.settings.model == str(local_copy))
         assert app.engine.info.path == str(local_copy)
-        await send(pilot, "Hello")
-        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        await say_hello(pilot)
         assert app.entries[-1].content
         await send(pilot, "/model")
         await wait_until(pilot, lambda: isinstance(app.screen, ModelPickerScreen))
 
 
 async def test_reopening_a_conversation_goes_back_to_its_model(local_copy):
-    app = ChatApp(ChatSettings(ctx_size=256, threads=2, sampling=GREEDY, max_tokens=6))
+    app = self_loading_app(6)
     async with app.run_test(size=(80, 24)) as pilot:
-        await wait_until(pilot, lambda: ready(app) and app.engine is not None)
-        await send(pilot, "Hello")
-        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        await loaded(pilot)
+        await say_hello(pilot)
         first = app.conversation.id
         await app.action_new_conversation()
         await send(pilot, f"/model {local_copy}")
