@@ -1,5 +1,5 @@
-"""Where localchat keeps its files: the data dir (history, models.json, exports) and
-config.toml. $LOCALCHAT_HOME, when set, holds both. Imports nothing from localchat."""
+"""Where localchat keeps its files: the data dir (history, models.json, exports), config.toml
+(both in $LOCALCHAT_HOME when set) and the cache dir. Imports nothing from localchat."""
 
 from __future__ import annotations
 
@@ -17,6 +17,13 @@ def data_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_data_dir("localchat"))
+
+
+def cache_dir() -> Path:
+    """Rebuildable files shared by every data dir (compiled kernels): the platform's cache dir."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("localchat"))
 
 
 def config_path() -> Path:

@@ -8,6 +8,9 @@ import os
 import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+# The torch executor's layer pieces run eagerly here: compiling every tiny test model's shapes
+# would double the run. test_runtime.py and test_layer_steps.py run them compiled.
+os.environ.setdefault("LOCALCHAT_EAGER", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -38,8 +38,11 @@ def _together(engine, requests: list[Request]) -> list[list[int]]:
 
 
 def _load(executor: str, **options):
-    return load_engine("default", engine=executor, ctx_size=512, threads=2, parallel=16,
-                       kv_memory=16 * 512 * 23040 if executor == "torch" else None, **options)
+    """The torch executor as it ships: its layer pieces compiled by Inductor."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("LOCALCHAT_EAGER", "0")
+        return load_engine("default", engine=executor, ctx_size=512, threads=2, parallel=16,
+                           kv_memory=16 * 512 * 23040 if executor == "torch" else None, **options)
 
 
 @pytest.fixture(scope="module", params=["llama.cpp", "torch"])

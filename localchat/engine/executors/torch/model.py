@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from localchat.engine.executors.torch.layer_steps import LayerSteps, compiles_by_default
 from localchat.engine.executors.torch.rope import RotaryEmbedding
 from localchat.engine.executors.torch.weights import LlamaConfig, ModelWeights
 
@@ -31,7 +32,9 @@ class KVStore:
 
 
 class LlamaModel:
-    def __init__(self, weights: ModelWeights, max_positions: int) -> None:
+    def __init__(self, weights: ModelWeights, max_positions: int,
+                 compiled: bool | None = None) -> None:
+        """compiled: the layer pieces compiled by Inductor (None: where layer_steps says so)."""
         self.w = weights
         self.config = weights.config
         c = self.config
@@ -40,6 +43,7 @@ class LlamaModel:
                                     freq_factors=weights.rope_freqs)
         self.device = weights.embedding.device
         self.rope.to(self.device)
+        self.steps = LayerSteps(compiles_by_default(self.device) if compiled is None else compiled)
 
     def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    mask: torch.Tensor | None) -> torch.Tensor:
@@ -56,23 +60,6 @@ class LlamaModel:
         out = torch.bmm(scores.softmax(-1), values.transpose(0, 1))  # [KV, g·T, D]
         out = out.view(c.n_kv_heads, group, n_new, c.head_dim).permute(2, 0, 1, 3)
         return out.reshape(n_new, c.n_heads * c.head_dim)
-
-    def _decode_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                          valid: torch.Tensor) -> torch.Tensor:
-        """B single-token queries at once (see _AttentionPlan), their contexts padded to one length.
-        q: [B, H, D]; keys/values: [B, L, KV, D] (any float dtype); valid: [B, L]."""
-        c = self.config
-        b, group = q.shape[0], c.n_heads // c.n_kv_heads
-        qg = q.view(b, c.n_kv_heads, group, c.head_dim)
-        keys, values = (t.transpose(1, 2).to(q.dtype, memory_format=torch.contiguous_format)
-                        for t in (keys, values))
-        scores = torch.matmul(qg, keys.transpose(-1, -2)) * (c.head_dim ** -0.5)  # [B,KV,g,L]
-        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-        out = torch.matmul(scores.softmax(-1), values)  # [B, KV, g, D]
-        return out.reshape(b, c.n_heads * c.head_dim)
-
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), weight, self.config.norm_eps)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, new_slots: torch.Tensor,
                 context_slots: torch.Tensor, kv: KVStore, all_logits: bool = False
@@ -105,25 +92,24 @@ class LlamaModel:
             new_slots = new_slots[write]
         plan = _AttentionPlan(batch, dev)
         cos, sin = self.rope.tables(positions)
-        n_qk = c.n_heads + c.n_kv_heads
-        for i, layer in enumerate(self.w.layers):
-            h = self._norm(x, layer.attn_norm)
-            qkv = layer.wqkv(h)  # q, k and v projections fused into one matmul
-            if layer.bqkv is not None:
-                qkv = qkv + layer.bqkv
-            qkv = qkv.view(n_new, n_qk + c.n_kv_heads, c.head_dim)
-            qk = self.rope(qkv[:, :n_qk], cos, sin)  # q and k heads rotated together
-            q, k, v = qk[:, :c.n_heads], qk[:, c.n_heads:], qkv[:, n_qk:]
+        steps, layers = self.steps, self.w.layers
+        q, k, v = steps.attention_inputs(x, layers[0].attn_norm, layers[0].wqkv, layers[0].bqkv,
+                                         self.rope, cos, sin, c, kv.k.dtype)
+        for i, layer in enumerate(layers):
             if new_slots.shape[0] != n_new:
                 k, v = k[write], v[write]
-            kv.k[i].index_copy_(0, new_slots, k.to(kv.k.dtype))
-            kv.v[i].index_copy_(0, new_slots, v.to(kv.v.dtype))
+            kv.k[i].index_copy_(0, new_slots, k)
+            kv.v[i].index_copy_(0, new_slots, v)
             attn = plan.run(self, q, kv.k[i], kv.v[i])
-            x = x + layer.wo(attn)
-            h = self._norm(x, layer.ffn_norm)
-            gate, up = layer.w_gate_up(h).split(c.ffn_dim, dim=-1)
-            x = x + layer.w_down(F.silu(gate) * up)
-        x = self._norm(x[batch.logit_rows.to(dev)], self.w.output_norm)
+            if i + 1 < len(layers):  # this layer's feed-forward and the next one's q, k, v
+                nxt = layers[i + 1]
+                x, q, k, v = steps.between_layers(
+                    x, attn, layer.wo, layer.ffn_norm, layer.w_gate_up, layer.w_down,
+                    nxt.attn_norm, nxt.wqkv, nxt.bqkv, self.rope, cos, sin, c, kv.k.dtype)
+            else:
+                x = steps.rest_of_layer(x, attn, layer.wo, layer.ffn_norm, layer.w_gate_up,
+                                        layer.w_down, c)
+        x = F.rms_norm(x[batch.logit_rows.to(dev)], (c.dim,), self.w.output_norm, c.norm_eps)
         return self.w.output(x).float().cpu()
 
 
@@ -184,15 +170,13 @@ class _AttentionPlan:
 
     def run(self, model: LlamaModel, q: torch.Tensor, k_cache: torch.Tensor,
             v_cache: torch.Tensor) -> torch.Tensor:
+        if self.one_batch:  # every row a single query, already in order
+            _, padded, valid = self.singles[0]
+            return model.steps.decode_attention(q, k_cache, v_cache, padded, valid, model.config)
         outs = []
         for rows, padded, valid in self.singles:
-            b, length = padded.shape
-            flat = padded.flatten()
-            keys = k_cache.index_select(0, flat).view(b, length, *k_cache.shape[1:])
-            values = v_cache.index_select(0, flat).view(b, length, *v_cache.shape[1:])
-            outs.append((rows, model._decode_attention(q[rows], keys, values, valid)))
-        if self.one_batch:
-            return outs[0][1]
+            outs.append((rows, model.steps.decode_attention(q[rows], k_cache, v_cache, padded,
+                                                            valid, model.config)))
         out = q.new_empty(self.n_tokens, q.shape[1] * q.shape[2])
         for rows, single_out in outs:
             out[rows] = single_out

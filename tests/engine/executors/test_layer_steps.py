@@ -1,0 +1,55 @@
+"""The torch executor's layer pieces compiled by Inductor against the same pieces run eagerly,
+on the real bundled model: the same next tokens, logits within bfloat16 rounding, and the
+choice between them (LOCALCHAT_EAGER, the kernels report)."""
+
+from __future__ import annotations
+
+import torch
+
+from localchat.engine.executors.torch.layer_steps import compiles_by_default
+from localchat.engine.executors.torch.model import Batch, KVStore, LlamaModel
+from localchat.engine.executors.torch.weights import load_weights
+from localchat.models.specs import resolve_model_facts
+
+
+def _teacher_forced(model: LlamaModel, tokens: torch.Tensor, n_prompt: int) -> torch.Tensor:
+    """Logits of every position: the prompt in one pass, then one token a step (the
+    decode path), [len(tokens), vocab]."""
+    c = model.config
+    kv = KVStore(c, 256, dtype=torch.float16)
+    slots = torch.arange(256)
+    rows = [model.forward(tokens[:n_prompt], torch.arange(n_prompt), slots[:n_prompt],
+                          slots[:n_prompt], kv, all_logits=True)]
+    for p in range(n_prompt, tokens.shape[0]):
+        batch = Batch(tokens[p:p + 1], torch.tensor([p]), torch.tensor([p]),
+                      [(1, slots[:p + 1], p)], torch.tensor([0]))
+        rows.append(model.forward_batch(batch, kv))
+    return torch.cat(rows)
+
+
+def test_compiled_pieces_give_the_eager_tokens(engine):
+    from localchat.cli.eval_agreement import varied_text_tokens
+
+    weights = load_weights(resolve_model_facts("default").path)
+    tokens = torch.tensor(varied_text_tokens(engine, 96)[:96])
+    eager = _teacher_forced(LlamaModel(weights, 256, compiled=False), tokens, 64)
+    compiled = _teacher_forced(LlamaModel(weights, 256, compiled=True), tokens, 64)
+    agree = (eager.argmax(-1) == compiled.argmax(-1)).float().mean().item()
+    # two bfloat16 roundings of one float32 computation: a last-bit difference in a norm can
+    # round an activation the other way (about as often as two llama.cpp K cache types differ)
+    assert agree >= 0.95, agree
+    assert (eager - compiled).abs().max().item() < 1.5  # bfloat16 activations round alike
+
+
+def test_eager_on_request_and_reported(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("LOCALCHAT_EAGER", "1")
+    assert not compiles_by_default(cpu)
+    monkeypatch.setenv("LOCALCHAT_EAGER", "0")
+    assert compiles_by_default(cpu)  # the image has g++
+    assert not compiles_by_default(torch.device("mps"))
+    weights = load_weights(resolve_model_facts("default").path)
+    assert LlamaModel(weights, 64, compiled=True).steps.describe() == {
+        "norms, RoPE, attention": "inductor"}
+    assert LlamaModel(weights, 64, compiled=False).steps.describe() == {
+        "norms, RoPE, attention": "eager"}
