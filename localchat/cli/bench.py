@@ -49,8 +49,9 @@ def bench_engine(engine, prompt_len: int, gen_len: int, repeats: int,
                  after_each=None) -> dict:
     """after_each(prompt tokens), if given, runs after every repeat (the kernel limit's
     bare loop, interleaved so both see the same machine: it is shared and noisy)."""
-    engine.complete(Request(prompt_tokens=_prompt_tokens(engine, 16, -1), sampling=GREEDY,
-                            max_tokens=4))  # warm-up: first-call allocations
+    for warm_up in (16, prompt_len):  # first-call allocations; torch compiles per shape kind
+        engine.complete(Request(prompt_tokens=_prompt_tokens(engine, warm_up, -1),
+                                sampling=GREEDY, max_tokens=4))
     runs = []
     for i in range(repeats):
         prompt = _prompt_tokens(engine, prompt_len, i)

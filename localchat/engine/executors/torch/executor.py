@@ -79,6 +79,7 @@ class TorchExecutor(Executor):
             refuse_beyond_available(n_blocks * kv_block_bytes(self.config),
                                     f"a KV cache of {n_blocks * BLOCK_SIZE} tokens")
         self.kv = KVStore(self.config, n_blocks * BLOCK_SIZE, dtype=KV_DTYPE, device=self.device)
+        self.model.warm_up(self.kv)
         key = hashlib.blake2b(f"{facts.path}:{facts.file_size}:{KV_DTYPE}".encode()).digest()
         self.layout = KVLayout(pools=1, blocks_per_pool=n_blocks, exclusive=False, cache_key=key)
         self.info = ModelInfo.from_facts(facts, n_ctx=n_ctx,

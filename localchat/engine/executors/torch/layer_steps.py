@@ -68,6 +68,7 @@ def between_layers(x: torch.Tensor, attn: torch.Tensor, wo, ffn_norm, w_gate_up,
 
 
 PIECES = (attention_inputs, decode_attention, rest_of_layer, between_layers)
+COMPILED = (decode_attention, between_layers)  # 29 and 30 calls a step; the others run once
 _compiled: dict[str, Callable] = {}
 
 
@@ -86,7 +87,7 @@ class LayerSteps:
     def __init__(self, compiled: bool) -> None:
         self.compiled = compiled
         for piece in PIECES:
-            setattr(self, piece.__name__, _compile(piece) if compiled else piece)
+            setattr(self, piece.__name__, _compile(piece) if compiled and piece in COMPILED else piece)
 
     def describe(self) -> dict[str, str]:
         """For ModelInfo.kernels (what `localchat bench` prints)."""
@@ -97,7 +98,11 @@ def _compile(piece: Callable) -> Callable:
     if piece.__name__ not in _compiled:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
         import torch._dynamo
+        import torch.fx.experimental._config as shapes
 
         torch._dynamo.config.suppress_errors = True  # a piece that fails to compile runs eagerly
+        # two graphs per piece: one row, and any other count or context length (a context
+        # of 64 must not be taken for the head size)
+        shapes.use_duck_shape = False
         _compiled[piece.__name__] = torch.compile(piece, dynamic=None)
     return _compiled[piece.__name__]

@@ -75,6 +75,16 @@ class LlamaModel:
         logits = self.forward_batch(batch, kv)
         return logits if all_logits else logits[0]
 
+    def warm_up(self, kv: KVStore) -> None:
+        """Compile now what replies would otherwise wait for (a prompt; one sequence decoding
+        and several, at contexts of one and two PAD_TO buckets). Writes slots 0-72, which
+        nothing reads before writing them again."""
+        if not self.steps.compiled or min(kv.k.shape[1], self.rope.cos.shape[0]) < 73:
+            return
+        tokens, slots = torch.zeros(73, dtype=torch.long), torch.arange(73)
+        for start, end in ((0, 17), (17, 18), (18, 20), (20, 70), (70, 71), (71, 73)):
+            self.forward(tokens[start:end], slots[start:end], slots[start:end], slots[:end], kv)
+
     @torch.inference_mode()
     def forward_batch(self, batch: "Batch", kv: KVStore) -> torch.Tensor:
         """Several sequences of different lengths in one pass: every matmul sees all their
