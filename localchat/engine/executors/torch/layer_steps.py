@@ -1,6 +1,6 @@
-"""A Llama layer's row-wise pieces as plain functions, run eagerly or compiled by Inductor (one
-graph serves every layer and model of a shape). No row depends on another, so a token gets the
-same bits alone, batched or verified; compiled and eager pieces compute the same bits."""
+"""A Llama layer's row-wise pieces as plain functions, run eagerly or compiled by Inductor (its
+graphs serve every layer). No row depends on another, so a token gets the same bits alone,
+batched or verified; compiled and eager forms may differ in the last bit, so a model uses one."""
 
 from __future__ import annotations
 
@@ -101,8 +101,11 @@ def _compile(piece: Callable) -> Callable:
         import torch.fx.experimental._config as shapes
 
         torch._dynamo.config.suppress_errors = True  # a piece that fails to compile runs eagerly
-        # two graphs per piece: one row, and any other count or context length (a context
-        # of 64 must not be taken for the head size)
+        # up to 4 graphs per model shape; a target and a draft of another size need 8, and
+        # past the limit a shape would run eagerly (other bits than its compiled steps)
+        torch._dynamo.config.recompile_limit = 64
+        # graphs for the first shape, one row, and any other row count or context length
+        # (a context of 64 must not be taken for the head size)
         shapes.use_duck_shape = False
         _compiled[piece.__name__] = torch.compile(piece, dynamic=None)
     return _compiled[piece.__name__]
