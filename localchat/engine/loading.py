@@ -12,12 +12,15 @@ def load_executor(facts: GGUFFacts, engine: str, *, n_ctx: int, threads: int | N
                   kv_memory: int | None, device: str | None, parallel: int | None,
                   gpu_layers: int | None = None,
                   cache_types: tuple[str | None, str | None] = (None, None),
-                  flash_attn: bool = True):
+                  flash_attn: bool = True, draft: bool = False):
+    """draft: it drafts for another model (on torch it then runs eagerly: its compiled
+    graphs beside the target's would slow both, as Dynamo checks every cached graph)."""
     if engine == "torch":
         from localchat.engine.executors.torch.executor import TorchExecutor
 
         return COMPUTE.call(lambda: TorchExecutor(facts, n_ctx=n_ctx, threads=threads,
-                                                  kv_memory=kv_memory, device=device))
+                                                  kv_memory=kv_memory, device=device,
+                                                  compiled=False if draft else None))
     from localchat.engine.executors.llamacpp import LlamaCppExecutor
 
     return COMPUTE.call(lambda: LlamaCppExecutor(
@@ -54,8 +57,8 @@ def load_runtime(facts: GGUFFacts, engine: str, *, n_ctx: int, threads: int | No
 
                 raise UsageError(f"{facts.name} keeps a recurrent state that cannot be rolled "
                                  "back, so it cannot verify drafts: run it without a draft")
-            source = ModelDraft(load_executor(draft, engine, **{**options, "kv_memory": None}),
-                                draft.name)
+            source = ModelDraft(load_executor(draft, engine, **{**options, "kv_memory": None},
+                                              draft=True), draft.name)
             if auto_draft:  # a kept distilled draft: lookup first where the text repeats
                 source = LookupThenModel(NgramDraft(), source)
         if source is not None:

@@ -63,8 +63,9 @@ class TorchExecutor(Executor):
     name = "torch"
 
     def __init__(self, facts: GGUFFacts, *, n_ctx: int, threads: int | None = None,
-                 kv_memory: int | None = None, device: str | None = None) -> None:
-        """Call on the compute thread (compute_thread.py says why)."""
+                 kv_memory: int | None = None, device: str | None = None,
+                 compiled: bool | None = None) -> None:
+        """Call on the compute thread (compute_thread.py says why). compiled: as LlamaModel's."""
         self.facts = facts
         self.device = pick_device(device)
         torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
@@ -73,7 +74,7 @@ class TorchExecutor(Executor):
         chooser = KernelChooser(build_on, cache_dir=data_dir())
         weights, self.vocab = open_model(facts, self.device, chooser)
         self.config = weights.config
-        self.model = LlamaModel(weights, max_positions=n_ctx + 64)  # + room for drafts
+        self.model = LlamaModel(weights, max_positions=n_ctx + 64, compiled=compiled)  # + drafts
         n_blocks = kv_blocks(self.config, n_ctx, kv_memory)
         if self.device.type == "cpu":
             refuse_beyond_available(n_blocks * kv_block_bytes(self.config),
