@@ -1,5 +1,6 @@
-"""A Llama layer's row-wise pieces as plain functions, run eagerly or compiled by Inductor (its
-graphs serve every layer). No row depends on another, so a token gets the same bits alone,
+"""A Llama layer's pieces as plain functions, run eagerly or compiled by Inductor (its graphs
+serve every layer): a generated token's whole layer in one call, a prompt's two calls around its
+causal attention. No row depends on another or on padding, so a token gets the same bits alone,
 batched or verified; compiled and eager forms may differ in the last bit, so a model uses one."""
 
 from __future__ import annotations
@@ -59,16 +60,21 @@ def rest_of_layer(x: torch.Tensor, attn: torch.Tensor, wo: torch.nn.Module,
     return x + w_down(F.silu(gate) * up)
 
 
-def between_layers(x: torch.Tensor, attn: torch.Tensor, wo, ffn_norm, w_gate_up, w_down,
-                   attn_norm, wqkv, bqkv, rope, cos, sin, config, kv_dtype):
-    """The rest of one layer and the next one's attention inputs, in one call (one graph):
-    -> (x, q, k, v)."""
-    x = rest_of_layer(x, attn, wo, ffn_norm, w_gate_up, w_down, config)
-    return (x, *attention_inputs(x, attn_norm, wqkv, bqkv, rope, cos, sin, config, kv_dtype))
+def decode_layer(x: torch.Tensor, new_slots: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, padded: torch.Tensor, valid: torch.Tensor, attn_norm,
+                 wqkv, bqkv, wo, ffn_norm, w_gate_up, w_down, rope, cos, sin, config,
+                 kv_dtype) -> torch.Tensor:
+    """A whole layer for rows that are single queries (generated tokens), in one call (one
+    graph): q/k/v, their K/V written at new_slots, attention over the padded slots, the rest."""
+    q, k, v = attention_inputs(x, attn_norm, wqkv, bqkv, rope, cos, sin, config, kv_dtype)
+    k_cache.index_copy_(0, new_slots, k)
+    v_cache.index_copy_(0, new_slots, v)
+    attn = decode_attention(q, k_cache, v_cache, padded, valid, config)
+    return rest_of_layer(x, attn, wo, ffn_norm, w_gate_up, w_down, config)
 
 
-PIECES = (attention_inputs, decode_attention, rest_of_layer, between_layers)
-COMPILED = (decode_attention, between_layers)  # 29 and 30 calls a step; the others run once
+PIECES = (attention_inputs, decode_attention, rest_of_layer, decode_layer)
+COMPILED = (attention_inputs, rest_of_layer, decode_layer)  # 30 calls a step each
 _compiled: dict[str, Callable] = {}
 
 

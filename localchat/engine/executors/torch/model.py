@@ -15,11 +15,13 @@ from localchat.engine.executors.torch.weights import LlamaConfig, ModelWeights
 
 
 class KVStore:
-    """Preallocated keys and values for every slot of every block."""
+    """Preallocated keys and values for every slot of every block, plus one scratch slot
+    (`scratch`) where rows whose K/V is already stored write theirs unread."""
 
     def __init__(self, config: LlamaConfig, n_slots: int, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu"):
-        shape = (config.n_layers, n_slots, config.n_kv_heads, config.head_dim)
+        self.scratch = n_slots
+        shape = (config.n_layers, n_slots + 1, config.n_kv_heads, config.head_dim)
         # empty, not zeros: pages are committed only as slots are written (always before
         # they are read), so a large budget costs nothing until it is used
         self.k = torch.empty(shape, dtype=dtype, device=device)
@@ -76,51 +78,64 @@ class LlamaModel:
         return logits if all_logits else logits[0]
 
     def warm_up(self, kv: KVStore) -> None:
-        """Compile now what replies would otherwise wait for (a prompt; one sequence decoding
-        and several, at contexts of one and two PAD_TO buckets). Writes slots 0-72, which
-        nothing reads before writing them again."""
-        if not self.steps.compiled or min(kv.k.shape[1], self.rope.cos.shape[0]) < 73:
+        """Compile now what replies would otherwise wait for: prompts of 17, 50 and 1 tokens;
+        one and two generated tokens at contexts of one and two PAD_TO buckets. Writes slots
+        0-73, which nothing reads before writing them again."""
+        if not self.steps.compiled or min(kv.scratch, self.rope.cos.shape[0]) < 74:
             return
-        tokens, slots = torch.zeros(73, dtype=torch.long), torch.arange(73)
-        for start, end in ((0, 17), (17, 18), (18, 20), (20, 70), (70, 71), (71, 73)):
-            self.forward(tokens[start:end], slots[start:end], slots[start:end], slots[:end], kv)
+        slots = torch.arange(74)
+        for start, end, n_prompt in ((0, 17, 17), (17, 18, 0), (18, 20, 0), (20, 70, 70),
+                                     (70, 71, 0), (71, 73, 0), (73, 74, 74)):
+            n = end - start
+            self.forward_batch(Batch(torch.zeros(n, dtype=torch.long), slots[start:end],
+                                     slots[start:end], [(n, slots[:end], n_prompt)],
+                                     torch.tensor([n - 1])), kv)
 
     @torch.inference_mode()
     def forward_batch(self, batch: "Batch", kv: KVStore) -> torch.Tensor:
-        """Several sequences of different lengths in one pass: every matmul sees all their
-        new tokens; attention reads each sequence's own slots (sequences adding one token
-        together, the rest one by one). Logits of batch.logit_rows, [R, vocab], on the
-        CPU (where sampling happens); index tensors may be on the CPU too."""
-        c = self.config
-        dev = self.device
-        tokens, positions = batch.tokens.to(dev), batch.positions.to(dev)
-        new_slots = batch.new_slots.to(dev)
-        n_new = tokens.shape[0]
-        x = self.w.embedding[tokens]
-        write = new_slots >= 0
-        if not bool(write.all()):
-            new_slots = new_slots[write]
-        plan = _AttentionPlan(batch, dev)
-        cos, sin = self.rope.tables(positions)
-        steps, layers = self.steps, self.w.layers
-        q, k, v = steps.attention_inputs(x, layers[0].attn_norm, layers[0].wqkv, layers[0].bqkv,
-                                         self.rope, cos, sin, c, kv.k.dtype)
-        for i, layer in enumerate(layers):
-            if new_slots.shape[0] != n_new:
-                k, v = k[write], v[write]
-            kv.k[i].index_copy_(0, new_slots, k)
-            kv.v[i].index_copy_(0, new_slots, v)
-            attn = plan.run(self, q, kv.k[i], kv.v[i])
-            if i + 1 < len(layers):  # this layer's feed-forward and the next one's q, k, v
-                nxt = layers[i + 1]
-                x, q, k, v = steps.between_layers(
-                    x, attn, layer.wo, layer.ffn_norm, layer.w_gate_up, layer.w_down,
-                    nxt.attn_norm, nxt.wqkv, nxt.bqkv, self.rope, cos, sin, c, kv.k.dtype)
-            else:
-                x = steps.rest_of_layer(x, attn, layer.wo, layer.ffn_norm, layer.w_gate_up,
-                                        layer.w_down, c)
+        """Several sequences of different lengths in one pass: generated tokens (single
+        queries) run each layer together in one call, prompt tokens together around their
+        causal attention. Logits of batch.logit_rows, [R, vocab], on the CPU (where sampling
+        happens); index tensors may be on the CPU too."""
+        c, dev = self.config, self.device
+        plan = _AttentionPlan(batch, kv.scratch, dev)
+        x = self.w.embedding[batch.tokens.to(dev)]
+        cos, sin = self.rope.tables(batch.positions.to(dev))
+        single, prompt = plan.single, plan.prompt
+        xs, xp = (None if g is None else (x if g.everything else x[g.rows]) for g in (single, prompt))
+        cs, cp = ((cos, sin) if g is None or g.everything else (cos[g.rows], sin[g.rows])
+                  for g in (single, prompt))
+        for i, layer in enumerate(self.w.layers):
+            if prompt is not None:  # first: a generated token may attend to this layer's prompt
+                xp = self._prompt_layer(xp, prompt, layer, kv.k[i], kv.v[i], *cp)
+            if single is not None:
+                xs = self.steps.decode_layer(
+                    xs, single.new_slots, kv.k[i], kv.v[i], single.padded, single.valid,
+                    layer.attn_norm, layer.wqkv, layer.bqkv, layer.wo, layer.ffn_norm,
+                    layer.w_gate_up, layer.w_down, self.rope, *cs, c, kv.k.dtype)
+        if prompt is None or single is None:
+            x = xs if prompt is None else xp
+        else:
+            x = x.new_empty(x.shape)
+            x[single.rows], x[prompt.rows] = xs, xp
         x = F.rms_norm(x[batch.logit_rows.to(dev)], (c.dim,), self.w.output_norm, c.norm_eps)
         return self.w.output(x).float().cpu()
+
+    def _prompt_layer(self, x: torch.Tensor, prompt: "_PromptRows", layer, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """One layer for prompt rows: each causal block attends to its sequence's slots."""
+        c, steps = self.config, self.steps
+        q, k, v = steps.attention_inputs(x, layer.attn_norm, layer.wqkv, layer.bqkv, self.rope,
+                                         cos, sin, c, k_cache.dtype)
+        k_cache.index_copy_(0, prompt.new_slots, k)
+        v_cache.index_copy_(0, prompt.new_slots, v)
+        attn = q.new_empty(x.shape[0], c.n_heads * c.head_dim)
+        for rows, slots, mask in prompt.blocks:
+            keys = k_cache.index_select(0, slots).to(q.dtype)
+            values = v_cache.index_select(0, slots).to(q.dtype)
+            attn[rows] = self._attention(q[rows], keys, values, mask)
+        return steps.rest_of_layer(x, attn, layer.wo, layer.ffn_norm, layer.w_gate_up,
+                                   layer.w_down, c)
 
 
 @dataclass
@@ -137,19 +152,39 @@ class Batch:
     logit_rows: torch.Tensor  # [R]
 
 
-class _AttentionPlan:
-    """Index tensors built once per forward pass and reused by every layer. Shapes never depend
-    on who shares the step, so a token computes the same bits alone, batched or verified:
-    generated tokens are single queries padded by context length to PAD_TO, prompt tokens
-    run one CAUSAL_BLOCK at a time."""
+@dataclass
+class _SingleRows:
+    """Generated tokens: single queries, each over its context slots padded to one length."""
 
-    PAD_TO = 64
+    rows: torch.Tensor  # their indices among the batch's rows
+    everything: bool  # they are every row, in order
+    new_slots: torch.Tensor  # [S]; the scratch slot where the K/V is already stored
+    padded: torch.Tensor  # [S, L] context slots
+    valid: torch.Tensor  # [S, L]
+
+
+@dataclass
+class _PromptRows:
+    """Prompt tokens: one CAUSAL_BLOCK of a sequence at a time, over its slots so far."""
+
+    rows: torch.Tensor
+    everything: bool
+    new_slots: torch.Tensor
+    blocks: list[tuple[slice, torch.Tensor, torch.Tensor]]  # (rows among these, slots, mask)
+
+
+class _AttentionPlan:
+    """The batch's rows split into generated and prompt tokens, with the index tensors every
+    layer reuses. Shapes never depend on who shares the step (attention's bits do not depend
+    on padding), so a token computes the same bits alone, batched or verified."""
+
+    PAD_TO = 64  # context lengths are padded to a multiple: fewer shapes
     ROW_WISE = 16
     CAUSAL_BLOCK = 16  # the block manager's block size: prompts are cut on its boundaries
 
-    def __init__(self, batch: Batch, dev: torch.device) -> None:
-        buckets: dict[int, list[tuple[int, torch.Tensor]]] = {}
-        self.multi = []  # (rows, context slots, causal mask) per longer sequence
+    def __init__(self, batch: Batch, scratch: int, dev: torch.device) -> None:
+        new_slots = torch.where(batch.new_slots >= 0, batch.new_slots, scratch)
+        single_rows, contexts, prompt_rows, blocks = [], [], [], []
         offset = 0
         for n, slots, row_wise_from in batch.seqs:
             start = int(batch.positions[offset])
@@ -157,41 +192,29 @@ class _AttentionPlan:
             p, end = start, start + n_causal
             while p < end:  # one causal block at a time: shapes fixed by position
                 block_end = min((p // self.CAUSAL_BLOCK + 1) * self.CAUSAL_BLOCK, end)
-                rows = slice(offset + p - start, offset + block_end - start)
-                mask = torch.arange(block_end)[None, :] <= batch.positions[rows, None]
-                self.multi.append((rows, slots[:block_end].to(dev), mask.to(dev)))
+                first = len(prompt_rows)
+                prompt_rows += range(offset + p - start, offset + block_end - start)
+                mask = torch.arange(block_end)[None, :] <= batch.positions[
+                    offset + p - start:offset + block_end - start, None]
+                blocks.append((slice(first, len(prompt_rows)), slots[:block_end].to(dev),
+                               mask.to(dev)))
                 p = block_end
             for row in range(offset + n_causal, offset + n):
-                length = int(batch.positions[row]) + 1
-                bucket = -(-length // self.PAD_TO) * self.PAD_TO
-                buckets.setdefault(bucket, []).append((row, slots[:length]))
+                single_rows.append(row)
+                contexts.append(slots[:int(batch.positions[row]) + 1])
             offset += n
-        self.singles = []  # (rows, padded context slots, valid) per padded length
-        for length, members in sorted(buckets.items()):
-            padded = torch.zeros(len(members), length, dtype=torch.long)
-            valid = torch.zeros(len(members), length, dtype=torch.bool)
-            for i, (_, slots) in enumerate(members):
+        self.single = self.prompt = None
+        if single_rows:
+            length = -(-max(len(s) for s in contexts) // self.PAD_TO) * self.PAD_TO
+            padded = torch.zeros(len(contexts), length, dtype=torch.long)
+            valid = torch.zeros(len(contexts), length, dtype=torch.bool)
+            for i, slots in enumerate(contexts):
                 padded[i, :slots.shape[0]] = slots
                 valid[i, :slots.shape[0]] = True
-            rows = torch.tensor([row for row, _ in members], device=dev)
-            self.singles.append((rows, padded.to(dev), valid.to(dev)))
-        self.n_tokens = offset
-        self.one_batch = not self.multi and len(self.singles) == 1  # rows already in order
-
-    def run(self, model: LlamaModel, q: torch.Tensor, k_cache: torch.Tensor,
-            v_cache: torch.Tensor) -> torch.Tensor:
-        if self.one_batch:  # every row a single query, already in order
-            _, padded, valid = self.singles[0]
-            return model.steps.decode_attention(q, k_cache, v_cache, padded, valid, model.config)
-        outs = []
-        for rows, padded, valid in self.singles:
-            outs.append((rows, model.steps.decode_attention(q[rows], k_cache, v_cache, padded,
-                                                            valid, model.config)))
-        out = q.new_empty(self.n_tokens, q.shape[1] * q.shape[2])
-        for rows, single_out in outs:
-            out[rows] = single_out
-        for rows, slots, mask in self.multi:
-            keys = k_cache.index_select(0, slots).to(q.dtype)
-            values = v_cache.index_select(0, slots).to(q.dtype)
-            out[rows] = model._attention(q[rows], keys, values, mask)
-        return out
+            rows = torch.tensor(single_rows)
+            self.single = _SingleRows(rows.to(dev), len(single_rows) == offset,
+                                      new_slots[rows].to(dev), padded.to(dev), valid.to(dev))
+        if prompt_rows:
+            rows = torch.tensor(prompt_rows)
+            self.prompt = _PromptRows(rows.to(dev), len(prompt_rows) == offset,
+                                      new_slots[rows].to(dev), blocks)
