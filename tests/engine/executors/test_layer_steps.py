@@ -12,11 +12,14 @@ from localchat.engine.executors.torch.weights import load_weights
 from localchat.models.specs import resolve_model_facts
 
 
-def _teacher_forced(model: LlamaModel, tokens: torch.Tensor, n_prompt: int) -> torch.Tensor:
+def _teacher_forced(model: LlamaModel, tokens: torch.Tensor, n_prompt: int,
+                    warm: bool = False) -> torch.Tensor:
     """Logits of every position: the prompt in one pass, then one token a step (the
-    decode path), [len(tokens), vocab]."""
+    decode path), [len(tokens), vocab]. warm: load as an executor does first."""
     c = model.config
     kv = KVStore(c, 256, dtype=torch.float16)
+    if warm:
+        model.warm_up(kv)
     slots = torch.arange(256)
     rows = [model.forward(tokens[:n_prompt], torch.arange(n_prompt), slots[:n_prompt],
                           slots[:n_prompt], kv, all_logits=True)]
@@ -41,6 +44,20 @@ def test_compiled_pieces_give_the_eager_tokens(engine):
     assert (eager - compiled).abs().max().item() < 1.5  # bfloat16 activations round alike
 
 
+def test_ahead_of_time_layers_give_the_eager_tokens(engine):
+    from localchat.cli.eval_agreement import varied_text_tokens
+
+    weights = load_weights(resolve_model_facts("default").path)
+    tokens = torch.tensor(varied_text_tokens(engine, 96)[:96])
+    eager = _teacher_forced(LlamaModel(weights, 256, compiled=False), tokens, 64)
+    model = LlamaModel(weights, 256, compiled=True)
+    ahead = _teacher_forced(model, tokens, 64, warm=True)
+    assert model.describe()["generated-token layers"] == "aotinductor"
+    agree = (eager.argmax(-1) == ahead.argmax(-1)).float().mean().item()
+    assert agree >= 0.95, agree
+    assert (eager - ahead).abs().max().item() < 1.5
+
+
 def test_eager_on_request_and_reported(monkeypatch):
     cpu = torch.device("cpu")
     monkeypatch.setenv("LOCALCHAT_EAGER", "1")
@@ -49,7 +66,7 @@ def test_eager_on_request_and_reported(monkeypatch):
     assert compiles_by_default(cpu)  # the image has g++
     assert not compiles_by_default(torch.device("mps"))
     weights = load_weights(resolve_model_facts("default").path)
-    assert LlamaModel(weights, 64, compiled=True).steps.describe() == {
-        "norms, RoPE, attention": "inductor"}
-    assert LlamaModel(weights, 64, compiled=False).steps.describe() == {
-        "norms, RoPE, attention": "eager"}
+    assert LlamaModel(weights, 64, compiled=True).describe() == {
+        "prompt layers": "inductor", "generated-token layers": "inductor"}  # no KV store yet
+    assert LlamaModel(weights, 64, compiled=False).describe() == {
+        "prompt layers": "eager", "generated-token layers": "eager"}

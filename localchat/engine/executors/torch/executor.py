@@ -86,7 +86,7 @@ class TorchExecutor(Executor):
         self.info = ModelInfo.from_facts(facts, n_ctx=n_ctx,
                                          kv_bytes_per_token=self.kv.bytes_per_token,
                                          weights_bytes=weights.nbytes(),
-                                         kernels={**chooser.chosen, **self.model.steps.describe()})
+                                         kernels={**chooser.chosen, **self.model.describe()})
 
     def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
         bs = BLOCK_SIZE

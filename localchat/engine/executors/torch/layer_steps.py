@@ -97,7 +97,7 @@ class LayerSteps:
 
     def describe(self) -> dict[str, str]:
         """For ModelInfo.kernels (what `localchat bench` prints)."""
-        return {"norms, RoPE, attention": "inductor" if self.compiled else "eager"}
+        return {"prompt layers": "inductor" if self.compiled else "eager"}
 
 
 def _compile(piece: Callable) -> Callable:

@@ -4,6 +4,7 @@ table's order, so no sequence needs contiguous memory."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +47,7 @@ class LlamaModel:
         self.device = weights.embedding.device
         self.rope.to(self.device)
         self.steps = LayerSteps(compiles_by_default(self.device) if compiled is None else compiled)
+        self.aot = None  # (the KV dtype it serves, its call per layer, weights per layer)
 
     def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    mask: torch.Tensor | None) -> torch.Tensor:
@@ -83,6 +85,8 @@ class LlamaModel:
         0-73, which nothing reads before writing them again."""
         if not self.steps.compiled or min(kv.scratch, self.rope.cos.shape[0]) < 74:
             return
+        if self.device.type == "cpu":
+            self._load_aot(kv)
         slots = torch.arange(74)
         for start, end, n_prompt in ((0, 17, 17), (17, 18, 0), (18, 20, 0), (20, 70, 70),
                                      (70, 71, 0), (71, 73, 0), (73, 74, 74)):
@@ -90,6 +94,32 @@ class LlamaModel:
             self.forward_batch(Batch(torch.zeros(n, dtype=torch.long), slots[start:end],
                                      slots[start:end], [(n, slots[:end], n_prompt)],
                                      torch.tensor([n - 1])), kv)
+
+    def _load_aot(self, kv: KVStore) -> None:
+        """Generated tokens' layers as AOTInductor artifacts for this KV store; if one cannot
+        be built here, they stay on the compiled pieces."""
+        from localchat.engine.executors.torch import aot_layer
+
+        try:
+            calls: dict[str, object] = {}
+            per_layer = []
+            for layer in self.w.layers:
+                key = aot_layer.signature(layer)
+                if key not in calls:
+                    calls[key] = aot_layer.load_decode_layer(layer, self.rope, self.config, kv)
+                per_layer.append(calls[key])
+        except Exception as exc:  # noqa: BLE001 -- any failure leaves the compiled pieces
+            print(f"localchat: ahead-of-time layers unavailable ({exc}); using compiled pieces",
+                  file=sys.stderr)
+            return
+        self.aot = (kv.k.dtype, per_layer,
+                    [aot_layer.layer_tensors(layer) for layer in self.w.layers])
+
+    def describe(self) -> dict[str, str]:
+        """For ModelInfo.kernels: how the layer pieces run."""
+        return {**self.steps.describe(),
+                "generated-token layers": "aotinductor" if self.aot else
+                ("inductor" if self.steps.compiled else "eager")}
 
     @torch.inference_mode()
     def forward_batch(self, batch: "Batch", kv: KVStore) -> torch.Tensor:
@@ -105,10 +135,14 @@ class LlamaModel:
         xs, xp = (None if g is None else (x if g.everything else x[g.rows]) for g in (single, prompt))
         cs, cp = ((cos, sin) if g is None or g.everything else (cos[g.rows], sin[g.rows])
                   for g in (single, prompt))
+        aot = self.aot if self.aot is not None and self.aot[0] == kv.k.dtype else None
         for i, layer in enumerate(self.w.layers):
             if prompt is not None:  # first: a generated token may attend to this layer's prompt
                 xp = self._prompt_layer(xp, prompt, layer, kv.k[i], kv.v[i], *cp)
-            if single is not None:
+            if single is not None and aot is not None:
+                xs = aot[1][i](xs, single.new_slots, kv.k[i], kv.v[i], single.padded,
+                               single.valid, *cs, aot[2][i])
+            elif single is not None:
                 xs = self.steps.decode_layer(
                     xs, single.new_slots, kv.k[i], kv.v[i], single.padded, single.valid,
                     layer.attn_norm, layer.wqkv, layer.bqkv, layer.wo, layer.ffn_norm,
