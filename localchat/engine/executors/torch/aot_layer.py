@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from localchat.engine.executors.torch import layer_steps
+from localchat.engine.executors.torch.kernels import device_name
 from localchat.paths import cache_dir
 
 LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
@@ -98,12 +99,17 @@ def load_decode_layer(layer, rope, config, kv) -> Callable:
                kv.k[0], kv.v[0], torch.zeros(rows, 128, dtype=torch.long),
                torch.ones(rows, 128, dtype=torch.bool), cos, sin, layer_tensors(layer))
     key = hashlib.blake2b("|".join([
-        torch.__version__, platform.machine(), _cpu_flags(), signature(layer), repr(config),
+        torch.__version__, platform.machine(), device_name(torch.device("cpu")),
+        signature(layer), repr(config),
         repr(rope.__dict__.get("neox")), str(kv.k.dtype), str(tuple(kv.k.shape[2:])),
         repr(tuple(t.shape for t in (cos, sin)))]).encode(), digest_size=12).hexdigest()
     path = cache_dir() / "aot" / f"decode-layer-{key}.pt2"
-    if not path.exists():
-        _build(module, example, path)
+    if path.exists():
+        try:
+            return torch._inductor.aoti_load_package(str(path))
+        except Exception:  # noqa: BLE001 -- damaged or foreign: build it again
+            path.unlink(missing_ok=True)
+    _build(module, example, path)
     return torch._inductor.aoti_load_package(str(path))
 
 
@@ -126,10 +132,3 @@ def _build(module: torch.nn.Module, example: tuple, path) -> None:
     finally:
         building.unlink(missing_ok=True)
 
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return ""

@@ -4,7 +4,7 @@ table's order, so no sequence needs contiguous memory."""
 
 from __future__ import annotations
 
-import sys
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -80,9 +80,10 @@ class LlamaModel:
         return logits if all_logits else logits[0]
 
     def warm_up(self, kv: KVStore) -> None:
-        """Compile now what replies would otherwise wait for: prompts of 17, 50 and 1 tokens;
-        one and two generated tokens at contexts of one and two PAD_TO buckets. Writes slots
-        0-73, which nothing reads before writing them again."""
+        """Compile now what replies would otherwise wait for: on a CPU the generated tokens'
+        layer artifact (aot_layer.py); prompts of 17, 50 and 1 tokens; one and two generated
+        tokens at contexts of one and two PAD_TO buckets. Writes slots 0-73, which nothing
+        reads before writing them again."""
         if not self.steps.compiled or min(kv.scratch, self.rope.cos.shape[0]) < 74:
             return
         if self.device.type == "cpu":
@@ -96,8 +97,8 @@ class LlamaModel:
                                      torch.tensor([n - 1])), kv)
 
     def _load_aot(self, kv: KVStore) -> None:
-        """Generated tokens' layers as AOTInductor artifacts for this KV store; if one cannot
-        be built here, they stay on the compiled pieces."""
+        """Generated tokens' layers as AOTInductor artifacts for KV stores like `kv`; if one
+        cannot be built here, they stay on torch.compile."""
         from localchat.engine.executors.torch import aot_layer
 
         try:
@@ -109,8 +110,8 @@ class LlamaModel:
                     calls[key] = aot_layer.load_decode_layer(layer, self.rope, self.config, kv)
                 per_layer.append(calls[key])
         except Exception as exc:  # noqa: BLE001 -- any failure leaves the compiled pieces
-            print(f"localchat: ahead-of-time layers unavailable ({exc}); using compiled pieces",
-                  file=sys.stderr)
+            logging.getLogger("localchat.engine").warning(
+                "generated tokens' layers not compiled ahead of time (%s); using torch.compile", exc)
             return
         self.aot = (kv.k.dtype, per_layer,
                     [aot_layer.layer_tensors(layer) for layer in self.w.layers])
