@@ -249,7 +249,8 @@ class KernelChooser:
 
 @lru_cache(maxsize=None)
 def device_name(device: torch.device) -> str:
-    """The processor or GPU a choice was measured on: model name plus a hash of its flags."""
+    """The processor or GPU a choice was measured on: model name, a hash of its flags, and
+    the instruction set PyTorch's kernels use on it (ATEN_CPU_CAPABILITY can lower it)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type != "cpu":
@@ -267,4 +268,4 @@ def device_name(device: torch.device) -> str:
     except OSError:
         pass
     digest = hashlib.blake2b(flags.encode(), digest_size=4).hexdigest() if flags else "?"
-    return f"{name} (flags {digest})"
+    return f"{name} (flags {digest}, {torch.backends.cpu.get_cpu_capability()})"
