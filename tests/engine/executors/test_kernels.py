@@ -138,5 +138,4 @@ def test_the_bundled_model_keeps_its_file_size_and_names_each_layers_kernel():
         "attn_qkv 960x576 Q4_1": "int4pack", "attn_output 576x576 Q4_1": "int4pack",
         "ffn_gate_up 3072x576 Q4_1": "int4pack", "ffn_down 576x1536 Q4_1": "int4pack",
         "output (tied) 49152x576 Q8_0": "int4pack-x2",
-        "prompt layers": "eager",  # LOCALCHAT_EAGER=1 in tests (conftest.py)
-        "generated-token layers": "eager"}
+        "generated-token layers": "eager"}  # LOCALCHAT_EAGER=1 in tests (conftest.py)

@@ -1,7 +1,7 @@
-"""A Llama layer's pieces as plain functions, run eagerly or compiled by Inductor (its graphs
-serve every layer): a generated token's whole layer in one call, a prompt's two calls around its
-causal attention. No row depends on another or on padding, so a token gets the same bits alone,
-batched or verified; compiled and eager forms may differ in the last bit, so a model uses one."""
+"""A Llama layer's pieces as plain functions: a generated token's whole layer in one call
+(compiled: ahead of time by aot_layer.py, else by torch.compile), a prompt's two calls around its
+causal attention (eager: compiling them gained nothing measurable). No row depends on another or
+on padding, so a token gets the same bits alone, batched or verified."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def decode_layer(x: torch.Tensor, new_slots: torch.Tensor, k_cache: torch.Tensor
 
 
 PIECES = (attention_inputs, decode_attention, rest_of_layer, decode_layer)
-COMPILED = (attention_inputs, rest_of_layer, decode_layer)  # 30 calls a step each
+COMPILED = (decode_layer,)  # 30 calls a step; torch.compile only where AOTInductor fails
 _compiled: dict[str, Callable] = {}
 
 
@@ -87,17 +87,21 @@ def compiles_by_default(device: torch.device) -> bool:
 
 
 class LayerSteps:
-    """The pieces a forward pass calls: the functions themselves, or their compiled forms
-    (compiled once per process; Inductor keeps its code in the cache dir's inductor/)."""
+    """The pieces a forward pass calls: the functions themselves, or compiled forms of those
+    in COMPILED (compiled on first call, once per process, so a model whose layers run ahead of
+    time never imports torch.compile; Inductor's code is kept in the cache dir's inductor/)."""
 
     def __init__(self, compiled: bool) -> None:
         self.compiled = compiled
         for piece in PIECES:
-            setattr(self, piece.__name__, _compile(piece) if compiled and piece in COMPILED else piece)
+            setattr(self, piece.__name__, _on_first_call(piece) if compiled and piece in COMPILED
+                    else piece)
 
-    def describe(self) -> dict[str, str]:
-        """For ModelInfo.kernels (what `localchat bench` prints)."""
-        return {"prompt layers": "inductor" if self.compiled else "eager"}
+
+def _on_first_call(piece: Callable) -> Callable:
+    def run(*args):
+        return _compile(piece)(*args)
+    return run
 
 
 def _compile(piece: Callable) -> Callable:

@@ -37,7 +37,7 @@ class KVStore:
 class LlamaModel:
     def __init__(self, weights: ModelWeights, max_positions: int,
                  compiled: bool | None = None) -> None:
-        """compiled: the layer pieces compiled by Inductor (None: where layer_steps says so)."""
+        """compiled: generated tokens' layers compiled (None: where layer_steps says so)."""
         self.w = weights
         self.config = weights.config
         c = self.config
@@ -81,9 +81,9 @@ class LlamaModel:
 
     def warm_up(self, kv: KVStore) -> None:
         """Compile now what replies would otherwise wait for: on a CPU the generated tokens'
-        layer artifact (aot_layer.py); prompts of 17, 50 and 1 tokens; one and two generated
-        tokens at contexts of one and two PAD_TO buckets. Writes slots 0-73, which nothing
-        reads before writing them again."""
+        layer artifact (aot_layer.py); where that fails, torch.compile's graphs for one and two
+        generated tokens at contexts of one and two PAD_TO buckets, after prompts of 17, 50
+        and 1 tokens. Writes slots 0-73, which nothing reads before writing them again."""
         if not self.steps.compiled or min(kv.scratch, self.rope.cos.shape[0]) < 74:
             return
         if self.device.type == "cpu":
@@ -118,8 +118,7 @@ class LlamaModel:
 
     def describe(self) -> dict[str, str]:
         """For ModelInfo.kernels: how the layer pieces run."""
-        return {**self.steps.describe(),
-                "generated-token layers": "aotinductor" if self.aot else
+        return {"generated-token layers": "aotinductor" if self.aot else
                 ("inductor" if self.steps.compiled else "eager")}
 
     @torch.inference_mode()
