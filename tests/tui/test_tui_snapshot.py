@@ -48,7 +48,7 @@ async def _chat_once(pilot):
     prompt = app.query_one(PromptInput)
     prompt.text = "What is the capital of France?"
     await pilot.press("enter")
-    for _ in range(200):
+    for _ in range(1500):  # up to 30 s: a loaded CI machine can take seconds
         await pilot.pause(0.02)
         if not app._generating and len(app.history) == 2:
             break
@@ -122,7 +122,7 @@ def test_parameters_panel_with_errors_80x24(snap_compare):
 async def _open_model_picker(pilot):
     await _chat_once(pilot)
     await pilot.press("f7")
-    for _ in range(200):  # the files are read in a worker
+    for _ in range(600):  # the files are read in a worker (up to 30 s on a loaded machine)
         await pilot.pause(0.05)
         if getattr(pilot.app.screen, "rows", None):
             break

@@ -71,3 +71,15 @@ def test_eager_on_request_and_reported(monkeypatch):
         "generated-token layers": "inductor"}  # no KV store yet
     assert LlamaModel(weights, 64, compiled=False).describe() == {
         "generated-token layers": "eager"}
+
+
+def test_a_damaged_artifact_is_refused_by_the_loader(tmp_path):
+    from localchat.engine.executors.torch import aot_layer
+
+    damaged = tmp_path / "decode-layer-x.pt2"
+    damaged.write_bytes(b"PK\x03\x04 not a package")
+    try:
+        aot_layer._load(damaged)
+    except Exception:  # noqa: BLE001 -- load_decode_layer rebuilds on any failure
+        return
+    raise AssertionError("a damaged artifact loaded")

@@ -29,15 +29,27 @@ FLOAT_SOURCES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloa
 
 @dataclass
 class SourceMatrix:
-    """A weight as the file has it: its dequantized reference and any exact integer form."""
+    """A weight as the file has it: its dequantized reference (or a function making it, called
+    only if a kernel needs it) and any exact integer form."""
 
-    dense: torch.Tensor  # float32 [N, K]
+    reference: torch.Tensor | Callable[[], torch.Tensor]  # float32 [N, K]
     kind: str  # "Q4_1", "Q8_0", "F16", "int8", ...: the file's type, part of the cache key
     file_bytes: int
     bits: float  # bits per weight in the file (a kernel below them would lose precision)
     int4: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None  # q, scale, zero, group
     int8: tuple[torch.Tensor, torch.Tensor] | None = None  # codes [N, K], per-row scales [N]
     q8_blocks: tuple[torch.Tensor, torch.Tensor] | None = None  # Q8_0: codes, scales [N, K/32]
+    shape: tuple[int, int] | None = None  # [N, K]; needed when `reference` is a function
+
+    def __post_init__(self) -> None:
+        if self.shape is None:
+            self.shape = tuple(self.dense.shape)
+
+    @property
+    def dense(self) -> torch.Tensor:
+        if callable(self.reference):
+            self.reference = self.reference()
+        return self.reference
 
 
 @dataclass(frozen=True)
@@ -96,7 +108,7 @@ BY_NAME = {k.name: k for k in KERNELS}
 
 def candidates(m: SourceMatrix) -> list[Kernel]:
     """Kernels that keep the file's precision within MEMORY_LIMIT x its bytes."""
-    n_weights = m.dense.numel()
+    n_weights = m.shape[0] * m.shape[1]
     return [k for k in KERNELS if k.usable(m)
             and k.bits_per_weight * n_weights / 8 <= MEMORY_LIMIT * m.file_bytes]
 
@@ -126,7 +138,7 @@ def row_invariant(layer: torch.nn.Module, m: SourceMatrix, device: torch.device)
 
 
 def _probe(m: SourceMatrix) -> torch.Tensor:
-    return torch.randn(16, m.dense.shape[1], generator=torch.Generator().manual_seed(0))
+    return torch.randn(16, m.shape[1], generator=torch.Generator().manual_seed(0))
 
 
 def _time_us(layer: torch.nn.Module, n_in: int, rows: int, device: torch.device) -> float:
@@ -150,32 +162,36 @@ def _sync(device: torch.device) -> None:
 
 
 class KernelChooser:
-    """Builds layers on the chosen kernel; measures a (shape, kind) once per process and
-    once per machine (kernels.json). `chosen` records what each layer label got."""
+    """Builds layers on the chosen kernel; measures a (shape, kind) once per machine
+    (kernels.json) and checks a remembered choice once per process against the reference.
+    `chosen` records what each layer label got."""
 
     def __init__(self, device: torch.device, cache_dir=None) -> None:
         self.device = device
         self.cache_path = None if cache_dir is None else cache_dir / CACHE_FILE
         self.chosen: dict[str, str] = {}  # "attn_qkv 960x576 Q4_1" -> "int4pack"
         self.measured: dict[str, dict] = {}  # cache key -> the record written to kernels.json
+        self.checked: set[str] = set()  # cache keys whose kernel passed its check this process
 
     def build(self, m: SourceMatrix, label: str) -> torch.nn.Module:
         """A layer for `m` on the kernel chosen for its shape and kind."""
         key = self._key(m)
         name = self._remembered(key)
         if name is not None and (BY_NAME.get(name) in candidates(m) or name == "f32"):
-            layer = self._try(BY_NAME[name], m)
+            layer = self._try(BY_NAME[name], m, verify=key not in self.checked)
             if layer is not None:
+                self.checked.add(key)
                 self._note(label, m, name)
                 return layer
         name, layer = self._measure(m, key)
+        self.checked.add(key)
         self._note(label, m, name)
         return layer
 
-    def _try(self, kernel: Kernel, m: SourceMatrix) -> torch.nn.Module | None:
+    def _try(self, kernel: Kernel, m: SourceMatrix, verify: bool = True) -> torch.nn.Module | None:
         try:
             layer = kernel.build(m, self.device)
-            return layer if check(layer, m, kernel, self.device) is None else None
+            return layer if not verify or check(layer, m, kernel, self.device) is None else None
         except (RuntimeError, NotImplementedError, EngineError):
             return None  # a kernel this PyTorch build or device lacks
 
@@ -191,12 +207,12 @@ class KernelChooser:
             if layer is None:
                 timings[kernel.name] = "failed its check"
                 continue
-            one_row = _time_us(layer, m.dense.shape[1], 1, self.device)
+            one_row = _time_us(layer, m.shape[1], 1, self.device)
             if one_row > 3 * fastest_row:  # not worth timing the larger shapes
                 timings[kernel.name] = f"{one_row:.1f} at 1 row"
                 continue
             fastest_row = min(fastest_row, one_row)
-            us = one_row + sum(_time_us(layer, m.dense.shape[1], rows, self.device)
+            us = one_row + sum(_time_us(layer, m.shape[1], rows, self.device)
                                for rows in TIMED_ROWS[1:])
             exact = row_invariant(layer, m, self.device)
             timings[kernel.name] = round(us, 1) if exact else f"{us:.1f} (rows differ batched)"
@@ -207,17 +223,17 @@ class KernelChooser:
             name, layer = "f32", self._try(BY_NAME["f32"], m)
             if layer is None:
                 raise EngineError(f"no kernel here reproduces a {m.kind} matrix of shape "
-                                  f"{list(m.dense.shape)}; use --engine llama.cpp")
+                                  f"{list(m.shape)}; use --engine llama.cpp")
         self.measured[key] = {"kernel": name, "us_at_1_plus_16_rows": timings}
         self._save(key)
         return name, layer
 
     def _note(self, label: str, m: SourceMatrix, name: str) -> None:
-        n, k = m.dense.shape
+        n, k = m.shape
         self.chosen[f"{label} {n}x{k} {m.kind}"] = name
 
     def _key(self, m: SourceMatrix) -> str:
-        n, k = m.dense.shape
+        n, k = m.shape
         return (f"{device_name(self.device)} | torch {torch.__version__} | "
                 f"{torch.get_num_threads()} threads | {m.kind} {n}x{k}")
 

@@ -3,6 +3,7 @@ chose for it; the token embedding keeps the file's rows and dequantizes those lo
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,11 +206,13 @@ def load_weights(path: Path, device: torch.device = torch.device("cpu"),
                 q4_parts(gguf_file.tensor_data(t.name), t.ggml_type, t.shape[1], t.shape[0])
                 for t in infos)))
             int4 = (torch.from_numpy(q), torch.from_numpy(scale), torch.from_numpy(zero), 32)
-            reference = dequantized_q4(q, scale, zero)
+            reference = functools.partial(dequantized_q4, q, scale, zero)
         else:
-            int4, reference = None, torch.cat([dequantized(n) for n in names])
-        return SourceMatrix(reference, kind, file_bytes, 8 * file_bytes / reference.numel(),
-                            int4=int4, q8_blocks=q8_blocks)
+            int4 = None
+            reference = lambda: torch.cat([dequantized(n) for n in names])  # noqa: E731
+        shape = (sum(int(t.shape[1]) for t in infos), int(infos[0].shape[0]))
+        return SourceMatrix(reference, kind, file_bytes, 8 * file_bytes / (shape[0] * shape[1]),
+                            int4=int4, q8_blocks=q8_blocks, shape=shape)
 
     def linear(label: str, *names: str) -> torch.nn.Module:
         return chooser.build(source(names), label)
