@@ -3,6 +3,8 @@ a layout fixture only -- behaviour is tested on the real model in test_tui.py.""
 
 from __future__ import annotations
 
+from textual.widgets import DataTable
+
 from localchat.engine.base import Delta, Engine, ModelInfo, Result, Stats
 from localchat.settings import ChatSettings
 from localchat.tui.app import ChatApp
@@ -125,6 +127,11 @@ async def _open_model_picker(pilot):
     for _ in range(600):  # the files are read in a worker (up to 30 s on a loaded machine)
         await pilot.pause(0.05)
         if getattr(pilot.app.screen, "rows", None):
+            break
+    table = pilot.app.screen.query_one(DataTable)
+    for _ in range(600):  # column widths follow the rows only when the table is next idle
+        await pilot.pause(0.05)
+        if not table._require_update_dimensions:
             break
     await pilot.pause(0.1)
 
