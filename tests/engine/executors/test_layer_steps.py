@@ -5,29 +5,12 @@ choice between them (LOCALCHAT_EAGER, the kernels report)."""
 from __future__ import annotations
 
 import torch
+from helpers.teacher_forced import teacher_forced
 
 from localchat.engine.executors.torch.layer_steps import compiles_by_default
-from localchat.engine.executors.torch.model import Batch, KVStore, LlamaModel
+from localchat.engine.executors.torch.model import LlamaModel
 from localchat.engine.executors.torch.weights import load_weights
 from localchat.models.specs import resolve_model_facts
-
-
-def _teacher_forced(model: LlamaModel, tokens: torch.Tensor, n_prompt: int,
-                    warm: bool = False) -> torch.Tensor:
-    """Logits of every position: the prompt in one pass, then one token a step (the
-    decode path), [len(tokens), vocab]. warm: load as an executor does first."""
-    c = model.config
-    kv = KVStore(c, 256, dtype=torch.float16)
-    if warm:
-        model.warm_up(kv)
-    slots = torch.arange(256)
-    rows = [model.forward(tokens[:n_prompt], torch.arange(n_prompt), slots[:n_prompt],
-                          slots[:n_prompt], kv, all_logits=True)]
-    for p in range(n_prompt, tokens.shape[0]):
-        batch = Batch(tokens[p:p + 1], torch.tensor([p]), torch.tensor([p]),
-                      [(1, slots[:p + 1], p)], torch.tensor([0]))
-        rows.append(model.forward_batch(batch, kv))
-    return torch.cat(rows)
 
 
 def test_compiled_layers_give_the_eager_tokens(engine):
@@ -35,8 +18,8 @@ def test_compiled_layers_give_the_eager_tokens(engine):
 
     weights = load_weights(resolve_model_facts("default").path)
     tokens = torch.tensor(varied_text_tokens(engine, 96)[:96])
-    eager = _teacher_forced(LlamaModel(weights, 256, compiled=False), tokens, 64)
-    compiled = _teacher_forced(LlamaModel(weights, 256, compiled=True), tokens, 64)
+    eager = teacher_forced(LlamaModel(weights, 256, compiled=False), tokens, 64)
+    compiled = teacher_forced(LlamaModel(weights, 256, compiled=True), tokens, 64)
     assert torch.equal(eager[:64], compiled[:64])  # prompt layers run eagerly in both
     agree = (eager.argmax(-1) == compiled.argmax(-1)).float().mean().item()
     # two bfloat16 roundings of one float32 computation: a last-bit difference in a norm can
@@ -50,9 +33,9 @@ def test_ahead_of_time_layers_give_the_eager_tokens(engine):
 
     weights = load_weights(resolve_model_facts("default").path)
     tokens = torch.tensor(varied_text_tokens(engine, 96)[:96])
-    eager = _teacher_forced(LlamaModel(weights, 256, compiled=False), tokens, 64)
+    eager = teacher_forced(LlamaModel(weights, 256, compiled=False), tokens, 64)
     model = LlamaModel(weights, 256, compiled=True)
-    ahead = _teacher_forced(model, tokens, 64, warm=True)
+    ahead = teacher_forced(model, tokens, 64, warm=True)
     assert model.describe()["generated-token layers"] == "aotinductor"
     agree = (eager.argmax(-1) == ahead.argmax(-1)).float().mean().item()
     assert agree >= 0.95, agree

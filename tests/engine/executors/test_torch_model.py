@@ -49,9 +49,10 @@ def test_prefill_then_decode_equals_one_prefill(model, varied_tokens):
     for p in range(20, 24):
         step = model.forward(tokens[p:p + 1], torch.tensor([p]), torch.tensor([p]),
                              torch.arange(p + 1), kv2)
-        # bfloat16 activations: one-token and batched passes round differently
+        # one-token and prompt passes round activations differently (bfloat16, or int8 per
+        # 32 values where q4q8 is chosen: AVX2 CPUs)
         assert step.argmax() == full[p].argmax()
-        assert (step - full[p]).abs().max() < 0.5
+        assert (step - full[p]).abs().max() < 1.0
 
 
 def test_unsupported_architecture_points_to_llama_cpp():

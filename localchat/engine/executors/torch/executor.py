@@ -21,7 +21,7 @@ from localchat.engine.executors.torch.weights import load_weights
 from localchat.engine.runtime.block_manager import BLOCK_SIZE, KVLayout
 from localchat.errors import UsageError
 from localchat.models.facts import GGUFFacts
-from localchat.paths import data_dir
+from localchat.paths import cache_dir
 from localchat.units import available_memory, human_bytes, refuse_beyond_available
 
 KV_DTYPE = torch.float16  # as llama.cpp's default cache: 2 bytes per value
@@ -71,7 +71,7 @@ class TorchExecutor(Executor):
         torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
         # a Hugging Face directory is built on the CPU and moved (its kernels are the CPU's)
         build_on = torch.device("cpu") if facts.path.is_dir() else self.device
-        chooser = KernelChooser(build_on, cache_dir=data_dir())
+        chooser = KernelChooser(build_on, cache_dir=cache_dir())  # per machine, as AOT code
         weights, self.vocab = open_model(facts, self.device, chooser)
         self.config = weights.config
         self.model = LlamaModel(weights, max_positions=n_ctx + 64, compiled=compiled)  # + drafts

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from localchat.atomic import atomic_write_text
+from localchat.engine.executors.torch.q4q8 import Q4Q8Linear, Q8Q8Linear
 from localchat.engine.executors.torch.qlinear import (DenseLinear, HalfLinear, Int4Linear,
                                                      Int4PairLinear, Int8Linear)
 from localchat.errors import EngineError
@@ -93,6 +94,10 @@ KERNELS = (
            lambda m, dev: Int4Linear(*m.int4[:3], dev, group=m.int4[3])),
     Kernel("int4pack-x2", 10.0, lambda m: m.q8_blocks is not None,
            lambda m, dev: Int4PairLinear(*m.q8_blocks, dev)),
+    Kernel("q4q8", 6.0, lambda m: m.int4 is not None and m.int4[3] == 32,
+           lambda m, dev: Q4Q8Linear(*m.int4[:3], dev, group=m.int4[3])),
+    Kernel("q8q8", 9.0, lambda m: m.q8_blocks is not None,
+           lambda m, dev: Q8Q8Linear(*m.q8_blocks, dev)),
     Kernel("int8pack-bf16", 8.0, _int8_usable,
            lambda m, dev: Int8Linear(*_int8_parts(m), torch.bfloat16, dev),
            exact=lambda m: m.int8 is not None),
@@ -104,6 +109,8 @@ KERNELS = (
     Kernel("f32", 32.0, _keeps_float_precision(torch.float32), _dense(torch.float32)),
 )
 BY_NAME = {k.name: k for k in KERNELS}
+# in the cache key: a choice made among other candidates is measured again
+KERNEL_SET = hashlib.blake2b(",".join(BY_NAME).encode(), digest_size=3).hexdigest()
 
 
 def candidates(m: SourceMatrix) -> list[Kernel]:
@@ -235,7 +242,7 @@ class KernelChooser:
     def _key(self, m: SourceMatrix) -> str:
         n, k = m.shape
         return (f"{device_name(self.device)} | torch {torch.__version__} | "
-                f"{torch.get_num_threads()} threads | {m.kind} {n}x{k}")
+                f"{torch.get_num_threads()} threads | {m.kind} {n}x{k} | kernels {KERNEL_SET}")
 
     def _remembered(self, key: str) -> str | None:
         if key in self.measured:

@@ -115,16 +115,17 @@ class ModelWeights:
     rope_freqs: torch.Tensor | None = None  # Llama 3.1's per-frequency RoPE divisors
 
     def to(self, device: torch.device) -> "ModelWeights":
-        """Move float and NF4 layers (an HF directory loads on the CPU first); int4 layers
-        are packed for their device at load and cannot move."""
+        """Move float and NF4 layers (an HF directory loads on the CPU first); int4 and
+        q4q8 layers are packed for their device at load and cannot move."""
         from localchat.engine.executors.torch.device import move_module
+        from localchat.engine.executors.torch.q4q8 import Q4Q8Linear, Q8Q8Linear
         from localchat.engine.executors.torch.qlinear import Int4Linear
 
         if device == self.embedding.device:
             return self
 
         def move(value):
-            if isinstance(value, Int4Linear):
+            if isinstance(value, (Int4Linear, Q4Q8Linear, Q8Q8Linear)):
                 raise EngineError("int4 layers are packed for one device; load on the target device")
             if isinstance(value, torch.nn.Module):
                 return move_module(value, device)
