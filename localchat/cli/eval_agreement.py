@@ -47,6 +47,7 @@ class Comparison:
     positions: int
     top1_agreement: float
     max_logit_diff: float
+    mean_logit_diff: float
 
 
 @dataclass
@@ -70,9 +71,10 @@ class AgreementReport:
     def table(self) -> str:
         lines = [f"Agreement on {self.model}: teacher-forced over {self.positions} positions "
                  f"of Python's docs; greedy {GREEDY_TOKENS} tokens from {len(GREEDY_PROMPTS)} prompts",
-                 "", f"  {'compared':44s} {'top-1':>7s} {'max |Δlogit|':>13s}"]
+                 "", f"  {'compared':44s} {'top-1':>7s} {'max |Δlogit|':>13s} {'mean':>7s}"]
         for c in self.comparisons:
-            lines.append(f"  {c.a + ' vs ' + c.b:44s} {c.top1_agreement:7.2%} {c.max_logit_diff:13.3f}")
+            lines.append(f"  {c.a + ' vs ' + c.b:44s} {c.top1_agreement:7.2%} "
+                         f"{c.max_logit_diff:13.3f} {c.mean_logit_diff:7.4f}")
         lines.append("")
         for g in self.greedy:
             lines.append(f"  greedy, {g.weights} weights: {g.identical}/{g.prompts} identical"
@@ -84,7 +86,8 @@ class AgreementReport:
 def _compare(a: str, b: str, la: torch.Tensor, lb: torch.Tensor) -> Comparison:
     return Comparison(a, b, positions=la.shape[0],
                       top1_agreement=(la.argmax(-1) == lb.argmax(-1)).float().mean().item(),
-                      max_logit_diff=(la - lb).abs().max().item())
+                      max_logit_diff=(la - lb).abs().max().item(),
+                      mean_logit_diff=(la - lb).abs().mean().item())
 
 
 def _llama_cpp_logits(facts: GGUFFacts, tokens: list[int], threads: int) -> torch.Tensor:

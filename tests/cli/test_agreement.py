@@ -30,15 +30,18 @@ def test_same_weights_same_function(report):
 
 
 def test_quantized_file_agrees_as_well_as_llama_cpp_agrees_with_itself(report):
-    """On the Q4_1 file llama.cpp rounds activations to 8-bit blocks and we to bfloat16;
-    measured: torch vs llama.cpp 97.5%, llama.cpp vs its own float32 run 97.2%, torch vs
-    its float32 run 99.0%. A broken kernel or layout scores near 0."""
+    """On the Q4_1 file both round activations to 8 bits per block (llama.cpp's Q8_1; the
+    torch executor the same where it runs q4q8, bfloat16 on int4pack). Rounding makes any two
+    implementations differ at near-ties: measured on 1100 positions, torch vs llama.cpp
+    96.8-97.7%, llama.cpp vs its own float32 run 97.2%. A broken kernel or layout scores
+    near 0."""
     ours = report[("torch Q4_1", "llama.cpp Q4_1")]
     theirs = report[("llama.cpp Q4_1", "llama.cpp F32")]
     assert ours["positions"] >= 500
     assert ours["top1_agreement"] >= 0.96 and ours["max_logit_diff"] < 4.0
     assert ours["top1_agreement"] >= theirs["top1_agreement"] - 0.01
-    assert report[("torch Q4_1", "torch F32")]["top1_agreement"] >= 0.98
+    assert ours["mean_logit_diff"] < 0.5
+    assert report[("torch Q4_1", "torch F32")]["top1_agreement"] >= theirs["top1_agreement"] - 0.02
 
 
 def test_eval_agreement_does_not_combine_with_table():

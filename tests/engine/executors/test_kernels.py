@@ -12,12 +12,13 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from localchat.engine.executors.torch import kernels, q4q8, qlinear
+from localchat.engine.executors.torch import gguf_blocks, kernels, q4q8, qlinear
 from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix, candidates
 
 ROWS, COLS = 96, 256
-BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q4_K: 144, Q.Q8_0: 34}
-WEIGHTS_PER_BLOCK = {Q.Q4_0: 32, Q.Q4_1: 32, Q.Q4_K: 256, Q.Q8_0: 32}
+BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q4_K: 144, Q.Q5_0: 22, Q.Q8_0: 34, Q.Q6_K: 210}
+WEIGHTS_PER_BLOCK = {Q.Q4_0: 32, Q.Q4_1: 32, Q.Q4_K: 256, Q.Q5_0: 32, Q.Q8_0: 32, Q.Q6_K: 256}
+SCALES_AT = {Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q6_K: (208,)}  # f16 d (and m, dmin)
 
 
 def _random_blocks(ggml_type: int, seed: int = 0) -> np.ndarray:
@@ -25,32 +26,56 @@ def _random_blocks(ggml_type: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     n_blocks = ROWS * COLS // WEIGHTS_PER_BLOCK[ggml_type]
     blocks = rng.integers(0, 256, (n_blocks, BLOCK_BYTES[ggml_type]), dtype=np.uint8)
-    n_scales = {Q.Q4_0: 1, Q.Q8_0: 1}.get(ggml_type, 2)  # d (and m or dmin) lead each block
-    scales = (rng.random((n_blocks, n_scales)) * 0.02 + 0.001).astype(np.float16)
-    blocks[:, :2 * n_scales] = scales.view(np.uint8)
+    for at in SCALES_AT.get(ggml_type, (0, 2)):
+        scales = (rng.random((n_blocks, 1)) * 0.02 + 0.001).astype(np.float16)
+        blocks[:, at:at + 2] = scales.view(np.uint8)
     return blocks.reshape(ROWS, -1)
 
 
-def _source(ggml_type: int, seed: int = 0) -> SourceMatrix:
-    raw = _random_blocks(ggml_type, seed)
-    dense = torch.from_numpy(dequantize(raw, ggml_type).astype(np.float32))
-    int4 = q8 = None
-    if ggml_type == Q.Q8_0:
-        q8 = qlinear.q8_parts(raw, ROWS, COLS)
-    else:
-        q, scale, zero = qlinear.q4_parts(raw, ggml_type, ROWS, COLS)
-        int4 = (torch.from_numpy(q), torch.from_numpy(scale), torch.from_numpy(zero), 32)
-    return SourceMatrix(dense, Q(ggml_type).name, raw.nbytes, 8 * raw.nbytes / dense.numel(),
-                        int4=int4, q8_blocks=q8)
+def _forms(*ggml_types: int) -> dict:
+    return gguf_blocks.kernel_forms([(t, _random_blocks(t), ROWS, COLS) for t in ggml_types])
 
 
-@pytest.mark.parametrize("ggml_type", [Q.Q4_0, Q.Q4_1, Q.Q4_K])
-def test_4_bit_blocks_map_exactly_onto_the_int4_kernels_formula(ggml_type):
+def _source(*ggml_types: int, seed: int = 0) -> SourceMatrix:
+    """Matrices of these types stacked by rows, in the forms weights.py gives the chooser."""
+    raws = [_random_blocks(t, seed + i) for i, t in enumerate(ggml_types)]
+    dense = torch.cat([torch.from_numpy(dequantize(r, t).astype(np.float32))
+                       for r, t in zip(raws, ggml_types)])
+    forms = gguf_blocks.kernel_forms([(t, r, ROWS, COLS) for t, r in zip(ggml_types, raws)])
+    n_bytes = sum(r.nbytes for r in raws)
+    kind = Q(ggml_types[0]).name if len(set(ggml_types)) == 1 else "mixed"
+    return SourceMatrix(dense, kind, n_bytes, 8 * n_bytes / dense.numel(), **forms)
+
+
+@pytest.mark.parametrize("ggml_type", [Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q8_0, Q.Q6_K])
+def test_gguf_blocks_unpack_exactly(ggml_type):
     raw = _random_blocks(ggml_type)
-    q, scale, zero = qlinear.q4_parts(raw, ggml_type, ROWS, COLS)
-    assert q.min() >= 0 and q.max() <= 15
-    ours = qlinear.dequantized_q4(q, scale, zero).numpy()
-    np.testing.assert_allclose(ours, dequantize(raw, ggml_type), rtol=1e-5, atol=1e-6)
+    expected = dequantize(raw, ggml_type)
+    forms = gguf_blocks.kernel_forms([(ggml_type, raw, ROWS, COLS)])
+    if "int4" in forms:
+        q, scale, minimum = forms["q4_blocks"]
+        assert q.min() >= 0 and q.max() <= 15
+        np.testing.assert_array_equal(gguf_blocks.dequantized_q4(*forms["int4"][:3]).numpy(),
+                                      expected)
+        ours = (q.reshape(ROWS, -1, 32) * scale[..., None] + minimum[..., None]).reshape(ROWS, COLS)
+    elif "q6_blocks" in forms:
+        codes, sc, d = (t.double() for t in forms["q6_blocks"])
+        ours = (codes.reshape(ROWS, -1, 16) * (sc * d.repeat_interleave(16, 1))[..., None])
+    else:
+        codes, d = forms["q8_blocks"]
+        ours = codes.double().reshape(ROWS, -1, 32) * d.double()[..., None]
+        if ggml_type == Q.Q5_0:
+            q5, d5 = forms["q5_blocks"]
+            assert torch.equal(q5 - 16, codes.int()) and torch.equal(d5, d)
+    np.testing.assert_array_equal(ours.reshape(ROWS, COLS).float().numpy(), expected)
+
+
+def test_each_type_rounds_activations_as_llama_cpp_does():
+    rounding = gguf_blocks.activation_rounding
+    assert rounding({Q.Q4_1}) == "q8_1" and rounding({Q.Q4_0, Q.Q4_1}) == "q8_1"
+    assert rounding({Q.Q5_0, Q.Q8_0}) == "q8_0"
+    assert rounding({Q.Q4_K}) == rounding({Q.Q6_K}) == "q8_k"
+    assert rounding({Q.Q4_K, Q.Q5_0}) is None and rounding({Q.F16}) is None
 
 
 NEEDS_Q4Q8 = pytest.mark.skipif(not q4q8.available(), reason="no AVX2 CPU or C++ compiler")
@@ -59,7 +84,8 @@ NEEDS_Q4Q8 = pytest.mark.skipif(not q4q8.available(), reason="no AVX2 CPU or C++
 @pytest.mark.parametrize("ggml_type,kernel", [
     (Q.Q4_0, "int4pack"), (Q.Q4_1, "int4pack"), (Q.Q4_K, "int4pack"), (Q.Q8_0, "int4pack-x2"),
     *(pytest.param(t, k, marks=NEEDS_Q4Q8) for t, k in [
-        (Q.Q4_0, "q4q8"), (Q.Q4_1, "q4q8"), (Q.Q4_K, "q4q8"), (Q.Q8_0, "q8q8")])])
+        (Q.Q4_0, "q4q8"), (Q.Q4_1, "q4q8"), (Q.Q4_K, "q4q8"), (Q.Q8_0, "q8q8"), (Q.Q5_0, "q5q8"),
+        (Q.Q5_0, "q8q8"), (Q.Q6_K, "q6q8")])])
 def test_exact_kernels_reproduce_the_dequantized_matrix(ggml_type, kernel):
     m = _source(ggml_type)
     layer = kernels.BY_NAME[kernel].build(m, torch.device("cpu"))
@@ -69,16 +95,18 @@ def test_exact_kernels_reproduce_the_dequantized_matrix(ggml_type, kernel):
 
 def test_candidates_keep_the_files_precision_within_the_memory_limit():
     def names(kind: str, bits: float, **parts) -> set[str]:
-        dense = torch.zeros(ROWS, COLS)
+        dense = torch.zeros(ROWS * (2 if kind == "mixed" else 1), COLS)
         return {k.name for k in candidates(
             SourceMatrix(dense, kind, int(dense.numel() * bits / 8), bits, **parts))}
 
-    q4 = _source(Q.Q4_1)
-    assert names("Q4_1", 5.0, int4=q4.int4) == {"int4pack", "q4q8"}  # int8 would be 1.6x
-    q8 = _source(Q.Q8_0)
-    assert names("Q8_0", 8.5, q8_blocks=q8.q8_blocks) == {"int4pack-x2", "q8q8", "int8pack-bf16",
-                                                          "int8pack-f32"}
-    assert names("Q5_0", 5.5) == {"int8pack-bf16", "int8pack-f32"}  # requantized, lossy
+    assert names("Q4_1", 5.0, **_forms(Q.Q4_1)) == {"int4pack", "q4q8"}  # int8 would be 1.6x
+    assert names("Q8_0", 8.5, **_forms(Q.Q8_0)) == {"int4pack-x2", "q8q8", "int8pack-bf16",
+                                                   "int8pack-f32"}
+    # Q5_0 as int8 codes would be 9 bits a weight, 1.64x; int8pack requantizes (lossy)
+    assert names("Q5_0", 5.5, **_forms(Q.Q5_0)) == {"q5q8", "int8pack-bf16", "int8pack-f32"}
+    assert names("Q6_K", 6.5625, **_forms(Q.Q6_K)) == {"q6q8", "int8pack-bf16", "int8pack-f32"}
+    assert names("mixed", 6.3, **_forms(Q.Q5_0, Q.Q8_0)) == {"q8q8", "int8pack-bf16",
+                                                            "int8pack-f32"}
     assert names("F16", 16) == {"f16"}  # never below the file's own precision
     assert names("F32", 32) == {"f32"}
 
@@ -115,6 +143,16 @@ def test_the_choice_is_measured_once_and_remembered_per_machine(tmp_path, monkey
     _fake_timings(monkeypatch, SLOWER_Q8Q8)
     KernelChooser(torch.device("cpu"), cache_dir=tmp_path).build(m, "ffn")  # measured, rewritten
     assert json.loads((tmp_path / "kernels.json").read_text())[key]["kernel"] == "int4pack-x2"
+
+
+@NEEDS_Q4Q8
+@pytest.mark.parametrize("int4pack_us,chosen", [(100.0, "q4q8"), (85.0, "q4q8"), (75.0, "int4pack")])
+def test_llama_cpps_rounding_wins_unless_another_kernel_is_25_percent_faster(
+        monkeypatch, int4pack_us, chosen):
+    _fake_timings(monkeypatch, {qlinear.Int4Linear: int4pack_us, q4q8.Q4Q8Linear: 100.0})
+    chooser = KernelChooser(torch.device("cpu"))
+    chooser.build(_source(Q.Q4_1), "ffn")
+    assert chooser.chosen == {f"ffn {ROWS}x{COLS} Q4_1": chosen}
 
 
 def test_a_kernel_that_is_missing_or_wrong_is_not_used(monkeypatch):

@@ -14,64 +14,110 @@ from localchat.engine.executors.torch import kernels, q4q8
 pytestmark = pytest.mark.skipif(not q4q8.available(), reason="no AVX2 CPU or C++ compiler")
 
 
-def _q8_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """llama.cpp's Q8 rounding of activations: per 32 values, d = max|x| / 127, q = round(x / d)."""
-    groups = x.reshape(x.shape[0], -1, 32).astype(np.float32)
-    d = np.abs(groups).max(axis=-1) / np.float32(127)
-    q = np.rint(groups * np.where(d > 0, 1 / d, 0)[..., None].astype(np.float32))
-    return q, d
+def _rounded_activations(x: np.ndarray, act: str):
+    """llama.cpp's rounding of activations, transcribed: quantize_row_q8_0/_q8_1 (per 32,
+    d = max|x| / 127 kept as fp16, codes round(x · 127 / max|x|); Q8_1 adds fp16(d · Σ codes))
+    and quantize_row_q8_K_ref (per 256, iscale = −127 / the signed max, d = 1 / iscale).
+    Per 32 values: codes, scale, scale · Σ codes."""
+    f32 = np.float32
+    if act == "q8_k":
+        blocks = x.reshape(x.shape[0], -1, 256).astype(f32)
+        at = np.abs(blocks).argmax(-1)[..., None]
+        signed_max = np.take_along_axis(blocks, at, -1)
+        iscale = (f32(-127) / signed_max).astype(f32)
+        q = np.minimum(127, np.rint((iscale * blocks).astype(f32)))
+        d = np.repeat((f32(1) / iscale)[..., 0], 8, axis=-1)
+        q = q.reshape(x.shape[0], -1, 32)
+        return q, d, d * q.sum(-1)
+    groups = x.reshape(x.shape[0], -1, 32).astype(f32)
+    amax = np.abs(groups).max(-1)
+    q = np.rint((groups * (f32(127) / amax)[..., None]).astype(f32))
+    d = (amax / f32(127)).astype(f32)
+    dx = d.astype(np.float16).astype(f32)
+    sx = (d * q.sum(-1)).astype(np.float16).astype(f32) if act == "q8_1" else dx * q.sum(-1)
+    return q, dx, sx
 
 
-def test_q4_blocks_times_int8_activations_are_the_exact_integer_sums():
+def _expected(x, act, codes, scale16, minimum=None):
+    """Σ over 16-weight halves of (integer dot) · weight scale · activation scale, plus the
+    offset term: the sum llama.cpp's dot products compute, up to float summation order."""
+    q, dx, sx = _rounded_activations(x, act)
+    n, k = codes.shape
+    dots = np.einsum("rhi,nhi->rnh", q.reshape(q.shape[0], -1, 16).astype(np.float64),
+                     codes.reshape(n, -1, 16).astype(np.float64))  # integers, exactly
+    y = np.einsum("rnh,nh,rh->rn", dots, scale16, np.repeat(dx, 2, axis=-1))
+    return y if minimum is None else y + np.einsum("ng,rg->rn", minimum, sx)
+
+
+ISAS = pytest.mark.parametrize("isa", ["avx2", "native"])  # native: AVX-512 VNNI where present
+
+
+@ISAS
+@pytest.mark.parametrize("act", ["q8_0", "q8_1", "q8_k"])
+def test_4_bit_blocks_times_rounded_activations_are_llama_cpps_sums(act, isa, monkeypatch):
+    monkeypatch.setenv("LOCALCHAT_Q4Q8_ISA", isa)
     rng = np.random.default_rng(0)
-    n, k, rows = 40, 256, 5
+    n, k, rows = 40, 512, 5
     q = rng.integers(0, 16, (n, k))
     scale = rng.random((n, k // 32)).astype(np.float32) * 0.02
-    zero = (rng.random((n, k // 32)).astype(np.float32) - 0.5) * 0.1
+    minimum = (rng.random((n, k // 32)).astype(np.float32) - 0.5) * 0.1
     x = rng.standard_normal((rows, k)).astype(np.float32)
-    layer = q4q8.Q4Q8Linear(torch.from_numpy(q), torch.from_numpy(scale), torch.from_numpy(zero))
+    layer = q4q8.Q4Q8Linear(*(torch.from_numpy(t) for t in (q, scale, minimum)), act)
     ours = layer(torch.from_numpy(x)).double().numpy()
-
-    xq, dx = _q8_activations(x)
-    dots = np.einsum("rgi,ngi->rng", xq, q.reshape(n, -1, 32))  # integers, exactly
-    minimum = zero - 8 * scale
-    expected = (np.einsum("rng,ng,rg->rn", dots, scale, dx)
-                + np.einsum("ng,rg->rn", minimum, dx * xq.sum(-1)))
+    expected = _expected(x, act, q, np.repeat(scale, 2, axis=-1), minimum)
     np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_q8_blocks_times_int8_activations_are_the_exact_integer_sums():
+@ISAS
+@pytest.mark.parametrize("k", [480, 512])  # 15 groups a row: the AVX2 path on every CPU
+def test_5_8_and_6_bit_blocks_times_rounded_activations_are_llama_cpps_sums(k, isa, monkeypatch):
+    monkeypatch.setenv("LOCALCHAT_Q4Q8_ISA", isa)
     rng = np.random.default_rng(1)
-    n, k, rows = 24, 128, 3
-    codes = rng.integers(-127, 128, (n, k)).astype(np.int8)
-    d = rng.random((n, k // 32)).astype(np.float32) * 0.01
+    n, rows = 24, 6
     x = rng.standard_normal((rows, k)).astype(np.float32)
-    ours = q4q8.Q8Q8Linear(torch.from_numpy(codes), torch.from_numpy(d))(torch.from_numpy(x))
-
-    xq, dx = _q8_activations(x)
-    dots = np.einsum("rgi,ngi->rng", xq, codes.reshape(n, -1, 32).astype(np.float64))
-    expected = np.einsum("rng,ng,rg->rn", dots, d, dx)
+    q5 = rng.integers(0, 32, (n, k))
+    d = rng.random((n, k // 32)).astype(np.float32) * 0.01
+    ours = q4q8.Q5Q8Linear(torch.from_numpy(q5), torch.from_numpy(d))(torch.from_numpy(x))
+    expected = _expected(x, "q8_0", q5 - 16, np.repeat(d, 2, axis=-1))
     np.testing.assert_allclose(ours.double().numpy(), expected, rtol=1e-5, atol=1e-5)
 
+    codes = rng.integers(-127, 128, (n, k)).astype(np.int8)
+    ours = q4q8.Q8Q8Linear(torch.from_numpy(codes), torch.from_numpy(d))(torch.from_numpy(x))
+    expected = _expected(x, "q8_0", codes, np.repeat(d, 2, axis=-1))
+    np.testing.assert_allclose(ours.double().numpy(), expected, rtol=1e-5, atol=1e-5)
 
-def test_the_model_on_q4q8_compiled_ahead_of_time_gives_the_int4pack_tokens(engine, monkeypatch):
-    """The bundled model with every matrix on q4q8/q8q8 (what an AVX2 CPU chooses), its decode
-    layers as an AOTInductor artifact calling the op, against PyTorch's int4 kernel eagerly."""
-    from localchat.cli.eval_agreement import varied_text_tokens
+    if k % 256:
+        return
+    codes6 = rng.integers(-32, 32, (n, k)).astype(np.int8)
+    sc = rng.integers(-128, 128, (n, k // 16)).astype(np.int8)
+    d256 = rng.random((n, k // 256)).astype(np.float32) * 1e-3
+    layer = q4q8.Q6Q8Linear(*(torch.from_numpy(t) for t in (codes6, sc, d256)))
+    expected = _expected(x, "q8_k", codes6, np.repeat(d256, 16, axis=-1) * sc)
+    np.testing.assert_allclose(layer(torch.from_numpy(x)).double().numpy(), expected,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_the_model_on_q4q8_compiled_ahead_of_time_computes_what_llama_cpp_does(engine, monkeypatch):
+    """The bundled model with every matrix on q4q8/q8q8, its decode layers an AOTInductor
+    artifact calling the ops, against llama.cpp on the same file: 64 positions as chat runs
+    them (prompt, then one token a step). Two implementations that round activations to 8 bits
+    agree up to near-ties (measured on 1100 positions: 96.8-97.7 % top-1, mean |Δlogit| ~0.16;
+    llama.cpp against its own float32 run 97.2 %); a broken kernel scores near 0."""
+    from localchat.cli.eval_agreement import _llama_cpp_logits, varied_text_tokens
     from localchat.engine.executors.torch.model import LlamaModel
     from localchat.engine.executors.torch.weights import load_weights
     from localchat.models.specs import resolve_model_facts
 
-    path = resolve_model_facts("default").path
-    tokens = torch.tensor(varied_text_tokens(engine, 96)[:96])
-    reference = teacher_forced(LlamaModel(load_weights(path), 256, compiled=False), tokens, 64)
+    facts = resolve_model_facts("default")
+    tokens = varied_text_tokens(engine, 128)[:128]
+    theirs = _llama_cpp_logits(facts, tokens, 2)[64:]
     monkeypatch.setattr(kernels, "KERNELS", tuple(kernels.BY_NAME[name] for name in
                                                   ("q4q8", "q8q8", "f32")))
     chooser = kernels.KernelChooser(torch.device("cpu"))
-    model = LlamaModel(load_weights(path, chooser=chooser), 256, compiled=True)
+    model = LlamaModel(load_weights(facts.path, chooser=chooser), 256, compiled=True)
     assert set(chooser.chosen.values()) == {"q4q8", "q8q8"}
-    ours = teacher_forced(model, tokens, 64, warm=True)
+    ours = teacher_forced(model, torch.tensor(tokens), 64, warm=True)[64:]
     assert model.describe()["generated-token layers"] == "aotinductor"
-    agree = (reference.argmax(-1) == ours.argmax(-1)).float().mean().item()
-    assert agree >= 0.95, agree  # bfloat16 against int8 activations: both round
-    assert (reference - ours).abs().max().item() < 2.0
+    agree = (theirs.argmax(-1) == ours.argmax(-1)).float().mean().item()
+    assert agree >= 0.9, agree
+    assert (theirs - ours).abs().mean().item() < 0.4

@@ -49,10 +49,11 @@ def test_prefill_then_decode_equals_one_prefill(model, varied_tokens):
     for p in range(20, 24):
         step = model.forward(tokens[p:p + 1], torch.tensor([p]), torch.tensor([p]),
                              torch.arange(p + 1), kv2)
-        # one-token and prompt passes round activations differently (bfloat16, or int8 per
-        # 32 values where q4q8 is chosen: AVX2 CPUs)
+        # one-token and prompt passes sum in other orders; where activations are rounded to
+        # 8 bits (q4q8) a last-bit difference flips a code and the change spreads: two such
+        # runs differ by ~0.16 a logit on average, ~1.6 at most (README, "Matching llama.cpp")
         assert step.argmax() == full[p].argmax()
-        assert (step - full[p]).abs().max() < 1.0
+        assert (step - full[p]).abs().mean() < 0.4
 
 
 def test_unsupported_architecture_points_to_llama_cpp():

@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import os
 import platform
 from typing import Callable
 
 import torch
 
-from localchat.engine.executors.torch import layer_steps
+from localchat.engine.executors.torch import layer_steps, q4q8
 from localchat.engine.executors.torch.kernels import device_name
 from localchat.paths import cache_dir
 
 LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
+# an artifact holds the layer's code and calls the q4q8 ops: a change to either builds anew
+CODE_DIGEST = hashlib.blake2b((inspect.getsource(layer_steps) + q4q8.SOURCE_DIGEST).encode(),
+                              digest_size=8).hexdigest()
 MAX_ROWS = 4096
 
 
@@ -99,7 +103,7 @@ def load_decode_layer(layer, rope, config, kv) -> Callable:
                kv.k[0], kv.v[0], torch.zeros(rows, 128, dtype=torch.long),
                torch.ones(rows, 128, dtype=torch.bool), cos, sin, layer_tensors(layer))
     key = hashlib.blake2b("|".join([
-        torch.__version__, platform.machine(), device_name(torch.device("cpu")),
+        torch.__version__, platform.machine(), device_name(torch.device("cpu")), CODE_DIGEST,
         signature(layer), repr(config),
         repr(rope.__dict__.get("neox")), str(kv.k.dtype), str(tuple(kv.k.shape[2:])),
         repr(tuple(t.shape for t in (cos, sin)))]).encode(), digest_size=12).hexdigest()

@@ -15,13 +15,15 @@ from typing import Callable
 import torch
 
 from localchat.atomic import atomic_write_text
-from localchat.engine.executors.torch.q4q8 import Q4Q8Linear, Q8Q8Linear
+from localchat.engine.executors.torch import q4q8
+from localchat.engine.executors.torch.q4q8 import Q4Q8Linear, Q5Q8Linear, Q6Q8Linear, Q8Q8Linear
 from localchat.engine.executors.torch.qlinear import (DenseLinear, HalfLinear, Int4Linear,
                                                      Int4PairLinear, Int8Linear)
 from localchat.errors import EngineError
 
 CACHE_FILE = "kernels.json"
 MEMORY_LIMIT = 1.5  # a kernel may hold at most this many times the file's bytes
+OTHER_ROUNDING = 1.25  # a kernel rounding unlike llama.cpp must be this much faster to be chosen
 TOLERANCE = 2e-2  # of the largest output: bfloat16 activations round about this much
 REQUANTIZED_RMS = 3e-2  # a requantizing kernel's error, relative to the output's RMS
 TIMED_ROWS = (1, 16)  # a decode step; a batched step or a prompt block
@@ -39,7 +41,12 @@ class SourceMatrix:
     bits: float  # bits per weight in the file (a kernel below them would lose precision)
     int4: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None  # q, scale, zero, group
     int8: tuple[torch.Tensor, torch.Tensor] | None = None  # codes [N, K], per-row scales [N]
-    q8_blocks: tuple[torch.Tensor, torch.Tensor] | None = None  # Q8_0: codes, scales [N, K/32]
+    # the file's blocks as gguf_blocks.py unpacks them, for the q4q8 family of kernels
+    q4_blocks: tuple | None = None  # Q4_0/Q4_1/Q4_K: q 0..15, scale, minimum [N, K/32]
+    q5_blocks: tuple[torch.Tensor, torch.Tensor] | None = None  # Q5_0: q 0..31, d [N, K/32]
+    q8_blocks: tuple[torch.Tensor, torch.Tensor] | None = None  # Q8_0, Q5_0: codes, d [N, K/32]
+    q6_blocks: tuple | None = None  # Q6_K: codes, sc [N, K/16], d [N, K/256]
+    activations: str | None = "q8_0"  # how llama.cpp rounds this matrix's activations
     shape: tuple[int, int] | None = None  # [N, K]; needed when `reference` is a function
 
     def __post_init__(self) -> None:
@@ -60,6 +67,7 @@ class Kernel:
     usable: Callable[[SourceMatrix], bool]
     build: Callable[[SourceMatrix, torch.device], torch.nn.Module]
     exact: Callable[[SourceMatrix], bool] = lambda m: True  # False: it requantizes the file
+    as_llama_cpp: bool = False  # rounds activations as llama.cpp does (the q4q8 family)
 
 
 def _int8_parts(m: SourceMatrix) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,6 +76,14 @@ def _int8_parts(m: SourceMatrix) -> tuple[torch.Tensor, torch.Tensor]:
         return m.int8
     scales = (m.dense.abs().amax(dim=1) / 127).clamp_min(1e-12)
     return torch.round(m.dense / scales[:, None]).to(torch.int8), scales
+
+
+def _q4_blocks(m: SourceMatrix) -> tuple | None:
+    """The file's 4-bit blocks, else an int4 form in groups of 32 as (q, scale, minimum)."""
+    if m.q4_blocks is None and m.int4 is not None and m.int4[3] == 32:
+        q, scale, zero, _ = m.int4
+        m.q4_blocks = (q, scale, zero - 8 * scale)
+    return m.q4_blocks
 
 
 def _dense(dtype: torch.dtype) -> Callable[[SourceMatrix, torch.device], torch.nn.Module]:
@@ -94,10 +110,14 @@ KERNELS = (
            lambda m, dev: Int4Linear(*m.int4[:3], dev, group=m.int4[3])),
     Kernel("int4pack-x2", 10.0, lambda m: m.q8_blocks is not None,
            lambda m, dev: Int4PairLinear(*m.q8_blocks, dev)),
-    Kernel("q4q8", 6.0, lambda m: m.int4 is not None and m.int4[3] == 32,
-           lambda m, dev: Q4Q8Linear(*m.int4[:3], dev, group=m.int4[3])),
+    Kernel("q4q8", 6.0, lambda m: _q4_blocks(m) is not None and m.activations is not None,
+           lambda m, dev: Q4Q8Linear(*_q4_blocks(m), m.activations, dev), as_llama_cpp=True),
+    Kernel("q5q8", 6.0, lambda m: m.q5_blocks is not None,
+           lambda m, dev: Q5Q8Linear(*m.q5_blocks, dev), as_llama_cpp=True),
     Kernel("q8q8", 9.0, lambda m: m.q8_blocks is not None,
-           lambda m, dev: Q8Q8Linear(*m.q8_blocks, dev)),
+           lambda m, dev: Q8Q8Linear(*m.q8_blocks, dev), as_llama_cpp=True),
+    Kernel("q6q8", 8.625, lambda m: m.q6_blocks is not None,
+           lambda m, dev: Q6Q8Linear(*m.q6_blocks, dev), as_llama_cpp=True),
     Kernel("int8pack-bf16", 8.0, _int8_usable,
            lambda m, dev: Int8Linear(*_int8_parts(m), torch.bfloat16, dev),
            exact=lambda m: m.int8 is not None),
@@ -109,8 +129,8 @@ KERNELS = (
     Kernel("f32", 32.0, _keeps_float_precision(torch.float32), _dense(torch.float32)),
 )
 BY_NAME = {k.name: k for k in KERNELS}
-# in the cache key: a choice made among other candidates is measured again
-KERNEL_SET = hashlib.blake2b(",".join(BY_NAME).encode(), digest_size=3).hexdigest()
+# in the cache key: a choice made among other candidates, or with other q4q8 code, is measured again
+KERNEL_SET = hashlib.blake2b((",".join(BY_NAME) + q4q8.SOURCE_DIGEST).encode(), digest_size=3).hexdigest()
 
 
 def candidates(m: SourceMatrix) -> list[Kernel]:
@@ -149,18 +169,22 @@ def _probe(m: SourceMatrix) -> torch.Tensor:
 
 
 def _time_us(layer: torch.nn.Module, n_in: int, rows: int, device: torch.device) -> float:
+    """Microseconds a call: the best of 5 runs of ≥ 4 ms each (the minimum shrugs off
+    moments when something else had the cores)."""
     x = torch.randn(rows, n_in, device=device)
-    reps = 0
+    best = float("inf")
     with torch.inference_mode():
         for _ in range(2):
             layer(x)
         _sync(device)
-        start = time.perf_counter()
-        while reps < 5 or (time.perf_counter() - start < 0.02 and reps < 200):
-            layer(x)
-            reps += 1
-        _sync(device)
-    return (time.perf_counter() - start) / reps * 1e6
+        for _ in range(5):
+            reps, start = 0, time.perf_counter()
+            while reps < 2 or (time.perf_counter() - start < 0.004 and reps < 40):
+                layer(x)
+                reps += 1
+            _sync(device)
+            best = min(best, (time.perf_counter() - start) / reps)
+    return best * 1e6
 
 
 def _sync(device: torch.device) -> None:
@@ -204,8 +228,8 @@ class KernelChooser:
 
     def _measure(self, m: SourceMatrix, key: str) -> tuple[str, torch.nn.Module]:
         """The fastest kernel that passes its check, preferring those that batch exactly,
-        then those that keep the file's values; float32 when none within the memory limit
-        passes."""
+        then those that keep the file's values (one rounding activations unlike llama.cpp
+        counted OTHER_ROUNDING slower); float32 when none within the memory limit passes."""
         timings: dict[str, float | str] = {}
         ranked: list[tuple[bool, bool, float, str, torch.nn.Module]] = []
         fastest_row = float("inf")
@@ -223,7 +247,8 @@ class KernelChooser:
                                for rows in TIMED_ROWS[1:])
             exact = row_invariant(layer, m, self.device)
             timings[kernel.name] = round(us, 1) if exact else f"{us:.1f} (rows differ batched)"
-            ranked.append((not exact, not kernel.exact(m), us, kernel.name, layer))
+            handicap = 1.0 if kernel.as_llama_cpp else OTHER_ROUNDING
+            ranked.append((not exact, not kernel.exact(m), us * handicap, kernel.name, layer))
         if ranked:
             *_, name, layer = min(ranked, key=lambda r: r[:3])
         else:

@@ -31,6 +31,12 @@ def attention_inputs(x: torch.Tensor, norm: torch.Tensor, wqkv: torch.nn.Module,
     return qk[:, :c.n_heads], qk[:, c.n_heads:].to(kv_dtype), qkv[:, n_qk:].to(kv_dtype)
 
 
+def rounded_as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t rounded to `dtype` and back: what a matmul against a cache of that dtype sees. llama.cpp
+    rounds the query and the softmax weights to f16 against its f16 cache; so do we."""
+    return t.to(dtype).to(t.dtype)
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      padded: torch.Tensor, valid: torch.Tensor, config) -> torch.Tensor:
     """B single-token queries, each over its own slots padded to one length: q [B, H, D],
@@ -40,12 +46,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     flat = padded.flatten()
     keys = k_cache.index_select(0, flat).view(b, length, *k_cache.shape[1:])
     values = v_cache.index_select(0, flat).view(b, length, *v_cache.shape[1:])
-    qg = q.reshape(b, c.n_kv_heads, c.n_heads // c.n_kv_heads, c.head_dim)
+    qg = rounded_as(q, k_cache.dtype).reshape(b, c.n_kv_heads, c.n_heads // c.n_kv_heads, c.head_dim)
     keys, values = (t.transpose(1, 2).to(q.dtype, memory_format=torch.contiguous_format)
                     for t in (keys, values))
     scores = torch.matmul(qg, keys.transpose(-1, -2)) * (c.head_dim ** -0.5)  # [B,KV,g,L]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    out = torch.matmul(scores.softmax(-1), values)  # [B, KV, g, D]
+    out = torch.matmul(rounded_as(scores.softmax(-1), v_cache.dtype), values)  # [B, KV, g, D]
     return out.reshape(b, c.n_heads * c.head_dim)
 
 

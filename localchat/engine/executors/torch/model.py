@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from localchat.engine.executors.torch.layer_steps import LayerSteps, compiles_by_default
+from localchat.engine.executors.torch.layer_steps import LayerSteps, compiles_by_default, rounded_as
 from localchat.engine.executors.torch.rope import RotaryEmbedding
 from localchat.engine.executors.torch.weights import LlamaConfig, ModelWeights
 
@@ -52,16 +52,19 @@ class LlamaModel:
     def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    mask: torch.Tensor | None) -> torch.Tensor:
         """Grouped-query attention without expanding K/V: the query heads that share a
-        KV head are stacked into one matrix. q: [T, H, D]; keys/values: [L, KV, D]."""
+        KV head are stacked into one matrix. q: [T, H, D]; keys/values: [L, KV, D] in the
+        cache's dtype (q and the softmax weights are rounded to it, as in decode_attention)."""
         c = self.config
         n_new, group = q.shape[0], c.n_heads // c.n_kv_heads
+        cache_dtype = keys.dtype
+        q, keys, values = rounded_as(q, cache_dtype), keys.to(q.dtype), values.to(q.dtype)
         # [KV, group·T, D]: rows ordered (head-in-group, token)
         qg = q.reshape(n_new, c.n_kv_heads, group, c.head_dim).permute(1, 2, 0, 3)
         qg = qg.reshape(c.n_kv_heads, group * n_new, c.head_dim)
         scores = torch.bmm(qg, keys.permute(1, 2, 0)) * (c.head_dim ** -0.5)  # [KV, g·T, L]
         if mask is not None:
             scores = scores.masked_fill(~mask.repeat(group, 1), float("-inf"))
-        out = torch.bmm(scores.softmax(-1), values.transpose(0, 1))  # [KV, g·T, D]
+        out = torch.bmm(rounded_as(scores.softmax(-1), cache_dtype), values.transpose(0, 1))
         out = out.view(c.n_kv_heads, group, n_new, c.head_dim).permute(2, 0, 1, 3)
         return out.reshape(n_new, c.n_heads * c.head_dim)
 
@@ -165,9 +168,8 @@ class LlamaModel:
         v_cache.index_copy_(0, prompt.new_slots, v)
         attn = q.new_empty(x.shape[0], c.n_heads * c.head_dim)
         for rows, slots, mask in prompt.blocks:
-            keys = k_cache.index_select(0, slots).to(q.dtype)
-            values = v_cache.index_select(0, slots).to(q.dtype)
-            attn[rows] = self._attention(q[rows], keys, values, mask)
+            attn[rows] = self._attention(q[rows], k_cache.index_select(0, slots),
+                                         v_cache.index_select(0, slots), mask)
         return steps.rest_of_layer(x, attn, layer.wo, layer.ffn_norm, layer.w_gate_up,
                                    layer.w_down, c)
 

@@ -1,7 +1,7 @@
-"""4- and 8-bit GGUF blocks times int8-quantized activations, as llama.cpp computes them on
-x86: integer dot products per 32 weights (AVX2). A C++ op (`localchat::q4q8_mm`,
-`localchat::q8q8_mm`) built once per machine into the cache dir; kernels.py offers it where
-it builds and measures it against PyTorch's own kernels."""
+"""GGUF blocks (Q4_0, Q4_1, Q4_K, Q5_0, Q8_0, Q6_K) times int8-rounded activations, as
+llama.cpp computes them on x86: activations rounded per block as its Q8_0/Q8_1/Q8_K do,
+integer dot products per 32 weights (AVX2; AVX-512 VNNI where present). C++ ops (q4q8.cpp)
+built once per machine into the cache dir; kernels.py offers them beside PyTorch's kernels."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import platform
 import shutil
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 
@@ -19,122 +20,7 @@ from localchat.paths import cache_dir
 
 GROUP = 32  # weights per scale: GGUF's blocks
 
-_SOURCE = r"""
-#include <torch/library.h>
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <immintrin.h>
-#include <cmath>
-#include <vector>
-
-namespace {
-
-// Each row of x in 32-value groups: int8 codes and one scale per group (llama.cpp's Q8).
-void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* xq, float* dx, float* sx) {
-  const int64_t G = K / 32;
-  for (int64_t r = 0; r < M * G; ++r) {
-    const float* v = x + r * 32;
-    float amax = 0.f;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
-    const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-    int sum = 0;
-    for (int i = 0; i < 32; ++i) {
-      const int q = (int)std::nearbyint(v[i] * id);
-      xq[r * 32 + i] = (int8_t)q;
-      sum += q;
-    }
-    dx[r] = d;
-    sx[r] = d * (float)sum;
-  }
-}
-
-inline float hsum(__m256 v) {
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  return _mm_cvtss_f32(_mm_add_ss(lo, _mm_movehdup_ps(lo)));
-}
-
-// T rows of activations against one weight row; every row runs the same arithmetic in the
-// same order whatever T is, so a row gets the same bits alone as in a batch.
-template <int T, bool Q4>
-inline void rows_dot(const uint8_t* wr, const float* dr, const float* mr, int64_t G, int64_t K,
-                     const int8_t* xq, const float* dx, const float* sx, float* y, int64_t ystride) {
-  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256 acc[T];
-  for (int j = 0; j < T; ++j) acc[j] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < G; ++g) {
-    __m256i w;
-    if (Q4) {
-      const __m128i b = _mm_loadu_si128((const __m128i*)(wr + g * 16));
-      w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), nibble);
-    } else {
-      w = _mm256_loadu_si256((const __m256i*)(wr + g * 32));
-    }
-    const __m256 dw = _mm256_set1_ps(dr[g]);
-    for (int j = 0; j < T; ++j) {
-      const __m256i xv = _mm256_loadu_si256((const __m256i*)(xq + j * K + g * 32));
-      const __m256i p16 = Q4 ? _mm256_maddubs_epi16(w, xv)
-                             : _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
-      const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-      acc[j] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_broadcast_ss(dx + j * G + g)), acc[j]);
-    }
-  }
-  for (int j = 0; j < T; ++j) {
-    float out = hsum(acc[j]);
-    if (Q4)
-      for (int64_t g = 0; g < G; ++g) out += mr[g] * sx[j * G + g];
-    y[j * ystride] = out;
-  }
-}
-
-template <bool Q4>
-at::Tensor blocks_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& d,
-                     const at::Tensor& mn) {
-  const at::Tensor x = x_in.contiguous().to(at::kFloat);
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), G = K / 32;
-  TORCH_CHECK(K % 32 == 0 && d.size(0) == N && d.size(1) == G, "q4q8: shapes");
-  std::vector<int8_t> xq(M * K);
-  std::vector<float> dx(M * G), sx(M * G);
-  quantize_rows(x.data_ptr<float>(), M, K, xq.data(), dx.data(), sx.data());
-  at::Tensor y = at::empty({M, N}, x.options());
-  const uint8_t* W = w.data_ptr<uint8_t>();
-  const float* D = d.data_ptr<float>();
-  const float* MN = Q4 ? mn.data_ptr<float>() : nullptr;
-  float* Y = y.data_ptr<float>();
-  const int64_t row_bytes = Q4 ? K / 2 : K;
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const uint8_t* wr = W + n * row_bytes;
-      const float* dr = D + n * G;
-      const float* mr = Q4 ? MN + n * G : nullptr;
-      int64_t m = 0;
-      for (; m + 4 <= M; m += 4)
-        rows_dot<4, Q4>(wr, dr, mr, G, K, xq.data() + m * K, dx.data() + m * G, sx.data() + m * G, Y + m * N + n, N);
-      for (; m < M; ++m)
-        rows_dot<1, Q4>(wr, dr, mr, G, K, xq.data() + m * K, dx.data() + m * G, sx.data() + m * G, Y + m * N + n, N);
-    }
-  });
-  return y;
-}
-
-at::Tensor q4q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& d, const at::Tensor& mn) {
-  return blocks_mm<true>(x, w, d, mn);
-}
-at::Tensor q8q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& d) {
-  return blocks_mm<false>(x, w, d, d);
-}
-
-}  // namespace
-
-TORCH_LIBRARY(localchat, m) {
-  m.def("q4q8_mm(Tensor x, Tensor w, Tensor d, Tensor mn) -> Tensor");
-  m.def("q8q8_mm(Tensor x, Tensor w, Tensor d) -> Tensor");
-}
-TORCH_LIBRARY_IMPL(localchat, CPU, m) {
-  m.impl("q4q8_mm", &q4q8_mm);
-  m.impl("q8q8_mm", &q8q8_mm);
-}
-"""
+_SOURCE = (Path(__file__).parent / "q4q8.cpp").read_text(encoding="utf-8")
 
 
 def _cpu_flags() -> set[str]:
@@ -148,16 +34,18 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+SOURCE_DIGEST = hashlib.blake2b(f"{torch.__version__}{_SOURCE}".encode(), digest_size=8).hexdigest()
+
+
 @lru_cache(maxsize=None)
 def available() -> bool:
-    """Whether the op is loaded in this process: an x86-64 CPU with AVX2 and FMA, and a C++
-    compiler for the first build (~20 s, then loaded from the cache dir)."""
-    if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= _cpu_flags():
+    """Whether the ops are loaded in this process: an x86-64 CPU with AVX2, FMA and F16C, and
+    a C++ compiler for the first build (~20 s, then loaded from the cache dir)."""
+    if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma", "f16c"} <= _cpu_flags():
         return False
     if not any(shutil.which(cc) for cc in ("g++", "c++")):
         return False
-    digest = hashlib.blake2b(f"{torch.__version__}{_SOURCE}".encode(), digest_size=8).hexdigest()
-    build = cache_dir() / "kernels" / f"q4q8-{digest}"
+    build = cache_dir() / "kernels" / f"q4q8-{SOURCE_DIGEST}"
     built = build / "localchat_q4q8.so"
     try:
         try:
@@ -167,10 +55,9 @@ def available() -> bool:
     except Exception as exc:  # noqa: BLE001 -- no toolchain or headers: PyTorch's kernels only
         logging.getLogger("localchat.engine").info("q4q8 kernel not built (%s)", exc)
         return False
-    torch.library.register_fake("localchat::q4q8_mm")(
-        lambda x, w, d, mn: x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32))
-    torch.library.register_fake("localchat::q8q8_mm")(
-        lambda x, w, d: x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32))
+    for op in ("q4q8_mm", "q5q8_mm", "q8q8_mm", "q6q8_mm"):
+        torch.library.register_fake(f"localchat::{op}")(
+            lambda x, w, *rest: x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32))
     return True
 
 
@@ -184,7 +71,7 @@ def _build(build) -> None:
     shutil.rmtree(private, ignore_errors=True)
     private.mkdir(parents=True)
     load_inline("localchat_q4q8", cpp_sources=_SOURCE, is_python_module=False,
-                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
+                extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"],
                 extra_ldflags=["-fopenmp"], build_directory=str(private))
     try:
         private.rename(build)
@@ -192,39 +79,90 @@ def _build(build) -> None:
         shutil.rmtree(private, ignore_errors=True)
 
 
-class Q4Q8Linear(torch.nn.Module):
-    """y = x @ Wᵀ for W = (q − 8)·scale + zero in 32-weight groups (Q4_0, Q4_1, Q4_K: exact),
-    with x rounded to int8 per 32 values as llama.cpp does."""
+ACTIVATIONS = {"q8_0": 0, "q8_1": 1, "q8_k": 2}  # llama.cpp's vec_dot_type of a weight type
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
-                 device: torch.device = torch.device("cpu"), group: int = GROUP) -> None:
+
+class BlockLinear(torch.nn.Module):
+    """A linear layer over one of the ops: weights held as the file's codes and scales,
+    packed for the CPU at load (they cannot move to another device)."""
+
+    def __init__(self, n_out: int, n_in: int, device: torch.device, block: int = GROUP) -> None:
         super().__init__()
-        if device.type != "cpu" or group != GROUP or q.shape[1] % GROUP or not available():
-            raise EngineError("the q4q8 kernel needs an AVX2 CPU and 32-weight groups")
-        self.out_features, self.in_features = q.shape
-        g = q.to(torch.uint8).view(q.shape[0], -1, 2, 16)  # byte i: weight i low, i + 16 high
-        self.packed = (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(q.shape[0], -1).contiguous()
-        self.scale = scale.float().contiguous()
-        self.minimum = (zero.float() - 8 * scale.float()).contiguous()
+        if device.type != "cpu" or n_in % block or not available():
+            raise EngineError(f"the {type(self).__name__} kernel needs an AVX2 CPU and rows of "
+                              f"{block}-value blocks")
+        self.out_features, self.in_features = n_out, n_in
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.localchat.q4q8_mm(x.reshape(-1, self.in_features), self.packed,
-                                        self.scale, self.minimum)
+    def _out(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
-class Q8Q8Linear(torch.nn.Module):
-    """y = x @ Wᵀ for Q8_0 (int8 codes, one scale per 32: exact), x rounded as in Q4Q8Linear."""
+def _nibbles(q: torch.Tensor) -> torch.Tensor:
+    """Codes 0..15 [N, K] two to a byte as GGUF packs a 32-block: byte i holds i and i + 16."""
+    g = q.to(torch.uint8).view(q.shape[0], -1, 2, 16) & 0x0F
+    return (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(q.shape[0], -1).contiguous()
+
+
+class Q4Q8Linear(BlockLinear):
+    """y = x @ Wᵀ for w = q·scale + minimum, q in 0..15, per 32 weights (Q4_0, Q4_1, Q4_K:
+    exact), x rounded as llama.cpp rounds it for the file's type (`act`: q8_0, q8_1, q8_k)."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor,
+                 act: str = "q8_0", device: torch.device = torch.device("cpu")) -> None:
+        super().__init__(*q.shape, device, 256 if act == "q8_k" else GROUP)
+        self.packed = _nibbles(q)
+        self.scale, self.minimum = scale.float().contiguous(), minimum.float().contiguous()
+        self.act = ACTIVATIONS[act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._out(torch.ops.localchat.q4q8_mm(
+            x.reshape(-1, self.in_features), self.packed, self.scale, self.minimum, self.act), x)
+
+
+class Q5Q8Linear(BlockLinear):
+    """Q5_0: w = (q − 16)·d, q in 0..31, per 32 weights (exact), held as 4-bit codes plus a
+    bit plane; x rounded to Q8_0."""
+
+    def __init__(self, q: torch.Tensor, d: torch.Tensor,
+                 device: torch.device = torch.device("cpu")) -> None:
+        super().__init__(*q.shape, device)
+        self.packed = _nibbles(q)
+        high = ((q.to(torch.int64) >> 4) & 1).view(q.shape[0], -1, GROUP)
+        bits = (high << torch.arange(GROUP)).sum(-1)  # bit i: weight i's fifth bit
+        self.high = torch.where(bits >= 1 << 31, bits - (1 << 32), bits).to(torch.int32).contiguous()
+        self.scale = d.float().contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._out(torch.ops.localchat.q5q8_mm(
+            x.reshape(-1, self.in_features), self.packed, self.high, self.scale), x)
+
+
+class Q8Q8Linear(BlockLinear):
+    """y = x @ Wᵀ for int8 codes with one scale per 32 (Q8_0, Q5_0 as codes: exact), x
+    rounded to Q8_0."""
 
     def __init__(self, codes: torch.Tensor, d: torch.Tensor,
                  device: torch.device = torch.device("cpu")) -> None:
-        super().__init__()
-        if device.type != "cpu" or codes.shape[1] % GROUP or not available():
-            raise EngineError("the q8q8 kernel needs an AVX2 CPU")
-        self.out_features, self.in_features = codes.shape
+        super().__init__(*codes.shape, device)
         self.codes = codes.to(torch.int8).contiguous().view(torch.uint8)
         self.scale = d.float().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.localchat.q8q8_mm(x.reshape(-1, self.in_features), self.codes, self.scale)
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return self._out(torch.ops.localchat.q8q8_mm(
+            x.reshape(-1, self.in_features), self.codes, self.scale), x)
+
+
+class Q6Q8Linear(BlockLinear):
+    """Q6_K: w = d·sc·(q − 32) with an int8 sc per 16 weights and d per 256 (exact), x
+    rounded to Q8_K."""
+
+    def __init__(self, codes: torch.Tensor, sc: torch.Tensor, d: torch.Tensor,
+                 device: torch.device = torch.device("cpu")) -> None:
+        super().__init__(*codes.shape, device, 256)
+        self.codes = codes.to(torch.int8).contiguous().view(torch.uint8)
+        self.sub_scale = sc.to(torch.int8).contiguous()
+        self.scale = d.float().contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._out(torch.ops.localchat.q6q8_mm(
+            x.reshape(-1, self.in_features), self.codes, self.sub_scale, self.scale), x)

@@ -6,24 +6,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-from gguf import GGMLQuantizationType as Q
-from gguf.quants import Q4_K as GGUFQ4K
 
 from localchat.errors import EngineError
 
-GROUP = 32  # Q4_0 / Q4_1 block size
-
-
-def _split_q4_blocks(raw: np.ndarray, n_rows: int, n_cols: int, with_min: bool):
-    """Raw Q4_0/Q4_1 bytes -> (q [N, K] int32 in 0..15, d [N, K/32], m [N, K/32] or None)."""
-    block_bytes = 20 if with_min else 18
-    blocks = raw.reshape(n_rows, n_cols // GROUP, block_bytes)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if with_min else None
-    qs = blocks[..., block_bytes - 16:]
-    low, high = qs & 0x0F, qs >> 4  # first 16 weights in the low nibbles, last 16 in the high
-    q = np.concatenate([low, high], axis=-1).reshape(n_rows, n_cols).astype(np.int32)
-    return q, d, m
+GROUP = 32  # GGUF's 32-weight blocks
 
 
 class Int4Linear(torch.nn.Module):
@@ -112,41 +98,3 @@ class Int8Linear(torch.nn.Module):
         y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).to(self.act_dtype),
                                                self.codes, self.scales)
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
-
-
-def q4_parts(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int):
-    """A Q4_0/Q4_1/Q4_K matrix as (q [N, K] int32, scale [N, K/32], zero [N, K/32]) for
-    the int4 kernel's w = (q − 8)·scale + zero: exact, as the kernel's groups are 32."""
-    if ggml_type == Q.Q4_K:
-        return _q4k_parts(raw, n_rows, n_cols)
-    q, d, m = _split_q4_blocks(raw, n_rows, n_cols, with_min=ggml_type == Q.Q4_1)
-    zeros = m + 8 * d if m is not None else np.zeros_like(d)
-    return q, d, zeros
-
-
-def _q4k_parts(raw: np.ndarray, n_rows: int, n_cols: int):
-    """Q4_K: 256-weight super-blocks of eight 32-weight groups, w = d·sc·q − dmin·m with
-    6-bit sc and m per group (unpacked as gguf-py does)."""
-    blocks = raw.reshape(-1, 144)
-    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)  # [B, 1]
-    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
-    sc, mins = GGUFQ4K.get_scale_min(blocks[:, 4:16])  # [B, 8] each
-    qs = blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-    q = (qs & 0x0F).reshape(n_rows, n_cols).astype(np.int32)
-    scale = (d * sc.astype(np.float32)).reshape(n_rows, n_cols // GROUP)
-    zero = (8 * scale - (dmin * mins.astype(np.float32)).reshape(n_rows, n_cols // GROUP))
-    return q, scale, zero
-
-
-def q8_parts(raw: np.ndarray, n_rows: int, n_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Q8_0 matrix as (codes int8 [N, K], scales float32 [N, K/32])."""
-    blocks = raw.reshape(n_rows, n_cols // GROUP, 34)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    codes = blocks[..., 2:].copy().view(np.int8).reshape(n_rows, n_cols)
-    return torch.from_numpy(codes), torch.from_numpy(d)
-
-
-def dequantized_q4(q, d, zeros) -> torch.Tensor:
-    n_rows, n_cols = q.shape
-    w = (q.reshape(n_rows, -1, GROUP) - 8) * d[..., None] + zeros[..., None]
-    return torch.from_numpy(w.reshape(n_rows, n_cols).astype(np.float32))

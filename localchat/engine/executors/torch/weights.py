@@ -13,13 +13,12 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
 from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix
-from localchat.engine.executors.torch.qlinear import dequantized_q4, q4_parts, q8_parts
+from localchat.engine.executors.torch.gguf_blocks import dequantized_q4, kernel_forms
 from localchat.errors import EngineError
 from localchat.models.gguf_checks import check_model_metadata
 from localchat.models.gguf_reader import read_gguf
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
-INT4_EXACT = (Q.Q4_0, Q.Q4_1, Q.Q4_K)  # types the int4 kernel reproduces exactly
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 
 
@@ -118,14 +117,14 @@ class ModelWeights:
         """Move float and NF4 layers (an HF directory loads on the CPU first); int4 and
         q4q8 layers are packed for their device at load and cannot move."""
         from localchat.engine.executors.torch.device import move_module
-        from localchat.engine.executors.torch.q4q8 import Q4Q8Linear, Q8Q8Linear
+        from localchat.engine.executors.torch.q4q8 import BlockLinear
         from localchat.engine.executors.torch.qlinear import Int4Linear
 
         if device == self.embedding.device:
             return self
 
         def move(value):
-            if isinstance(value, (Int4Linear, Q4Q8Linear, Q8Q8Linear)):
+            if isinstance(value, (Int4Linear, BlockLinear)):
                 raise EngineError("int4 layers are packed for one device; load on the target device")
             if isinstance(value, torch.nn.Module):
                 return move_module(value, device)
@@ -198,22 +197,15 @@ def load_weights(path: Path, device: torch.device = torch.device("cpu"),
         types = {t.ggml_type for t in infos}
         kind = Q(next(iter(types))).name if len(types) == 1 else "mixed"
         file_bytes = sum(gguf_file.tensor_data(n).nbytes for n in names)
-        q8_blocks = None
-        if all(t.ggml_type == Q.Q8_0 for t in infos):
-            q8_blocks = tuple(torch.cat(xs) for xs in zip(*(
-                q8_parts(gguf_file.tensor_data(t.name), t.shape[1], t.shape[0]) for t in infos)))
-        if all(t.ggml_type in INT4_EXACT for t in infos):
-            q, scale, zero = (np.concatenate(xs) for xs in zip(*(
-                q4_parts(gguf_file.tensor_data(t.name), t.ggml_type, t.shape[1], t.shape[0])
-                for t in infos)))
-            int4 = (torch.from_numpy(q), torch.from_numpy(scale), torch.from_numpy(zero), 32)
-            reference = functools.partial(dequantized_q4, q, scale, zero)
+        forms = kernel_forms([(t.ggml_type, gguf_file.tensor_data(t.name), int(t.shape[1]),
+                               int(t.shape[0])) for t in infos])
+        if forms.get("int4") is not None:
+            reference = functools.partial(dequantized_q4, *forms["int4"][:3])
         else:
-            int4 = None
             reference = lambda: torch.cat([dequantized(n) for n in names])  # noqa: E731
         shape = (sum(int(t.shape[1]) for t in infos), int(infos[0].shape[0]))
         return SourceMatrix(reference, kind, file_bytes, 8 * file_bytes / (shape[0] * shape[1]),
-                            int4=int4, q8_blocks=q8_blocks, shape=shape)
+                            shape=shape, **forms)
 
     def linear(label: str, *names: str) -> torch.nn.Module:
         return chooser.build(source(names), label)

@@ -1,0 +1,131 @@
+"""GGUF's quantized blocks as integer codes and scales, exactly (no rounding): the forms the
+kernels take, and how llama.cpp rounds each type's activations (its vec_dot_type)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import Q4_K as GGUFQ4K
+
+GROUP = 32  # weights per block (Q4_0, Q4_1, Q5_0, Q8_0) or per sub-block (Q4_K)
+SUPER = 256  # weights per K-quant super-block
+
+# llama.cpp's vec_dot_type: how it rounds a matmul's activations for each weight type
+ACTIVATION_ROUNDING = {Q.Q4_0: "q8_0", Q.Q4_1: "q8_1", Q.Q5_0: "q8_0", Q.Q8_0: "q8_0",
+                       Q.Q4_K: "q8_k", Q.Q6_K: "q8_k"}
+
+
+def activation_rounding(types) -> str | None:
+    """One rounding for matrices fused by rows, or None where llama.cpp's differ (Q8_0 and
+    Q8_1 give the same codes and scales: only Q4_1's offset term uses Q8_1's sum)."""
+    found = {ACTIVATION_ROUNDING.get(t) for t in types}
+    if found <= {"q8_0", "q8_1"}:
+        return "q8_1" if "q8_1" in found else "q8_0"
+    return found.pop() if len(found) == 1 else None  # None: a float type, or Q8_K with another
+
+
+def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
+    return blocks[..., at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def q4_blocks(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int):
+    """A Q4_0/Q4_1/Q4_K matrix as (q [N, K] int32 in 0..15, scale, minimum [N, K/32]) with
+    w = q·scale + minimum per 32 weights."""
+    if ggml_type == Q.Q4_K:
+        blocks = raw.reshape(-1, 144)
+        d, dmin = _f16(blocks, 0)[:, None], _f16(blocks, 2)[:, None]
+        sc, mins = GGUFQ4K.get_scale_min(blocks[:, 4:16])  # [B, 8] each, as gguf-py unpacks
+        qs = blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+        q = (qs & 0x0F).reshape(n_rows, n_cols).astype(np.int32)
+        scale = (d * sc.astype(np.float32)).reshape(n_rows, n_cols // GROUP)
+        return q, scale, -(dmin * mins.astype(np.float32)).reshape(n_rows, n_cols // GROUP)
+    with_min = ggml_type == Q.Q4_1
+    blocks = raw.reshape(n_rows, n_cols // GROUP, 20 if with_min else 18)
+    d = _f16(blocks, 0)
+    qs = blocks[..., -16:]  # first 16 weights in the low nibbles, last 16 in the high
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n_rows, n_cols).astype(np.int32)
+    return q, d, _f16(blocks, 2) if with_min else -8 * d
+
+
+def q4_parts(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int):
+    """The same as (q, scale, zero) for PyTorch's int4 kernels' w = (q − 8)·scale + zero."""
+    q, scale, minimum = q4_blocks(raw, ggml_type, n_rows, n_cols)
+    return q, scale, minimum + 8 * scale
+
+
+def dequantized_q4(q, d, zeros) -> torch.Tensor:
+    """float32 [N, K] of w = (q − 8)·d + zero per 32 (arrays or tensors)."""
+    q, d, zeros = (torch.as_tensor(t).double() for t in (q, d, zeros))
+    n_rows, n_cols = q.shape
+    w = (q.reshape(n_rows, -1, GROUP) - 8) * d[..., None] + zeros[..., None]
+    return w.reshape(n_rows, n_cols).float()
+
+
+def q8_parts(raw: np.ndarray, n_rows: int, n_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q8_0 matrix as (codes int8 [N, K], scales float32 [N, K/32])."""
+    blocks = raw.reshape(n_rows, n_cols // GROUP, 34)
+    codes = blocks[..., 2:].copy().view(np.int8).reshape(n_rows, n_cols)
+    return torch.from_numpy(codes), torch.from_numpy(_f16(blocks, 0))
+
+
+def q5_parts(raw: np.ndarray, n_rows: int, n_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q5_0 matrix as (q [N, K] int32 in 0..31, d [N, K/32]) with w = (q − 16)·d: byte j
+    of the 16 holds weights j (low nibble) and j + 16, bit i of qh weight i's fifth bit."""
+    blocks = raw.reshape(n_rows, n_cols // GROUP, 22)
+    qh = blocks[..., 2:6].copy().view(np.uint32)  # [N, K/32, 1]
+    high = (qh >> np.arange(GROUP, dtype=np.uint32)) & 1
+    qs = blocks[..., 6:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1) | (high << 4).astype(np.uint8)
+    return torch.from_numpy(q.reshape(n_rows, n_cols).astype(np.int32)), torch.from_numpy(_f16(blocks, 0))
+
+
+def q6k_parts(raw: np.ndarray, n_rows: int, n_cols: int):
+    """A Q6_K matrix as (codes q − 32 int8 [N, K], sc int8 [N, K/16], d [N, K/256]) with
+    w = d·sc·(q − 32): per 128 weights, ql's low then high nibbles of bytes 0-63 and qh's
+    2-bit pairs, as ggml's dequantize_row_q6_K reads them."""
+    blocks = raw.reshape(-1, 210)
+    ql, qh = blocks[:, :128].reshape(-1, 2, 64), blocks[:, 128:192].reshape(-1, 2, 1, 32)
+    sc = blocks[:, 192:208].copy().view(np.int8)
+    low = np.stack([ql[..., :32] & 0x0F, ql[..., 32:] & 0x0F, ql[..., :32] >> 4, ql[..., 32:] >> 4],
+                   axis=2)  # [B, 2 halves, 4 quarters, 32]
+    high = (qh >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3
+    codes = ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8)
+    return (torch.from_numpy(codes.reshape(n_rows, n_cols)),
+            torch.from_numpy(sc.reshape(n_rows, n_cols // 16).copy()),
+            torch.from_numpy(_f16(blocks, 208).reshape(n_rows, n_cols // SUPER)))
+
+
+INT4_EXACT = (Q.Q4_0, Q.Q4_1, Q.Q4_K)  # types PyTorch's int4 kernel reproduces exactly
+
+
+def _int8_codes(ggml_type: int, raw: np.ndarray, n_rows: int, n_cols: int):
+    """Q8_0's codes, or Q5_0's as q − 16, with their scale per 32."""
+    if ggml_type == Q.Q8_0:
+        return q8_parts(raw, n_rows, n_cols)
+    q, d = q5_parts(raw, n_rows, n_cols)
+    return (q - 16).to(torch.int8), d
+
+
+def kernel_forms(parts: list[tuple[int, np.ndarray, int, int]]) -> dict:
+    """Matrices stacked by rows, each (ggml type, raw blocks, rows, columns), in every exact
+    form some kernel takes (kernels.SourceMatrix's fields): int4, q4/q5/q6/q8 blocks, and how
+    llama.cpp rounds their activations."""
+    types = {p[0] for p in parts}
+
+    def joined(unpack) -> tuple:
+        return tuple(torch.cat(xs) for xs in zip(*(unpack(*p) for p in parts)))
+
+    forms: dict = {"activations": activation_rounding(types)}
+    if types <= {Q.Q8_0, Q.Q5_0}:
+        forms["q8_blocks"] = joined(_int8_codes)
+    if types == {Q.Q5_0}:
+        forms["q5_blocks"] = joined(lambda _, raw, n, k: q5_parts(raw, n, k))
+    if types == {Q.Q6_K}:
+        forms["q6_blocks"] = joined(lambda _, raw, n, k: q6k_parts(raw, n, k))
+    if types <= set(INT4_EXACT):
+        q, scale, minimum = (torch.from_numpy(np.concatenate(xs)) for xs in zip(
+            *(q4_blocks(raw, t, n, k) for t, raw, n, k in parts)))
+        forms["q4_blocks"] = (q, scale, minimum)
+        forms["int4"] = (q, scale, minimum + 8 * scale, GROUP)
+    return forms

@@ -1,0 +1,292 @@
+// localchat's q4q8 ops (see q4q8.py): GGUF blocks times activations rounded as llama.cpp
+// rounds them, with its integer dot products. Built once per machine by q4q8.py.
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+enum Act { Q8_0 = 0, Q8_1 = 1, Q8_K = 2 };  // llama.cpp's rounding of a matmul's activations
+enum Fmt { W4 = 0, W5 = 1, W8 = 2, W6K = 3 };  // how a weight row is held
+
+inline float fp16_rounded(float v) { return _cvtsh_ss(_cvtss_sh(v, 0)); }
+
+// Each row of x rounded as llama.cpp's quantize_row_q8_0 / _q8_1 (32 values, fp16 scale;
+// Q8_1 also an fp16 d·Σq) or quantize_row_q8_K (256 values, float scale). Per 32 values:
+// int8 codes, the scale dx, and sx = the scale times Σ codes (the weights' offset term).
+void quantize_rows(const float* x, int64_t M, int64_t K, int act, int8_t* xq, float* dx, float* sx) {
+  if (act == Q8_K) {
+    for (int64_t b = 0; b < M * K / 256; ++b) {
+      const float* v = x + b * 256;
+      float amax = 0.f, max = 0.f;
+      for (int i = 0; i < 256; ++i)
+        if (std::fabs(v[i]) > amax) { amax = std::fabs(v[i]); max = v[i]; }
+      const float iscale = amax > 0.f ? -127.f / max : 0.f, d = amax > 0.f ? 1.f / iscale : 0.f;
+      for (int g = 0; g < 8; ++g) {
+        int sum = 0;
+        for (int i = 0; i < 32; ++i) {
+          const int q = std::min(127, (int)std::nearbyint(iscale * v[g * 32 + i]));
+          xq[b * 256 + g * 32 + i] = (int8_t)q;
+          sum += q;
+        }
+        dx[b * 8 + g] = d;
+        sx[b * 8 + g] = d * (float)sum;
+      }
+    }
+    return;
+  }
+  for (int64_t r = 0; r < M * K / 32; ++r) {
+    const float* v = x + r * 32;
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float d = amax / 127.f, id = amax != 0.f ? 127.f / amax : 0.f;
+    int sum = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int q = (int)std::nearbyint(v[i] * id);
+      xq[r * 32 + i] = (int8_t)q;
+      sum += q;
+    }
+    dx[r] = fp16_rounded(d);
+    sx[r] = act == Q8_1 ? fp16_rounded(d * (float)sum) : dx[r] * (float)sum;
+  }
+}
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  return _mm_cvtss_f32(_mm_add_ss(lo, _mm_movehdup_ps(lo)));
+}
+
+// Group g's 32 weights as bytes: W4 unsigned nibbles 0..15; the others signed (W5: the
+// nibble and its fifth bit from qh, minus 16, as llama.cpp's Q5_0 dot product does).
+template <int F>
+inline __m256i load_group(const uint8_t* wr, const uint32_t* hr, int64_t g) {
+  if (F == W8 || F == W6K) return _mm256_loadu_si256((const __m256i*)(wr + g * 32));
+  const __m128i b = _mm_loadu_si128((const __m128i*)(wr + g * 16));
+  __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0F));
+  if (F == W5) {
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                             0x0101010101010101, 0);
+    __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32((int)hr[g]), spread);
+    bits = _mm256_cmpeq_epi8(_mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                             _mm256_set1_epi64x(-1));  // byte i: bit i of qh set
+    w = _mm256_or_si256(w, _mm256_andnot_si256(bits, _mm256_set1_epi8((char)0xF0)));
+  }
+  return w;
+}
+
+// T rows of activations against one weight row; every row runs the same arithmetic in the
+// same order whatever T is, so a row gets the same bits alone as in a batch.
+template <int T, int F>
+inline void rows_dot(const uint8_t* wr, const uint32_t* hr, const float* dr, const int8_t* sr,
+                     const float* mr, int64_t G, int64_t K, const int8_t* xq, const float* dx,
+                     const float* sx, float* y, int64_t ystride) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[T];
+  for (int j = 0; j < T; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    const __m256i w = load_group<F>(wr, hr, g);
+    const __m256i wa = F == W4 ? w : _mm256_sign_epi8(w, w);
+    // Q6_K: a scale per 16 weights (lanes 0-3, 4-7), d per 256 times an int8 sub-scale
+    const __m256 dw = F == W6K
+        ? _mm256_mul_ps(_mm256_set1_ps(dr[g / 8]), _mm256_cvtepi32_ps(_mm256_set_m128i(
+              _mm_set1_epi32(sr[2 * g + 1]), _mm_set1_epi32(sr[2 * g]))))
+        : _mm256_set1_ps(dr[g]);
+    for (int j = 0; j < T; ++j) {
+      const __m256i xv = _mm256_loadu_si256((const __m256i*)(xq + j * K + g * 32));
+      const __m256i p16 = _mm256_maddubs_epi16(wa, F == W4 ? xv : _mm256_sign_epi8(xv, w));
+      const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+      acc[j] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_broadcast_ss(dx + j * G + g)), acc[j]);
+    }
+  }
+  for (int j = 0; j < T; ++j) {
+    float out = hsum(acc[j]);
+    if (F == W4)
+      for (int64_t g = 0; g < G; ++g) out += mr[g] * sx[j * G + g];
+    y[j * ystride] = out;
+  }
+}
+
+// The same sums with AVX-512 VNNI, two groups (64 weights) per instruction: every format as
+// unsigned bytes (W5 +16, W8 +128, W6K +32 on its codes; W4 as is) times the int8 codes
+// (vpdpbusd), the offset taken back exactly in int32 by starting each group's first lane (W6K:
+// each 16's) at -offset * Σ codes. Used where the CPU has it and a row holds an even number
+// of groups; every row of a call takes the same path, so rows still batch exactly.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+
+bool has_vnni() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vnni");
+  const char* isa = std::getenv("LOCALCHAT_Q4Q8_ISA");  // "avx2": the path every x86 CPU takes
+  return yes && !(isa && std::string(isa) == "avx2");
+}
+
+template <int F>
+inline __m512i load_pair(const uint8_t* wr, const uint32_t* hr, int64_t g) {
+  if (F == W8) return _mm512_xor_si512(_mm512_loadu_si512(wr + g * 32), _mm512_set1_epi8((char)0x80));
+  if (F == W6K) return _mm512_add_epi8(_mm512_loadu_si512(wr + g * 32), _mm512_set1_epi8(32));
+  const __m256i b = _mm256_loadu_si256((const __m256i*)(wr + g * 16));  // groups g, g+1
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  const __m512i lo_hi = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, m)),
+                                           _mm256_and_si256(_mm256_srli_epi16(b, 4), m), 1);
+  __m512i w = _mm512_shuffle_i64x2(lo_hi, lo_hi, _MM_SHUFFLE(3, 1, 2, 0));  // g lo hi, g+1 lo hi
+  if (F == W5) {
+    const __mmask64 bits = (__mmask64)hr[g] | ((__mmask64)hr[g + 1] << 32);
+    w = _mm512_or_si512(w, _mm512_maskz_set1_epi8(bits, 0x10));
+  }
+  return w;
+}
+
+template <int F>
+inline __m512 pair_scale(const float* dr, const int8_t* sr, int64_t g) {
+  if (F == W6K) {
+    const __m512i sc = _mm512_cvtepi8_epi32(_mm_cvtsi32_si128(*(const int32_t*)(sr + 2 * g)));
+    const __m512i quarter = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    return _mm512_mul_ps(_mm512_set1_ps(dr[g / 8]),
+                         _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(quarter, sc)));
+  }
+  return _mm512_insertf32x8(_mm512_set1_ps(dr[g]), _mm256_set1_ps(dr[g + 1]), 1);
+}
+
+template <int T, int F>
+inline void rows_dot_vnni(const uint8_t* wr, const uint32_t* hr, const float* dr, const int8_t* sr,
+                          const float* mr, int64_t G, int64_t K, const int8_t* xq, const float* dx,
+                          const int32_t* corr, const float* sx, float* y, int64_t ystride) {
+  const __m512i by_group = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i by_16 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  __m512 acc[T];
+  for (int j = 0; j < T; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; g += 2) {
+    const __m512i w = load_pair<F>(wr, hr, g);
+    const __m512 dw = pair_scale<F>(dr, sr, g);
+    for (int j = 0; j < T; ++j) {
+      const int64_t r = j * G + g;
+      __m512i start = _mm512_setzero_si512();  // each group's first lane (W6K: each 16's)
+      if (F == W5 || F == W8)
+        start = _mm512_maskz_permutexvar_epi32(0x0101, by_group, _mm512_castsi128_si512(
+            _mm_loadl_epi64((const __m128i*)(corr + r))));
+      else if (F == W6K)
+        start = _mm512_maskz_permutexvar_epi32(0x1111, by_16, _mm512_castsi128_si512(
+            _mm_loadu_si128((const __m128i*)(corr + 2 * r))));
+      const __m512i p = _mm512_dpbusd_epi32(start, w, _mm512_loadu_si512(xq + j * K + g * 32));
+      const __m512 dxp = _mm512_permutexvar_ps(by_group, _mm512_castps128_ps512(
+          _mm_castpd_ps(_mm_load_sd((const double*)(dx + r)))));
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dxp), acc[j]);
+    }
+  }
+  for (int j = 0; j < T; ++j) {
+    float out = _mm512_reduce_add_ps(acc[j]);
+    if (F == W4) {
+      __m512 m = _mm512_setzero_ps();
+      for (int64_t g = 0; g < G; g += 16) {
+        const __mmask16 k = G - g >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (G - g)) - 1);
+        m = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, mr + g), _mm512_maskz_loadu_ps(k, sx + j * G + g), m);
+      }
+      out += _mm512_reduce_add_ps(m);
+    }
+    y[j * ystride] = out;
+  }
+}
+
+// Per row: -offset * Σ codes for each group (W6K: each 16), where its lanes start.
+template <int F>
+void vnni_corrections(const int8_t* xq, int64_t M, int64_t K, int32_t* corr) {
+  const int offset = F == W5 ? 16 : F == W8 ? 128 : 32;
+  for (int64_t r = 0; r < M * K / 32; ++r) {
+    int sums[2] = {0, 0};
+    for (int i = 0; i < 32; ++i) sums[i / 16] += xq[r * 32 + i];
+    if (F == W6K) {
+      corr[2 * r] = -offset * sums[0];
+      corr[2 * r + 1] = -offset * sums[1];
+    } else {
+      corr[r] = -offset * (sums[0] + sums[1]);
+    }
+  }
+}
+
+#pragma GCC pop_options
+
+// y [M, N] = x [M, K] times N weight rows held as F: codes w, and per row qh (W5), scales
+// d (per 32, or per 256 for W6K), sub-scales sc (W6K, per 16), offsets mn (W4, per 32).
+template <int F>
+at::Tensor blocks_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& qh,
+                     const at::Tensor& d, const at::Tensor& sc, const at::Tensor& mn, int64_t act) {
+  const at::Tensor x = x_in.contiguous().to(at::kFloat);
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), G = K / 32;
+  TORCH_CHECK(K % (act == Q8_K ? 256 : 32) == 0 && d.size(0) == N, "q4q8: shapes");
+  std::vector<int8_t> xq(M * K);
+  std::vector<float> dx(M * G), sx(M * G);
+  quantize_rows(x.data_ptr<float>(), M, K, (int)act, xq.data(), dx.data(), sx.data());
+  at::Tensor y = at::empty({M, N}, x.options());
+  const uint8_t* W = w.data_ptr<uint8_t>();
+  const uint32_t* H = F == W5 ? (const uint32_t*)qh.data_ptr<int32_t>() : nullptr;
+  const float* D = d.data_ptr<float>();
+  const int8_t* SC = F == W6K ? sc.data_ptr<int8_t>() : nullptr;
+  const float* MN = F == W4 ? mn.data_ptr<float>() : nullptr;
+  float* Y = y.data_ptr<float>();
+  const int64_t row_bytes = F == W4 || F == W5 ? K / 2 : K, d_row = F == W6K ? K / 256 : G;
+  const bool vnni = G % 2 == 0 && has_vnni();
+  std::vector<int32_t> corr(vnni && F != W4 ? (F == W6K ? 2 : 1) * M * G : 0);
+  if (!corr.empty()) vnni_corrections<F>(xq.data(), M, K, corr.data());
+  const int64_t per_row = corr.empty() ? 0 : F == W6K ? 2 * G : G;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* wr = W + n * row_bytes;
+      const uint32_t* hr = H ? H + n * G : nullptr;
+      const float* dr = D + n * d_row;
+      const int8_t* sr = SC ? SC + n * (K / 16) : nullptr;
+      const float* mr = MN ? MN + n * G : nullptr;
+      auto rows = [&](auto tile, int64_t m) {  // rows m .. m + T - 1
+        constexpr int T = decltype(tile)::value;
+        if (vnni)
+          rows_dot_vnni<T, F>(wr, hr, dr, sr, mr, G, K, xq.data() + m * K, dx.data() + m * G,
+                              corr.data() + m * per_row, sx.data() + m * G, Y + m * N + n, N);
+        else
+          rows_dot<T, F>(wr, hr, dr, sr, mr, G, K, xq.data() + m * K, dx.data() + m * G,
+                         sx.data() + m * G, Y + m * N + n, N);
+      };
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) rows(std::integral_constant<int, 4>(), m);
+      for (; m < M; ++m) rows(std::integral_constant<int, 1>(), m);
+    }
+  });
+  return y;
+}
+
+at::Tensor q4q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& d,
+                   const at::Tensor& mn, int64_t act) {
+  return blocks_mm<W4>(x, w, d, d, d, mn, act);
+}
+at::Tensor q5q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& qh, const at::Tensor& d) {
+  return blocks_mm<W5>(x, w, qh, d, d, d, Q8_0);
+}
+at::Tensor q8q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& d) {
+  return blocks_mm<W8>(x, w, d, d, d, d, Q8_0);
+}
+at::Tensor q6q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sc, const at::Tensor& d) {
+  return blocks_mm<W6K>(x, w, d, d, sc, d, Q8_K);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(localchat, m) {
+  m.def("q4q8_mm(Tensor x, Tensor w, Tensor d, Tensor mn, int act) -> Tensor");
+  m.def("q5q8_mm(Tensor x, Tensor w, Tensor qh, Tensor d) -> Tensor");
+  m.def("q8q8_mm(Tensor x, Tensor w, Tensor d) -> Tensor");
+  m.def("q6q8_mm(Tensor x, Tensor w, Tensor sc, Tensor d) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(localchat, CPU, m) {
+  m.impl("q4q8_mm", &q4q8_mm);
+  m.impl("q5q8_mm", &q5q8_mm);
+  m.impl("q8q8_mm", &q8q8_mm);
+  m.impl("q6q8_mm", &q6q8_mm);
+}
