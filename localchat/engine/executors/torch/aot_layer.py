@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import inspect
 import os
 import platform
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -20,8 +20,9 @@ from localchat.paths import cache_dir
 
 LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
 # an artifact holds the layer's code and calls the q4q8 ops: a change to either builds anew
-CODE_DIGEST = hashlib.blake2b((inspect.getsource(layer_steps) + q4q8.SOURCE_DIGEST).encode(),
-                              digest_size=8).hexdigest()
+# (layer_steps' file as installed, source or bytecode)
+CODE_DIGEST = hashlib.blake2b(Path(layer_steps.__file__).read_bytes()
+                              + q4q8.SOURCE_DIGEST.encode(), digest_size=8).hexdigest()
 MAX_ROWS = 4096
 
 
