@@ -90,12 +90,13 @@ def _compare(a: str, b: str, la: torch.Tensor, lb: torch.Tensor) -> Comparison:
                       mean_logit_diff=(la - lb).abs().mean().item())
 
 
-def _llama_cpp_logits(facts: GGUFFacts, tokens: list[int], threads: int) -> torch.Tensor:
+def llama_cpp_logits(path, tokens: list[int], threads: int = 2) -> torch.Tensor:
+    """llama.cpp's logits at every position of one prompt pass over `tokens`."""
     import llama_cpp
 
     from localchat.engine.executors import llamacpp_vocab  # noqa: F401  (keeps llama.cpp's log off the terminal)
 
-    llm = llama_cpp.Llama(str(facts.path), n_ctx=len(tokens), n_batch=512, logits_all=True,
+    llm = llama_cpp.Llama(str(path), n_ctx=len(tokens), n_batch=512, logits_all=True,
                           n_threads=threads, n_threads_batch=threads, verbose=False)
     try:
         llm.eval(tokens)
@@ -104,13 +105,14 @@ def _llama_cpp_logits(facts: GGUFFacts, tokens: list[int], threads: int) -> torc
         llm.close()
 
 
-def _torch_logits(engine, tokens: list[int]) -> torch.Tensor:
-    """All positions in one prefill, through a KV store of its own (not the engine's pool)."""
+def torch_logits(weights, tokens: list[int]) -> torch.Tensor:
+    """The torch model's logits at every position of one prefill over `tokens`, through a KV
+    store of its own (not an engine's pool)."""
     from localchat.engine.executors.torch.executor import KV_DTYPE
     from localchat.engine.executors.torch.model import KVStore, LlamaModel
 
     n = len(tokens)
-    model = LlamaModel(engine.executor.model.w, max_positions=n)
+    model = LlamaModel(weights, max_positions=n)
     kv = KVStore(model.config, n, dtype=KV_DTYPE, device=model.device)
     return model.forward(torch.tensor(tokens), torch.arange(n), torch.arange(n), torch.arange(n),
                          kv, all_logits=True)
@@ -144,8 +146,8 @@ def _measure_file(facts: GGUFFacts, label: str, n: int, threads: int, report: Ag
     torch_engine = load_runtime(facts, "torch", **options)
     try:
         tokens = tokens or varied_text_tokens(torch_engine, n)
-        ours = _torch_logits(torch_engine, tokens)
-        theirs = _llama_cpp_logits(facts, tokens, threads)
+        ours = torch_logits(torch_engine.executor.model.w, tokens)
+        theirs = llama_cpp_logits(facts.path, tokens, threads)
         report.comparisons.append(_compare(f"torch {label}", f"llama.cpp {label}", ours, theirs))
         divergences = [_first_divergence(_greedy_tokens(torch_engine, p), _greedy_tokens(llama_engine, p))
                        for p in GREEDY_PROMPTS]

@@ -33,8 +33,10 @@ def write_random_model(path: Path, *, arch: str = "llama", seed: int = 0,
                        ggml_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
                        context_length: int = 4096, renamed_token: int | None = None,
                        token_texts: dict[int, str] | None = None,
-                       chat_template: bool = True) -> Path:
-    """A 2-layer model with random weights; `ggml_type` for the 2-D projections;
+                       chat_template: bool = True, dim: int = DIM, ffn: int = FFN,
+                       layers: int = LAYERS) -> Path:
+    """A model with random weights (2 layers of width 128 unless told); `ggml_type` for the
+    2-D projections;
     `renamed_token`: give that token another text (a vocabulary that differs);
     `token_texts`: replace these tokens' texts; chat_template False: the file has none."""
     rng = np.random.default_rng(seed)
@@ -49,10 +51,11 @@ def write_random_model(path: Path, *, arch: str = "llama", seed: int = 0,
     n_vocab = len(vocab["tokenizer.ggml.tokens"])
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"random-{arch}")
-    writer.add_block_count(LAYERS)
+    head_dim = dim // HEADS
+    writer.add_block_count(layers)
     writer.add_context_length(context_length)
-    writer.add_embedding_length(DIM)
-    writer.add_feed_forward_length(FFN)
+    writer.add_embedding_length(dim)
+    writer.add_feed_forward_length(ffn)
     writer.add_head_count(HEADS)
     writer.add_head_count_kv(KV_HEADS)
     writer.add_rope_freq_base(10000.0)
@@ -80,22 +83,22 @@ def write_random_model(path: Path, *, arch: str = "llama", seed: int = 0,
         else:
             writer.add_tensor(name, gguf.quants.quantize(w, ggml_type), raw_dtype=ggml_type)
 
-    writer.add_tensor("token_embd.weight", matrix(n_vocab, DIM, 1.0))
-    for i in range(LAYERS):
+    writer.add_tensor("token_embd.weight", matrix(n_vocab, dim, 1.0))
+    for i in range(layers):
         p = f"blk.{i}."
-        writer.add_tensor(p + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(DIM)).astype(np.float32))
-        add_matrix(p + "attn_q.weight", matrix(DIM, DIM, DIM ** -0.5))
-        add_matrix(p + "attn_k.weight", matrix(KV_HEADS * HEAD_DIM, DIM, DIM ** -0.5))
-        add_matrix(p + "attn_v.weight", matrix(KV_HEADS * HEAD_DIM, DIM, DIM ** -0.5))
+        writer.add_tensor(p + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
+        add_matrix(p + "attn_q.weight", matrix(dim, dim, dim ** -0.5))
+        add_matrix(p + "attn_k.weight", matrix(KV_HEADS * head_dim, dim, dim ** -0.5))
+        add_matrix(p + "attn_v.weight", matrix(KV_HEADS * head_dim, dim, dim ** -0.5))
         if arch == "qwen2":
-            for x, n in (("q", DIM), ("k", KV_HEADS * HEAD_DIM), ("v", KV_HEADS * HEAD_DIM)):
+            for x, n in (("q", dim), ("k", KV_HEADS * head_dim), ("v", KV_HEADS * head_dim)):
                 writer.add_tensor(p + f"attn_{x}.bias", (0.5 * rng.standard_normal(n)).astype(np.float32))
-        add_matrix(p + "attn_output.weight", matrix(DIM, DIM, DIM ** -0.5))
-        writer.add_tensor(p + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(DIM)).astype(np.float32))
-        add_matrix(p + "ffn_gate.weight", matrix(FFN, DIM, DIM ** -0.5))
-        add_matrix(p + "ffn_up.weight", matrix(FFN, DIM, DIM ** -0.5))
-        add_matrix(p + "ffn_down.weight", matrix(DIM, FFN, FFN ** -0.5))
-    writer.add_tensor("output_norm.weight", np.ones(DIM, dtype=np.float32))
+        add_matrix(p + "attn_output.weight", matrix(dim, dim, dim ** -0.5))
+        writer.add_tensor(p + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
+        add_matrix(p + "ffn_gate.weight", matrix(ffn, dim, dim ** -0.5))
+        add_matrix(p + "ffn_up.weight", matrix(ffn, dim, dim ** -0.5))
+        add_matrix(p + "ffn_down.weight", matrix(dim, ffn, ffn ** -0.5))
+    writer.add_tensor("output_norm.weight", np.ones(dim, dtype=np.float32))
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
     writer.write_header_to_file()

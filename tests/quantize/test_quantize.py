@@ -125,7 +125,7 @@ AGREEMENT_FLOOR = {"Q4_0": 0.65, "Q8_0": 0.93, "Q4_K_M": 0.8}
 def test_written_gguf_loads_in_both_engines(tmp_path, f32_gguf, type_name):
     """From the Q4_1 source (dequantized first) through the real CLI; both engines load
     the file, reply, and agree with float32 on most next tokens."""
-    from localchat.cli.eval_agreement import _llama_cpp_logits, _torch_logits, varied_text_tokens
+    from localchat.cli.eval_agreement import llama_cpp_logits, torch_logits, varied_text_tokens
     from localchat.engine import load_engine
     from localchat.models.files import validate_model_file
 
@@ -139,11 +139,11 @@ def test_written_gguf_loads_in_both_engines(tmp_path, f32_gguf, type_name):
                                kv_memory=512 * 23040)
     try:
         tokens = varied_text_tokens(torch_engine, 200)
-        ours = _torch_logits(torch_engine, tokens)
+        ours = torch_logits(torch_engine.executor.model.w, tokens)
     finally:
         torch_engine.close()
-    reference = _llama_cpp_logits(validate_model_file(f32_gguf), tokens, 2).argmax(-1)
-    theirs = _llama_cpp_logits(facts, tokens, 2)
+    reference = llama_cpp_logits(f32_gguf, tokens).argmax(-1)
+    theirs = llama_cpp_logits(facts.path, tokens)
     agreement = {name: (logits.argmax(-1) == reference).float().mean().item()
                  for name, logits in (("llama.cpp", theirs), ("torch", ours))}
     print(type_name, agreement)

@@ -16,8 +16,9 @@ from localchat.engine.executors.torch import gguf_blocks, kernels, q4q8, qlinear
 from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix, candidates
 
 ROWS, COLS = 96, 256
-BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q4_K: 144, Q.Q5_0: 22, Q.Q8_0: 34, Q.Q6_K: 210}
-WEIGHTS_PER_BLOCK = {Q.Q4_0: 32, Q.Q4_1: 32, Q.Q4_K: 256, Q.Q5_0: 32, Q.Q8_0: 32, Q.Q6_K: 256}
+BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q4_K: 144, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q5_K: 176,
+               Q.Q8_0: 34, Q.Q6_K: 210}
+WEIGHTS_PER_BLOCK = {t: 256 if t in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 32 for t in BLOCK_BYTES}
 SCALES_AT = {Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q6_K: (208,)}  # f16 d (and m, dmin)
 
 
@@ -47,7 +48,7 @@ def _source(*ggml_types: int, seed: int = 0) -> SourceMatrix:
     return SourceMatrix(dense, kind, n_bytes, 8 * n_bytes / dense.numel(), **forms)
 
 
-@pytest.mark.parametrize("ggml_type", [Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q8_0, Q.Q6_K])
+@pytest.mark.parametrize("ggml_type", list(BLOCK_BYTES))
 def test_gguf_blocks_unpack_exactly(ggml_type):
     raw = _random_blocks(ggml_type)
     expected = dequantize(raw, ggml_type)
@@ -58,6 +59,10 @@ def test_gguf_blocks_unpack_exactly(ggml_type):
         np.testing.assert_array_equal(gguf_blocks.dequantized_q4(*forms["int4"][:3]).numpy(),
                                       expected)
         ours = (q.reshape(ROWS, -1, 32) * scale[..., None] + minimum[..., None]).reshape(ROWS, COLS)
+    elif ggml_type in (Q.Q5_1, Q.Q5_K):
+        q, scale, minimum = (t.double() for t in forms["q5_blocks"])
+        assert q.min() >= 0 and q.max() <= 31
+        ours = q.reshape(ROWS, -1, 32) * scale[..., None] + minimum[..., None]
     elif "q6_blocks" in forms:
         codes, sc, d = (t.double() for t in forms["q6_blocks"])
         ours = (codes.reshape(ROWS, -1, 16) * (sc * d.repeat_interleave(16, 1))[..., None])
@@ -65,8 +70,8 @@ def test_gguf_blocks_unpack_exactly(ggml_type):
         codes, d = forms["q8_blocks"]
         ours = codes.double().reshape(ROWS, -1, 32) * d.double()[..., None]
         if ggml_type == Q.Q5_0:
-            q5, d5 = forms["q5_blocks"]
-            assert torch.equal(q5 - 16, codes.int()) and torch.equal(d5, d)
+            q5, d5, minimum = forms["q5_blocks"]
+            assert torch.equal(q5 - 16, codes.int()) and torch.equal(d5, d) and minimum is None
     np.testing.assert_array_equal(ours.reshape(ROWS, COLS).float().numpy(), expected)
 
 
@@ -74,7 +79,8 @@ def test_each_type_rounds_activations_as_llama_cpp_does():
     rounding = gguf_blocks.activation_rounding
     assert rounding({Q.Q4_1}) == "q8_1" and rounding({Q.Q4_0, Q.Q4_1}) == "q8_1"
     assert rounding({Q.Q5_0, Q.Q8_0}) == "q8_0"
-    assert rounding({Q.Q4_K}) == rounding({Q.Q6_K}) == "q8_k"
+    assert rounding({Q.Q4_K}) == rounding({Q.Q5_K}) == rounding({Q.Q6_K}) == "q8_k"
+    assert rounding({Q.Q5_1}) == "q8_1" and rounding({Q.Q5_1, Q.Q5_K}) is None
     assert rounding({Q.Q4_K, Q.Q5_0}) is None and rounding({Q.F16}) is None
 
 
@@ -85,7 +91,7 @@ NEEDS_Q4Q8 = pytest.mark.skipif(not q4q8.available(), reason="no AVX2 CPU or C++
     (Q.Q4_0, "int4pack"), (Q.Q4_1, "int4pack"), (Q.Q4_K, "int4pack"), (Q.Q8_0, "int4pack-x2"),
     *(pytest.param(t, k, marks=NEEDS_Q4Q8) for t, k in [
         (Q.Q4_0, "q4q8"), (Q.Q4_1, "q4q8"), (Q.Q4_K, "q4q8"), (Q.Q8_0, "q8q8"), (Q.Q5_0, "q5q8"),
-        (Q.Q5_0, "q8q8"), (Q.Q6_K, "q6q8")])])
+        (Q.Q5_0, "q8q8"), (Q.Q5_1, "q5q8"), (Q.Q5_K, "q5q8"), (Q.Q6_K, "q6q8")])])
 def test_exact_kernels_reproduce_the_dequantized_matrix(ggml_type, kernel):
     m = _source(ggml_type)
     layer = kernels.BY_NAME[kernel].build(m, torch.device("cpu"))
@@ -105,6 +111,8 @@ def test_candidates_keep_the_files_precision_within_the_memory_limit():
     # Q5_0 as int8 codes would be 9 bits a weight, 1.64x; int8pack requantizes (lossy)
     assert names("Q5_0", 5.5, **_forms(Q.Q5_0)) == {"q5q8", "int8pack-bf16", "int8pack-f32"}
     assert names("Q6_K", 6.5625, **_forms(Q.Q6_K)) == {"q6q8", "int8pack-bf16", "int8pack-f32"}
+    assert names("Q5_K", 5.5, **_forms(Q.Q5_K)) == {"q5q8", "int8pack-bf16", "int8pack-f32"}
+    assert names("mixed", 5.5, **_forms(Q.Q4_K, Q.Q6_K)) == {"int8pack-bf16", "int8pack-f32"}
     assert names("mixed", 6.3, **_forms(Q.Q5_0, Q.Q8_0)) == {"q8q8", "int8pack-bf16",
                                                             "int8pack-f32"}
     assert names("F16", 16) == {"f16"}  # never below the file's own precision

@@ -81,6 +81,13 @@ def test_5_8_and_6_bit_blocks_times_rounded_activations_are_llama_cpps_sums(k, i
     expected = _expected(x, "q8_0", q5 - 16, np.repeat(d, 2, axis=-1))
     np.testing.assert_allclose(ours.double().numpy(), expected, rtol=1e-5, atol=1e-5)
 
+    minimum = (rng.random((n, k // 32)).astype(np.float32) - 0.5) * 0.1  # Q5_1, Q5_K
+    for act in ("q8_1",) + (("q8_k",) if k % 256 == 0 else ()):
+        layer = q4q8.Q5Q8Linear(*(torch.from_numpy(t) for t in (q5, d, minimum)), act)
+        expected = _expected(x, act, q5, np.repeat(d, 2, axis=-1), minimum)
+        np.testing.assert_allclose(layer(torch.from_numpy(x)).double().numpy(), expected,
+                                   rtol=1e-5, atol=1e-5)
+
     codes = rng.integers(-127, 128, (n, k)).astype(np.int8)
     ours = q4q8.Q8Q8Linear(torch.from_numpy(codes), torch.from_numpy(d))(torch.from_numpy(x))
     expected = _expected(x, "q8_0", codes, np.repeat(d, 2, axis=-1))
@@ -103,14 +110,14 @@ def test_the_model_on_q4q8_compiled_ahead_of_time_computes_what_llama_cpp_does(e
     them (prompt, then one token a step). Two implementations that round activations to 8 bits
     agree up to near-ties (measured on 1100 positions: 96.8-97.7 % top-1, mean |Δlogit| ~0.16;
     llama.cpp against its own float32 run 97.2 %); a broken kernel scores near 0."""
-    from localchat.cli.eval_agreement import _llama_cpp_logits, varied_text_tokens
+    from localchat.cli.eval_agreement import llama_cpp_logits, varied_text_tokens
     from localchat.engine.executors.torch.model import LlamaModel
     from localchat.engine.executors.torch.weights import load_weights
     from localchat.models.specs import resolve_model_facts
 
     facts = resolve_model_facts("default")
     tokens = varied_text_tokens(engine, 128)[:128]
-    theirs = _llama_cpp_logits(facts, tokens, 2)[64:]
+    theirs = llama_cpp_logits(facts.path, tokens)[64:]
     monkeypatch.setattr(kernels, "KERNELS", tuple(kernels.BY_NAME[name] for name in
                                                   ("q4q8", "q8q8", "f32")))
     chooser = kernels.KernelChooser(torch.device("cpu"))

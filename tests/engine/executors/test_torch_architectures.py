@@ -12,34 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from localchat.engine.executors.torch.model import KVStore, LlamaModel
 from localchat.engine.executors.torch.rope import llama3_rope_factors
+from localchat.cli.eval_agreement import llama_cpp_logits, torch_logits
 from localchat.engine.executors.torch.weights import load_weights
 from localchat.errors import EngineError
 from helpers.tiny_models import HEAD_DIM, write_random_model
 
 N = 300  # positions: long enough for RoPE scaling to matter
-
-
-def llama_cpp_logits(path, tokens) -> torch.Tensor:
-    import llama_cpp
-
-    import localchat.engine.executors.llamacpp_vocab  # noqa: F401  (captures llama.cpp's log lines)
-
-    llm = llama_cpp.Llama(str(path), n_ctx=512, logits_all=True, n_threads=2, verbose=False)
-    try:
-        llm.eval(tokens)
-        return torch.from_numpy(np.array(llm.scores[:len(tokens)]))
-    finally:
-        llm.close()
-
-
-def torch_logits(weights, tokens) -> torch.Tensor:
-    model = LlamaModel(weights, max_positions=512)
-    n = len(tokens)
-    kv = KVStore(model.config, 512, dtype=torch.float16)
-    return model.forward(torch.tensor(tokens), torch.arange(n), torch.arange(n), torch.arange(n),
-                         kv, all_logits=True)
 
 
 @pytest.fixture(scope="module")

@@ -62,12 +62,16 @@ def layer_tensors(layer) -> list[torch.Tensor]:
 
 
 def signature(layer) -> str:
-    """What an artifact depends on in a layer: each linear's kind and tensor shapes."""
+    """What an artifact depends on in a layer: each linear's structure (its modules' kinds
+    and settings, such as an activation rounding) and tensor shapes."""
     parts = [f"bias={layer.bqkv is not None}"]
     for name in LINEARS:
         module = getattr(layer, name)
-        parts.append(type(module).__name__ + repr([(n, tuple(t.shape), str(t.dtype))
-                                                   for n, t in _tensor_attrs(module)]))
+        settings = [(n, type(m).__name__, sorted((k, v) for k, v in vars(m).items()
+                                                 if isinstance(v, (bool, int, float, str))))
+                    for n, m in module.named_modules()]
+        parts.append(repr(settings) + repr([(n, tuple(t.shape), str(t.dtype))
+                                            for n, t in _tensor_attrs(module)]))
     return ";".join(parts)
 
 

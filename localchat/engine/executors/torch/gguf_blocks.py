@@ -8,12 +8,12 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import Q4_K as GGUFQ4K
 
-GROUP = 32  # weights per block (Q4_0, Q4_1, Q5_0, Q8_0) or per sub-block (Q4_K)
+GROUP = 32  # weights per block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) or per sub-block (Q4_K, Q5_K)
 SUPER = 256  # weights per K-quant super-block
 
 # llama.cpp's vec_dot_type: how it rounds a matmul's activations for each weight type
-ACTIVATION_ROUNDING = {Q.Q4_0: "q8_0", Q.Q4_1: "q8_1", Q.Q5_0: "q8_0", Q.Q8_0: "q8_0",
-                       Q.Q4_K: "q8_k", Q.Q6_K: "q8_k"}
+ACTIVATION_ROUNDING = {Q.Q4_0: "q8_0", Q.Q4_1: "q8_1", Q.Q5_0: "q8_0", Q.Q5_1: "q8_1",
+                       Q.Q8_0: "q8_0", Q.Q4_K: "q8_k", Q.Q5_K: "q8_k", Q.Q6_K: "q8_k"}
 
 
 def activation_rounding(types) -> str | None:
@@ -69,15 +69,29 @@ def q8_parts(raw: np.ndarray, n_rows: int, n_cols: int) -> tuple[torch.Tensor, t
     return torch.from_numpy(codes), torch.from_numpy(_f16(blocks, 0))
 
 
-def q5_parts(raw: np.ndarray, n_rows: int, n_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Q5_0 matrix as (q [N, K] int32 in 0..31, d [N, K/32]) with w = (q − 16)·d: byte j
-    of the 16 holds weights j (low nibble) and j + 16, bit i of qh weight i's fifth bit."""
-    blocks = raw.reshape(n_rows, n_cols // GROUP, 22)
-    qh = blocks[..., 2:6].copy().view(np.uint32)  # [N, K/32, 1]
+def q5_blocks(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int):
+    """A Q5_0/Q5_1/Q5_K matrix as (q [N, K] int32 in 0..31, scale [N, K/32], minimum or None)
+    with w = q·scale + minimum per 32, or Q5_0's w = (q − 16)·scale. Q5_0/Q5_1: byte j of
+    the 16 holds weights j (low nibble) and j + 16, bit i of qh weight i's fifth bit; Q5_K:
+    bit j of qh's byte l is sub-block j's weight l (dequantize_row_q5_K's order)."""
+    if ggml_type == Q.Q5_K:
+        blocks = raw.reshape(-1, 176)
+        d, dmin = _f16(blocks, 0)[:, None], _f16(blocks, 2)[:, None]
+        sc, mins = GGUFQ4K.get_scale_min(blocks[:, 4:16])
+        qh = blocks[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+        ql = blocks[:, 48:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+        q = (ql & 0x0F).reshape(-1, 8, 32) | ((qh & 1) << 4)
+        scale = (d * sc.astype(np.float32)).reshape(n_rows, n_cols // GROUP)
+        minimum = -(dmin * mins.astype(np.float32)).reshape(n_rows, n_cols // GROUP)
+        return q.reshape(n_rows, n_cols).astype(np.int32), scale, minimum
+    with_min = ggml_type == Q.Q5_1
+    blocks = raw.reshape(n_rows, n_cols // GROUP, 24 if with_min else 22)
+    qh = blocks[..., -20:-16].copy().view(np.uint32)  # [N, K/32, 1]
     high = (qh >> np.arange(GROUP, dtype=np.uint32)) & 1
-    qs = blocks[..., 6:]
+    qs = blocks[..., -16:]
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1) | (high << 4).astype(np.uint8)
-    return torch.from_numpy(q.reshape(n_rows, n_cols).astype(np.int32)), torch.from_numpy(_f16(blocks, 0))
+    return (q.reshape(n_rows, n_cols).astype(np.int32), _f16(blocks, 0),
+            _f16(blocks, 2) if with_min else None)
 
 
 def q6k_parts(raw: np.ndarray, n_rows: int, n_cols: int):
@@ -103,8 +117,8 @@ def _int8_codes(ggml_type: int, raw: np.ndarray, n_rows: int, n_cols: int):
     """Q8_0's codes, or Q5_0's as q − 16, with their scale per 32."""
     if ggml_type == Q.Q8_0:
         return q8_parts(raw, n_rows, n_cols)
-    q, d = q5_parts(raw, n_rows, n_cols)
-    return (q - 16).to(torch.int8), d
+    q, d, _ = q5_blocks(raw, ggml_type, n_rows, n_cols)
+    return torch.from_numpy(q - 16).to(torch.int8), torch.from_numpy(d)
 
 
 def kernel_forms(parts: list[tuple[int, np.ndarray, int, int]]) -> dict:
@@ -119,8 +133,10 @@ def kernel_forms(parts: list[tuple[int, np.ndarray, int, int]]) -> dict:
     forms: dict = {"activations": activation_rounding(types)}
     if types <= {Q.Q8_0, Q.Q5_0}:
         forms["q8_blocks"] = joined(_int8_codes)
-    if types == {Q.Q5_0}:
-        forms["q5_blocks"] = joined(lambda _, raw, n, k: q5_parts(raw, n, k))
+    if len(types) == 1 and types <= {Q.Q5_0, Q.Q5_1, Q.Q5_K}:
+        q, scale, minimum = zip(*(q5_blocks(raw, t, n, k) for t, raw, n, k in parts))
+        forms["q5_blocks"] = (torch.from_numpy(np.concatenate(q)), torch.from_numpy(np.concatenate(scale)),
+                              None if minimum[0] is None else torch.from_numpy(np.concatenate(minimum)))
     if types == {Q.Q6_K}:
         forms["q6_blocks"] = joined(lambda _, raw, n, k: q6k_parts(raw, n, k))
     if types <= set(INT4_EXACT):

@@ -43,7 +43,7 @@ class SourceMatrix:
     int8: tuple[torch.Tensor, torch.Tensor] | None = None  # codes [N, K], per-row scales [N]
     # the file's blocks as gguf_blocks.py unpacks them, for the q4q8 family of kernels
     q4_blocks: tuple | None = None  # Q4_0/Q4_1/Q4_K: q 0..15, scale, minimum [N, K/32]
-    q5_blocks: tuple[torch.Tensor, torch.Tensor] | None = None  # Q5_0: q 0..31, d [N, K/32]
+    q5_blocks: tuple | None = None  # Q5_0/Q5_1/Q5_K: q 0..31, d, minimum (None: Q5_0's q − 16)
     q8_blocks: tuple[torch.Tensor, torch.Tensor] | None = None  # Q8_0, Q5_0: codes, d [N, K/32]
     q6_blocks: tuple | None = None  # Q6_K: codes, sc [N, K/16], d [N, K/256]
     activations: str | None = "q8_0"  # how llama.cpp rounds this matrix's activations
@@ -52,6 +52,12 @@ class SourceMatrix:
     def __post_init__(self) -> None:
         if self.shape is None:
             self.shape = tuple(self.dense.shape)
+
+    @property
+    def has_exact_form(self) -> bool:
+        """Whether some kernel takes the file's own values (else only float or requantized)."""
+        return any(f is not None for f in (self.int4, self.int8, self.q4_blocks, self.q5_blocks,
+                                           self.q8_blocks, self.q6_blocks))
 
     @property
     def dense(self) -> torch.Tensor:
@@ -112,8 +118,8 @@ KERNELS = (
            lambda m, dev: Int4PairLinear(*m.q8_blocks, dev)),
     Kernel("q4q8", 6.0, lambda m: _q4_blocks(m) is not None and m.activations is not None,
            lambda m, dev: Q4Q8Linear(*_q4_blocks(m), m.activations, dev), as_llama_cpp=True),
-    Kernel("q5q8", 6.0, lambda m: m.q5_blocks is not None,
-           lambda m, dev: Q5Q8Linear(*m.q5_blocks, dev), as_llama_cpp=True),
+    Kernel("q5q8", 6.0, lambda m: m.q5_blocks is not None and m.activations is not None,
+           lambda m, dev: Q5Q8Linear(*m.q5_blocks, m.activations, dev), as_llama_cpp=True),
     Kernel("q8q8", 9.0, lambda m: m.q8_blocks is not None,
            lambda m, dev: Q8Q8Linear(*m.q8_blocks, dev), as_llama_cpp=True),
     Kernel("q6q8", 8.625, lambda m: m.q6_blocks is not None,

@@ -14,7 +14,10 @@
 namespace {
 
 enum Act { Q8_0 = 0, Q8_1 = 1, Q8_K = 2 };  // llama.cpp's rounding of a matmul's activations
-enum Fmt { W4 = 0, W5 = 1, W8 = 2, W6K = 3 };  // how a weight row is held
+enum Fmt { W4 = 0, W5 = 1, W8 = 2, W6K = 3, W5M = 4 };  // how a weight row is held
+
+// Formats whose codes are unsigned, with an offset per 32 weights (w = q·d + minimum)
+template <int F> constexpr bool with_minimum() { return F == W4 || F == W5M; }
 
 inline float fp16_rounded(float v) { return _cvtsh_ss(_cvtss_sh(v, 0)); }
 
@@ -64,20 +67,22 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(lo, _mm_movehdup_ps(lo)));
 }
 
-// Group g's 32 weights as bytes: W4 unsigned nibbles 0..15; the others signed (W5: the
-// nibble and its fifth bit from qh, minus 16, as llama.cpp's Q5_0 dot product does).
+// Group g's 32 weights as bytes: W4 unsigned nibbles 0..15, W5M unsigned 0..31 (the nibble
+// and its fifth bit from qh); the others signed (W5: the same 5 bits minus 16, as llama.cpp's
+// Q5_0 dot product does).
 template <int F>
 inline __m256i load_group(const uint8_t* wr, const uint32_t* hr, int64_t g) {
   if (F == W8 || F == W6K) return _mm256_loadu_si256((const __m256i*)(wr + g * 32));
   const __m128i b = _mm_loadu_si128((const __m128i*)(wr + g * 16));
   __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0F));
-  if (F == W5) {
+  if (F == W5 || F == W5M) {
     const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
                                              0x0101010101010101, 0);
     __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32((int)hr[g]), spread);
     bits = _mm256_cmpeq_epi8(_mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
                              _mm256_set1_epi64x(-1));  // byte i: bit i of qh set
-    w = _mm256_or_si256(w, _mm256_andnot_si256(bits, _mm256_set1_epi8((char)0xF0)));
+    w = F == W5 ? _mm256_or_si256(w, _mm256_andnot_si256(bits, _mm256_set1_epi8((char)0xF0)))
+                : _mm256_or_si256(w, _mm256_and_si256(bits, _mm256_set1_epi8(0x10)));
   }
   return w;
 }
@@ -93,7 +98,7 @@ inline void rows_dot(const uint8_t* wr, const uint32_t* hr, const float* dr, con
   for (int j = 0; j < T; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
     const __m256i w = load_group<F>(wr, hr, g);
-    const __m256i wa = F == W4 ? w : _mm256_sign_epi8(w, w);
+    const __m256i wa = with_minimum<F>() ? w : _mm256_sign_epi8(w, w);
     // Q6_K: a scale per 16 weights (lanes 0-3, 4-7), d per 256 times an int8 sub-scale
     const __m256 dw = F == W6K
         ? _mm256_mul_ps(_mm256_set1_ps(dr[g / 8]), _mm256_cvtepi32_ps(_mm256_set_m128i(
@@ -101,21 +106,21 @@ inline void rows_dot(const uint8_t* wr, const uint32_t* hr, const float* dr, con
         : _mm256_set1_ps(dr[g]);
     for (int j = 0; j < T; ++j) {
       const __m256i xv = _mm256_loadu_si256((const __m256i*)(xq + j * K + g * 32));
-      const __m256i p16 = _mm256_maddubs_epi16(wa, F == W4 ? xv : _mm256_sign_epi8(xv, w));
+      const __m256i p16 = _mm256_maddubs_epi16(wa, with_minimum<F>() ? xv : _mm256_sign_epi8(xv, w));
       const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
       acc[j] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_broadcast_ss(dx + j * G + g)), acc[j]);
     }
   }
   for (int j = 0; j < T; ++j) {
     float out = hsum(acc[j]);
-    if (F == W4)
+    if (with_minimum<F>())
       for (int64_t g = 0; g < G; ++g) out += mr[g] * sx[j * G + g];
     y[j * ystride] = out;
   }
 }
 
 // The same sums with AVX-512 VNNI, two groups (64 weights) per instruction: every format as
-// unsigned bytes (W5 +16, W8 +128, W6K +32 on its codes; W4 as is) times the int8 codes
+// unsigned bytes (W5 +16, W8 +128, W6K +32 on its codes; W4 and W5M as they are) times the int8 codes
 // (vpdpbusd), the offset taken back exactly in int32 by starting each group's first lane (W6K:
 // each 16's) at -offset * Σ codes. Used where the CPU has it and a row holds an even number
 // of groups; every row of a call takes the same path, so rows still batch exactly.
@@ -139,7 +144,7 @@ inline __m512i load_pair(const uint8_t* wr, const uint32_t* hr, int64_t g) {
   const __m512i lo_hi = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, m)),
                                            _mm256_and_si256(_mm256_srli_epi16(b, 4), m), 1);
   __m512i w = _mm512_shuffle_i64x2(lo_hi, lo_hi, _MM_SHUFFLE(3, 1, 2, 0));  // g lo hi, g+1 lo hi
-  if (F == W5) {
+  if (F == W5 || F == W5M) {
     const __mmask64 bits = (__mmask64)hr[g] | ((__mmask64)hr[g + 1] << 32);
     w = _mm512_or_si512(w, _mm512_maskz_set1_epi8(bits, 0x10));
   }
@@ -185,7 +190,7 @@ inline void rows_dot_vnni(const uint8_t* wr, const uint32_t* hr, const float* dr
   }
   for (int j = 0; j < T; ++j) {
     float out = _mm512_reduce_add_ps(acc[j]);
-    if (F == W4) {
+    if (with_minimum<F>()) {
       __m512 m = _mm512_setzero_ps();
       for (int64_t g = 0; g < G; g += 16) {
         const __mmask16 k = G - g >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (G - g)) - 1);
@@ -215,8 +220,9 @@ void vnni_corrections(const int8_t* xq, int64_t M, int64_t K, int32_t* corr) {
 
 #pragma GCC pop_options
 
-// y [M, N] = x [M, K] times N weight rows held as F: codes w, and per row qh (W5), scales
-// d (per 32, or per 256 for W6K), sub-scales sc (W6K, per 16), offsets mn (W4, per 32).
+// y [M, N] = x [M, K] times N weight rows held as F: codes w, and per row qh (W5, W5M),
+// scales d (per 32, or per 256 for W6K), sub-scales sc (W6K, per 16), offsets mn (W4, W5M,
+// per 32).
 template <int F>
 at::Tensor blocks_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& qh,
                      const at::Tensor& d, const at::Tensor& sc, const at::Tensor& mn, int64_t act) {
@@ -228,14 +234,14 @@ at::Tensor blocks_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tens
   quantize_rows(x.data_ptr<float>(), M, K, (int)act, xq.data(), dx.data(), sx.data());
   at::Tensor y = at::empty({M, N}, x.options());
   const uint8_t* W = w.data_ptr<uint8_t>();
-  const uint32_t* H = F == W5 ? (const uint32_t*)qh.data_ptr<int32_t>() : nullptr;
+  const uint32_t* H = F == W5 || F == W5M ? (const uint32_t*)qh.data_ptr<int32_t>() : nullptr;
   const float* D = d.data_ptr<float>();
   const int8_t* SC = F == W6K ? sc.data_ptr<int8_t>() : nullptr;
-  const float* MN = F == W4 ? mn.data_ptr<float>() : nullptr;
+  const float* MN = with_minimum<F>() ? mn.data_ptr<float>() : nullptr;
   float* Y = y.data_ptr<float>();
-  const int64_t row_bytes = F == W4 || F == W5 ? K / 2 : K, d_row = F == W6K ? K / 256 : G;
+  const int64_t row_bytes = F == W4 || F == W5 || F == W5M ? K / 2 : K, d_row = F == W6K ? K / 256 : G;
   const bool vnni = G % 2 == 0 && has_vnni();
-  std::vector<int32_t> corr(vnni && F != W4 ? (F == W6K ? 2 : 1) * M * G : 0);
+  std::vector<int32_t> corr(vnni && !with_minimum<F>() ? (F == W6K ? 2 : 1) * M * G : 0);
   if (!corr.empty()) vnni_corrections<F>(xq.data(), M, K, corr.data());
   const int64_t per_row = corr.empty() ? 0 : F == W6K ? 2 * G : G;
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
@@ -266,8 +272,10 @@ at::Tensor q4q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& d
                    const at::Tensor& mn, int64_t act) {
   return blocks_mm<W4>(x, w, d, d, d, mn, act);
 }
-at::Tensor q5q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& qh, const at::Tensor& d) {
-  return blocks_mm<W5>(x, w, qh, d, d, d, Q8_0);
+// Q5_0 (signed, Q8_0 activations) when mn is empty, else w = q·d + mn (Q5_1, Q5_K)
+at::Tensor q5q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& qh, const at::Tensor& d,
+                   const at::Tensor& mn, int64_t act) {
+  return mn.numel() ? blocks_mm<W5M>(x, w, qh, d, d, mn, act) : blocks_mm<W5>(x, w, qh, d, d, d, Q8_0);
 }
 at::Tensor q8q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& d) {
   return blocks_mm<W8>(x, w, d, d, d, d, Q8_0);
@@ -280,7 +288,7 @@ at::Tensor q6q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s
 
 TORCH_LIBRARY(localchat, m) {
   m.def("q4q8_mm(Tensor x, Tensor w, Tensor d, Tensor mn, int act) -> Tensor");
-  m.def("q5q8_mm(Tensor x, Tensor w, Tensor qh, Tensor d) -> Tensor");
+  m.def("q5q8_mm(Tensor x, Tensor w, Tensor qh, Tensor d, Tensor mn, int act) -> Tensor");
   m.def("q8q8_mm(Tensor x, Tensor w, Tensor d) -> Tensor");
   m.def("q6q8_mm(Tensor x, Tensor w, Tensor sc, Tensor d) -> Tensor");
 }

@@ -1,4 +1,4 @@
-"""GGUF blocks (Q4_0, Q4_1, Q4_K, Q5_0, Q8_0, Q6_K) times int8-rounded activations, as
+"""GGUF blocks (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0, Q6_K) times int8-rounded activations, as
 llama.cpp computes them on x86: activations rounded per block as its Q8_0/Q8_1/Q8_K do,
 integer dot products per 32 weights (AVX2; AVX-512 VNNI where present). C++ ops (q4q8.cpp)
 built once per machine into the cache dir; kernels.py offers them beside PyTorch's kernels."""
@@ -120,21 +120,25 @@ class Q4Q8Linear(BlockLinear):
 
 
 class Q5Q8Linear(BlockLinear):
-    """Q5_0: w = (q − 16)·d, q in 0..31, per 32 weights (exact), held as 4-bit codes plus a
-    bit plane; x rounded to Q8_0."""
+    """5-bit codes q in 0..31 per 32 weights (exact), held as 4-bit codes plus a bit plane:
+    Q5_0's w = (q − 16)·d with x rounded to Q8_0 when `minimum` is None, else w = q·d +
+    minimum (Q5_1, Q5_K) with x rounded as `act`."""
 
-    def __init__(self, q: torch.Tensor, d: torch.Tensor,
-                 device: torch.device = torch.device("cpu")) -> None:
-        super().__init__(*q.shape, device)
+    def __init__(self, q: torch.Tensor, d: torch.Tensor, minimum: torch.Tensor | None = None,
+                 act: str = "q8_0", device: torch.device = torch.device("cpu")) -> None:
+        super().__init__(*q.shape, device, 256 if act == "q8_k" else GROUP)
         self.packed = _nibbles(q)
         high = ((q.to(torch.int64) >> 4) & 1).view(q.shape[0], -1, GROUP)
         bits = (high << torch.arange(GROUP)).sum(-1)  # bit i: weight i's fifth bit
         self.high = torch.where(bits >= 1 << 31, bits - (1 << 32), bits).to(torch.int32).contiguous()
         self.scale = d.float().contiguous()
+        self.minimum = torch.empty(0) if minimum is None else minimum.float().contiguous()
+        self.act = ACTIVATIONS["q8_0" if minimum is None else act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._out(torch.ops.localchat.q5q8_mm(
-            x.reshape(-1, self.in_features), self.packed, self.high, self.scale), x)
+            x.reshape(-1, self.in_features), self.packed, self.high, self.scale, self.minimum,
+            self.act), x)
 
 
 class Q8Q8Linear(BlockLinear):

@@ -59,6 +59,20 @@ class Int4PairLinear(torch.nn.Module):
         return self.low(x) + self.high(x)
 
 
+class RowStack(torch.nn.Module):
+    """Layers stacked by output rows (one matmul's worth, each on its own kernel): their
+    outputs side by side."""
+
+    def __init__(self, parts: list[torch.nn.Module]) -> None:
+        super().__init__()
+        self.parts = torch.nn.ModuleList(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)
+
+
 class DenseLinear(torch.nn.Module):
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()

@@ -4,6 +4,7 @@ chose for it; the token embedding keeps the file's rows and dequantizes those lo
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from gguf.quants import dequantize
 
 from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix
 from localchat.engine.executors.torch.gguf_blocks import dequantized_q4, kernel_forms
+from localchat.engine.executors.torch.qlinear import RowStack
 from localchat.errors import EngineError
 from localchat.models.gguf_checks import check_model_metadata
 from localchat.models.gguf_reader import read_gguf
@@ -208,7 +210,14 @@ def load_weights(path: Path, device: torch.device = torch.device("cpu"),
                             shape=shape, **forms)
 
     def linear(label: str, *names: str) -> torch.nn.Module:
-        return chooser.build(source(names), label)
+        """One layer for matrices fused by rows; split into one per matrix when their types
+        have no exact kernel together (a Q4_K_M file's Q4_K q/k with a Q6_K v)."""
+        m = source(names)
+        if m.kind == "mixed" and not m.has_exact_form:
+            runs = itertools.groupby(names, key=lambda name: tensors[name].ggml_type)
+            return RowStack([linear("+".join(n.split(".")[-2] for n in run), *run)
+                             for run in (list(r) for _, r in runs)])
+        return chooser.build(m, label)
 
     def biases(*names: str) -> torch.Tensor | None:
         return torch.cat([dense(n) for n in names]) if all(n in tensors for n in names) else None
