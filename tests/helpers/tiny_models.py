@@ -34,7 +34,7 @@ def write_random_model(path: Path, *, arch: str = "llama", seed: int = 0,
                        context_length: int = 4096, renamed_token: int | None = None,
                        token_texts: dict[int, str] | None = None,
                        chat_template: bool = True, dim: int = DIM, ffn: int = FFN,
-                       layers: int = LAYERS) -> Path:
+                       layers: int = LAYERS, heads: int = HEADS, kv_heads: int = KV_HEADS) -> Path:
     """A model with random weights (2 layers of width 128 unless told); `ggml_type` for the
     2-D projections;
     `renamed_token`: give that token another text (a vocabulary that differs);
@@ -51,13 +51,13 @@ def write_random_model(path: Path, *, arch: str = "llama", seed: int = 0,
     n_vocab = len(vocab["tokenizer.ggml.tokens"])
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"random-{arch}")
-    head_dim = dim // HEADS
+    head_dim = dim // heads
     writer.add_block_count(layers)
     writer.add_context_length(context_length)
     writer.add_embedding_length(dim)
     writer.add_feed_forward_length(ffn)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     if linear_rope_factor is not None:
@@ -88,10 +88,10 @@ def write_random_model(path: Path, *, arch: str = "llama", seed: int = 0,
         p = f"blk.{i}."
         writer.add_tensor(p + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
         add_matrix(p + "attn_q.weight", matrix(dim, dim, dim ** -0.5))
-        add_matrix(p + "attn_k.weight", matrix(KV_HEADS * head_dim, dim, dim ** -0.5))
-        add_matrix(p + "attn_v.weight", matrix(KV_HEADS * head_dim, dim, dim ** -0.5))
+        add_matrix(p + "attn_k.weight", matrix(kv_heads * head_dim, dim, dim ** -0.5))
+        add_matrix(p + "attn_v.weight", matrix(kv_heads * head_dim, dim, dim ** -0.5))
         if arch == "qwen2":
-            for x, n in (("q", dim), ("k", KV_HEADS * head_dim), ("v", KV_HEADS * head_dim)):
+            for x, n in (("q", dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim)):
                 writer.add_tensor(p + f"attn_{x}.bias", (0.5 * rng.standard_normal(n)).astype(np.float32))
         add_matrix(p + "attn_output.weight", matrix(dim, dim, dim ** -0.5))
         writer.add_tensor(p + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))

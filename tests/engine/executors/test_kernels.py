@@ -17,9 +17,12 @@ from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix
 
 ROWS, COLS = 96, 256
 BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q4_K: 144, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q5_K: 176,
-               Q.Q8_0: 34, Q.Q6_K: 210}
-WEIGHTS_PER_BLOCK = {t: 256 if t in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 32 for t in BLOCK_BYTES}
-SCALES_AT = {Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q6_K: (208,)}  # f16 d (and m, dmin)
+               Q.Q8_0: 34, Q.Q6_K: 210, Q.Q3_K: 110, Q.Q2_K: 84}
+K_QUANTS = (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+WEIGHTS_PER_BLOCK = {t: 256 if t in K_QUANTS else 32 for t in BLOCK_BYTES}
+# where each block's f16 d (and m, or dmin) are
+SCALES_AT = {Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q6_K: (208,), Q.Q3_K: (108,),
+             Q.Q2_K: (80, 82)}
 
 
 def _random_blocks(ggml_type: int, seed: int = 0) -> np.ndarray:
@@ -63,8 +66,13 @@ def test_gguf_blocks_unpack_exactly(ggml_type):
         q, scale, minimum = (t.double() for t in forms["q5_blocks"])
         assert q.min() >= 0 and q.max() <= 31
         ours = q.reshape(ROWS, -1, 32) * scale[..., None] + minimum[..., None]
-    elif "q6_blocks" in forms:
-        codes, sc, d = (t.double() for t in forms["q6_blocks"])
+    elif "q2_blocks" in forms:
+        q, scale_bytes, d, dmin = forms["q2_blocks"]
+        sc, m = (scale_bytes & 15).double(), (scale_bytes >> 4).double()
+        d16, dmin16 = d.double().repeat_interleave(16, 1), dmin.double().repeat_interleave(16, 1)
+        ours = q.double().reshape(ROWS, -1, 16) * (d16 * sc)[..., None] - (dmin16 * m)[..., None]
+    elif "q6_blocks" in forms or "q3_blocks" in forms:
+        codes, sc, d = (t.double() for t in forms.get("q6_blocks") or forms["q3_blocks"])
         ours = (codes.reshape(ROWS, -1, 16) * (sc * d.repeat_interleave(16, 1))[..., None])
     else:
         codes, d = forms["q8_blocks"]
@@ -91,7 +99,8 @@ NEEDS_Q4Q8 = pytest.mark.skipif(not q4q8.available(), reason="no AVX2 CPU or C++
     (Q.Q4_0, "int4pack"), (Q.Q4_1, "int4pack"), (Q.Q4_K, "int4pack"), (Q.Q8_0, "int4pack-x2"),
     *(pytest.param(t, k, marks=NEEDS_Q4Q8) for t, k in [
         (Q.Q4_0, "q4q8"), (Q.Q4_1, "q4q8"), (Q.Q4_K, "q4q8"), (Q.Q8_0, "q8q8"), (Q.Q5_0, "q5q8"),
-        (Q.Q5_0, "q8q8"), (Q.Q5_1, "q5q8"), (Q.Q5_K, "q5q8"), (Q.Q6_K, "q6q8")])])
+        (Q.Q5_0, "q8q8"), (Q.Q5_1, "q5q8"), (Q.Q5_K, "q5q8"), (Q.Q6_K, "q6q8"), (Q.Q3_K, "q3q8"),
+        (Q.Q2_K, "q2q8")])])
 def test_exact_kernels_reproduce_the_dequantized_matrix(ggml_type, kernel):
     m = _source(ggml_type)
     layer = kernels.BY_NAME[kernel].build(m, torch.device("cpu"))
@@ -113,6 +122,8 @@ def test_candidates_keep_the_files_precision_within_the_memory_limit():
     assert names("Q6_K", 6.5625, **_forms(Q.Q6_K)) == {"q6q8", "int8pack-bf16", "int8pack-f32"}
     assert names("Q5_K", 5.5, **_forms(Q.Q5_K)) == {"q5q8", "int8pack-bf16", "int8pack-f32"}
     assert names("mixed", 5.5, **_forms(Q.Q4_K, Q.Q6_K)) == {"int8pack-bf16", "int8pack-f32"}
+    assert names("Q3_K", 3.4375, **_forms(Q.Q3_K)) == {"q3q8"}  # int8pack would be 2.3x
+    assert names("Q2_K", 2.625, **_forms(Q.Q2_K)) == {"q2q8"}
     assert names("mixed", 6.3, **_forms(Q.Q5_0, Q.Q8_0)) == {"q8q8", "int8pack-bf16",
                                                             "int8pack-f32"}
     assert names("F16", 16) == {"f16"}  # never below the file's own precision

@@ -38,15 +38,20 @@ def _rounded_activations(x: np.ndarray, act: str):
     return q, dx, sx
 
 
-def _expected(x, act, codes, scale16, minimum=None):
+def _expected(x, act, codes, scale16, minimum=None, minimum16=None):
     """Σ over 16-weight halves of (integer dot) · weight scale · activation scale, plus the
-    offset term: the sum llama.cpp's dot products compute, up to float summation order."""
+    offset terms (per 32, or per 16 as Q2_K's): the sum llama.cpp's dot products compute, up to
+    float summation order."""
     q, dx, sx = _rounded_activations(x, act)
     n, k = codes.shape
-    dots = np.einsum("rhi,nhi->rnh", q.reshape(q.shape[0], -1, 16).astype(np.float64),
-                     codes.reshape(n, -1, 16).astype(np.float64))  # integers, exactly
+    q16 = q.reshape(q.shape[0], -1, 16).astype(np.float64)
+    dots = np.einsum("rhi,nhi->rnh", q16, codes.reshape(n, -1, 16).astype(np.float64))  # exact
     y = np.einsum("rnh,nh,rh->rn", dots, scale16, np.repeat(dx, 2, axis=-1))
-    return y if minimum is None else y + np.einsum("ng,rg->rn", minimum, sx)
+    if minimum is not None:
+        y += np.einsum("ng,rg->rn", minimum, sx)
+    if minimum16 is not None:
+        y += np.einsum("nh,rh->rn", minimum16, np.repeat(dx, 2, axis=-1) * q16.sum(-1))
+    return y
 
 
 ISAS = pytest.mark.parametrize("isa", ["avx2", "native"])  # native: AVX-512 VNNI where present
@@ -70,7 +75,7 @@ def test_4_bit_blocks_times_rounded_activations_are_llama_cpps_sums(act, isa, mo
 
 @ISAS
 @pytest.mark.parametrize("k", [480, 512])  # 15 groups a row: the AVX2 path on every CPU
-def test_5_8_and_6_bit_blocks_times_rounded_activations_are_llama_cpps_sums(k, isa, monkeypatch):
+def test_2_3_5_8_and_6_bit_blocks_times_rounded_activations_are_llama_cpps_sums(k, isa, monkeypatch):
     monkeypatch.setenv("LOCALCHAT_Q4Q8_ISA", isa)
     rng = np.random.default_rng(1)
     n, rows = 24, 6
@@ -95,6 +100,23 @@ def test_5_8_and_6_bit_blocks_times_rounded_activations_are_llama_cpps_sums(k, i
 
     if k % 256:
         return
+    codes3 = rng.integers(-4, 4, (n, k)).astype(np.int8)  # Q3_K
+    sc3 = rng.integers(-32, 32, (n, k // 16)).astype(np.int8)
+    d256 = rng.random((n, k // 256)).astype(np.float32) * 1e-3
+    layer = q4q8.Q3Q8Linear(*(torch.from_numpy(t) for t in (codes3, sc3, d256)))
+    expected = _expected(x, "q8_k", codes3, np.repeat(d256, 16, axis=-1) * sc3)
+    np.testing.assert_allclose(layer(torch.from_numpy(x)).double().numpy(), expected,
+                               rtol=1e-5, atol=1e-5)
+
+    q2 = rng.integers(0, 4, (n, k)).astype(np.uint8)  # Q2_K
+    scale_bytes = rng.integers(0, 256, (n, k // 16)).astype(np.uint8)
+    dmin = rng.random((n, k // 256)).astype(np.float32) * 1e-3
+    layer = q4q8.Q2Q8Linear(*(torch.from_numpy(t) for t in (q2, scale_bytes, d256, dmin)))
+    expected = _expected(x, "q8_k", q2, np.repeat(d256, 16, axis=-1) * (scale_bytes & 15),
+                         None, -np.repeat(dmin, 16, axis=-1) * (scale_bytes >> 4))
+    np.testing.assert_allclose(layer(torch.from_numpy(x)).double().numpy(), expected,
+                               rtol=1e-5, atol=1e-5)
+
     codes6 = rng.integers(-32, 32, (n, k)).astype(np.int8)
     sc = rng.integers(-128, 128, (n, k // 16)).astype(np.int8)
     d256 = rng.random((n, k // 256)).astype(np.float32) * 1e-3

@@ -13,7 +13,8 @@ SUPER = 256  # weights per K-quant super-block
 
 # llama.cpp's vec_dot_type: how it rounds a matmul's activations for each weight type
 ACTIVATION_ROUNDING = {Q.Q4_0: "q8_0", Q.Q4_1: "q8_1", Q.Q5_0: "q8_0", Q.Q5_1: "q8_1",
-                       Q.Q8_0: "q8_0", Q.Q4_K: "q8_k", Q.Q5_K: "q8_k", Q.Q6_K: "q8_k"}
+                       Q.Q8_0: "q8_0", Q.Q2_K: "q8_k", Q.Q3_K: "q8_k", Q.Q4_K: "q8_k", Q.Q5_K: "q8_k",
+                       Q.Q6_K: "q8_k"}
 
 
 def activation_rounding(types) -> str | None:
@@ -110,6 +111,36 @@ def q6k_parts(raw: np.ndarray, n_rows: int, n_cols: int):
             torch.from_numpy(_f16(blocks, 208).reshape(n_rows, n_cols // SUPER)))
 
 
+def q3k_parts(raw: np.ndarray, n_rows: int, n_cols: int):
+    """A Q3_K matrix as (codes int8 in −4..3 [N, K], sc int8 [N, K/16], d [N, K/256]) with
+    w = d·sc·code: per 128 weights, qs's bit pairs 0-1, 2-3, 4-5, 6-7 of bytes 0-31, the code
+    lowered by 4 where hmask's bit is clear, and 6-bit scales − 32, as dequantize_row_q3_K."""
+    blocks = raw.reshape(-1, 110)
+    shifts4 = np.array([0, 2, 4, 6], dtype=np.uint8)
+    ql = blocks[:, 32:96].reshape(-1, 2, 1, 32) >> shifts4.reshape(1, 1, 4, 1)
+    hm = blocks[:, :32].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+    codes = (ql & 3).reshape(-1, 8, 32).astype(np.int8) - 4 * ((hm & 1) ^ 1).astype(np.int8)
+    low = blocks[:, 96:104].reshape(-1, 1, 8) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)
+    high = blocks[:, 104:108].reshape(-1, 1, 4) >> shifts4.reshape(1, 4, 1)
+    sc = ((low.reshape(-1, 16) & 0x0F) | ((high.reshape(-1, 16) & 3) << 4)).astype(np.int8) - 32
+    return (torch.from_numpy(codes.reshape(n_rows, n_cols)),
+            torch.from_numpy(sc.reshape(n_rows, n_cols // 16)),
+            torch.from_numpy(_f16(blocks, 108).reshape(n_rows, n_cols // SUPER)))
+
+
+def q2k_parts(raw: np.ndarray, n_rows: int, n_cols: int):
+    """A Q2_K matrix as (codes uint8 in 0..3 [N, K], the scale bytes [N, K/16], d and dmin
+    [N, K/256]) with w = d·(byte & 15)·code − dmin·(byte >> 4) per 16: codes from qs's bit
+    pairs as in Q3_K, as dequantize_row_q2_K reads them."""
+    blocks = raw.reshape(-1, 84)
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    ql = blocks[:, 16:80].reshape(-1, 2, 1, 32) >> shifts
+    return (torch.from_numpy((ql & 3).reshape(n_rows, n_cols)),
+            torch.from_numpy(blocks[:, :16].reshape(n_rows, n_cols // 16).copy()),
+            torch.from_numpy(_f16(blocks, 80).reshape(n_rows, n_cols // SUPER)),
+            torch.from_numpy(_f16(blocks, 82).reshape(n_rows, n_cols // SUPER)))
+
+
 INT4_EXACT = (Q.Q4_0, Q.Q4_1, Q.Q4_K)  # types PyTorch's int4 kernel reproduces exactly
 
 
@@ -123,7 +154,7 @@ def _int8_codes(ggml_type: int, raw: np.ndarray, n_rows: int, n_cols: int):
 
 def kernel_forms(parts: list[tuple[int, np.ndarray, int, int]]) -> dict:
     """Matrices stacked by rows, each (ggml type, raw blocks, rows, columns), in every exact
-    form some kernel takes (kernels.SourceMatrix's fields): int4, q4/q5/q6/q8 blocks, and how
+    form some kernel takes (kernels.SourceMatrix's fields): int4, q2/q3/q4/q5/q6/q8 blocks, and how
     llama.cpp rounds their activations."""
     types = {p[0] for p in parts}
 
@@ -139,6 +170,10 @@ def kernel_forms(parts: list[tuple[int, np.ndarray, int, int]]) -> dict:
                               None if minimum[0] is None else torch.from_numpy(np.concatenate(minimum)))
     if types == {Q.Q6_K}:
         forms["q6_blocks"] = joined(lambda _, raw, n, k: q6k_parts(raw, n, k))
+    if types == {Q.Q3_K}:
+        forms["q3_blocks"] = joined(lambda _, raw, n, k: q3k_parts(raw, n, k))
+    if types == {Q.Q2_K}:
+        forms["q2_blocks"] = joined(lambda _, raw, n, k: q2k_parts(raw, n, k))
     if types <= set(INT4_EXACT):
         q, scale, minimum = (torch.from_numpy(np.concatenate(xs)) for xs in zip(
             *(q4_blocks(raw, t, n, k) for t, raw, n, k in parts)))

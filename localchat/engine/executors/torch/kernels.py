@@ -16,7 +16,8 @@ import torch
 
 from localchat.atomic import atomic_write_text
 from localchat.engine.executors.torch import q4q8
-from localchat.engine.executors.torch.q4q8 import Q4Q8Linear, Q5Q8Linear, Q6Q8Linear, Q8Q8Linear
+from localchat.engine.executors.torch.q4q8 import (Q2Q8Linear, Q3Q8Linear, Q4Q8Linear, Q5Q8Linear,
+                                                  Q6Q8Linear, Q8Q8Linear)
 from localchat.engine.executors.torch.qlinear import (DenseLinear, HalfLinear, Int4Linear,
                                                      Int4PairLinear, Int8Linear)
 from localchat.errors import EngineError
@@ -46,6 +47,8 @@ class SourceMatrix:
     q5_blocks: tuple | None = None  # Q5_0/Q5_1/Q5_K: q 0..31, d, minimum (None: Q5_0's q − 16)
     q8_blocks: tuple[torch.Tensor, torch.Tensor] | None = None  # Q8_0, Q5_0: codes, d [N, K/32]
     q6_blocks: tuple | None = None  # Q6_K: codes, sc [N, K/16], d [N, K/256]
+    q3_blocks: tuple | None = None  # Q3_K: codes −4..3, sc [N, K/16], d [N, K/256]
+    q2_blocks: tuple | None = None  # Q2_K: codes 0..3, scale bytes [N, K/16], d, dmin [N, K/256]
     activations: str | None = "q8_0"  # how llama.cpp rounds this matrix's activations
     shape: tuple[int, int] | None = None  # [N, K]; needed when `reference` is a function
 
@@ -57,7 +60,8 @@ class SourceMatrix:
     def has_exact_form(self) -> bool:
         """Whether some kernel takes the file's own values (else only float or requantized)."""
         return any(f is not None for f in (self.int4, self.int8, self.q4_blocks, self.q5_blocks,
-                                           self.q8_blocks, self.q6_blocks))
+                                           self.q8_blocks, self.q6_blocks, self.q3_blocks,
+                                           self.q2_blocks))
 
     @property
     def dense(self) -> torch.Tensor:
@@ -124,6 +128,10 @@ KERNELS = (
            lambda m, dev: Q8Q8Linear(*m.q8_blocks, dev), as_llama_cpp=True),
     Kernel("q6q8", 8.625, lambda m: m.q6_blocks is not None,
            lambda m, dev: Q6Q8Linear(*m.q6_blocks, dev), as_llama_cpp=True),
+    Kernel("q3q8", 3.625, lambda m: m.q3_blocks is not None,
+           lambda m, dev: Q3Q8Linear(*m.q3_blocks, dev), as_llama_cpp=True),
+    Kernel("q2q8", 2.75, lambda m: m.q2_blocks is not None,
+           lambda m, dev: Q2Q8Linear(*m.q2_blocks, dev), as_llama_cpp=True),
     Kernel("int8pack-bf16", 8.0, _int8_usable,
            lambda m, dev: Int8Linear(*_int8_parts(m), torch.bfloat16, dev),
            exact=lambda m: m.int8 is not None),

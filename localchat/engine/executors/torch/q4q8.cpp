@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -14,10 +15,30 @@
 namespace {
 
 enum Act { Q8_0 = 0, Q8_1 = 1, Q8_K = 2 };  // llama.cpp's rounding of a matmul's activations
-enum Fmt { W4 = 0, W5 = 1, W8 = 2, W6K = 3, W5M = 4 };  // how a weight row is held
+enum Fmt { W4 = 0, W5 = 1, W8 = 2, W6K = 3, W5M = 4, W3K = 5, W2K = 6 };  // how a row is held
 
-// Formats whose codes are unsigned, with an offset per 32 weights (w = q·d + minimum)
+// Formats with an offset per 32 weights (w = q·d + minimum)
 template <int F> constexpr bool with_minimum() { return F == W4 || F == W5M; }
+// Formats whose codes are unsigned bytes as loaded (the rest are signed)
+template <int F> constexpr bool unsigned_codes() { return F == W4 || F == W5M || F == W2K; }
+// Formats with a sub-scale per 16 weights and d per 256 (the K-quants Q6_K, Q3_K, Q2_K):
+// int8, or for W2K a byte holding the scale (low nibble) and the offset's (high nibble)
+template <int F> constexpr bool per_16() { return F == W6K || F == W3K || F == W2K; }
+// What the VNNI path adds to a signed format's codes to make them unsigned
+template <int F> constexpr int code_offset() {
+  return F == W5 ? 16 : F == W8 ? 128 : F == W6K ? 32 : F == W3K ? 4 : 0;
+}
+template <int F> inline int sub_scale(const int8_t* sr, int64_t i) {
+  return F == W2K ? (uint8_t)sr[i] & 0x0F : sr[i];
+}
+// Formats with a bit plane beside the codes (a uint32 per 32 weights)
+template <int F> constexpr bool with_bit_plane() { return F == W5 || F == W5M || F == W3K; }
+
+inline int64_t load_8_bytes(const uint8_t* p) {
+  int64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
 
 inline float fp16_rounded(float v) { return _cvtsh_ss(_cvtss_sh(v, 0)); }
 
@@ -67,24 +88,58 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(lo, _mm_movehdup_ps(lo)));
 }
 
+// 0xFF in byte i where bit i of `plane` is set
+inline __m256i bit_mask(uint32_t plane) {
+  const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0);
+  const __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32((int)plane), spread);
+  return _mm256_cmpeq_epi8(_mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                           _mm256_set1_epi64x(-1));
+}
+
+// W3K's 32 2-bit codes from 8 bytes: byte i holds weights i, i + 8, i + 16, i + 24 in its
+// bit pairs from the lowest; as bytes 0..3 in weight order
+inline __m256i two_bit_codes(const uint8_t* p) {
+  return _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(load_8_bytes(p)),
+                                            _mm256_set_epi64x(6, 4, 2, 0)), _mm256_set1_epi8(3));
+}
+
 // Group g's 32 weights as bytes: W4 unsigned nibbles 0..15, W5M unsigned 0..31 (the nibble
-// and its fifth bit from qh); the others signed (W5: the same 5 bits minus 16, as llama.cpp's
-// Q5_0 dot product does).
+// and its fifth bit from qh), W2K unsigned 0..3; the others signed (W5: the same 5 bits minus
+// 16, as llama.cpp's Q5_0 dot product does; W3K: 2 bits and the plane's bit as 4, minus 4,
+// as Q3_K's).
 template <int F>
 inline __m256i load_group(const uint8_t* wr, const uint32_t* hr, int64_t g) {
   if (F == W8 || F == W6K) return _mm256_loadu_si256((const __m256i*)(wr + g * 32));
+  if (F == W2K) return two_bit_codes(wr + g * 8);
+  if (F == W3K) {
+    const __m256i w = _mm256_or_si256(two_bit_codes(wr + g * 8),
+                                      _mm256_and_si256(bit_mask(hr[g]), _mm256_set1_epi8(4)));
+    return _mm256_sub_epi8(w, _mm256_set1_epi8(4));
+  }
   const __m128i b = _mm_loadu_si128((const __m128i*)(wr + g * 16));
   __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0F));
-  if (F == W5 || F == W5M) {
-    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                             0x0101010101010101, 0);
-    __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32((int)hr[g]), spread);
-    bits = _mm256_cmpeq_epi8(_mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
-                             _mm256_set1_epi64x(-1));  // byte i: bit i of qh set
-    w = F == W5 ? _mm256_or_si256(w, _mm256_andnot_si256(bits, _mm256_set1_epi8((char)0xF0)))
-                : _mm256_or_si256(w, _mm256_and_si256(bits, _mm256_set1_epi8(0x10)));
-  }
+  if (F == W5)
+    w = _mm256_or_si256(w, _mm256_andnot_si256(bit_mask(hr[g]), _mm256_set1_epi8((char)0xF0)));
+  if (F == W5M)
+    w = _mm256_or_si256(w, _mm256_and_si256(bit_mask(hr[g]), _mm256_set1_epi8(0x10)));
   return w;
+}
+
+// Q2_K's offset term for one row: per 256 weights dmin times Σ per 16 of its offset m (the
+// high nibble of the 16's scale byte) times dx · Σ codes there (sx16)
+inline float q2k_minimum(const int8_t* sr, const float* dmin, const float* sx16, int64_t K) {
+  float out = 0.f;
+  for (int64_t b = 0; b < K / 256; ++b) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i*)(sr + b * 16));
+    const __m128i m = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m));
+    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(m, 8)));
+    const __m256 s = _mm256_fmadd_ps(hi, _mm256_loadu_ps(sx16 + b * 16 + 8),
+                                     _mm256_mul_ps(lo, _mm256_loadu_ps(sx16 + b * 16)));
+    out += dmin[b] * hsum(s);
+  }
+  return out;
 }
 
 // T rows of activations against one weight row; every row runs the same arithmetic in the
@@ -98,15 +153,15 @@ inline void rows_dot(const uint8_t* wr, const uint32_t* hr, const float* dr, con
   for (int j = 0; j < T; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
     const __m256i w = load_group<F>(wr, hr, g);
-    const __m256i wa = with_minimum<F>() ? w : _mm256_sign_epi8(w, w);
-    // Q6_K: a scale per 16 weights (lanes 0-3, 4-7), d per 256 times an int8 sub-scale
-    const __m256 dw = F == W6K
+    const __m256i wa = unsigned_codes<F>() ? w : _mm256_sign_epi8(w, w);
+    // K-quants: a scale per 16 weights (lanes 0-3, 4-7), d per 256 times a sub-scale
+    const __m256 dw = per_16<F>()
         ? _mm256_mul_ps(_mm256_set1_ps(dr[g / 8]), _mm256_cvtepi32_ps(_mm256_set_m128i(
-              _mm_set1_epi32(sr[2 * g + 1]), _mm_set1_epi32(sr[2 * g]))))
+              _mm_set1_epi32(sub_scale<F>(sr, 2 * g + 1)), _mm_set1_epi32(sub_scale<F>(sr, 2 * g)))))
         : _mm256_set1_ps(dr[g]);
     for (int j = 0; j < T; ++j) {
       const __m256i xv = _mm256_loadu_si256((const __m256i*)(xq + j * K + g * 32));
-      const __m256i p16 = _mm256_maddubs_epi16(wa, with_minimum<F>() ? xv : _mm256_sign_epi8(xv, w));
+      const __m256i p16 = _mm256_maddubs_epi16(wa, unsigned_codes<F>() ? xv : _mm256_sign_epi8(xv, w));
       const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
       acc[j] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_broadcast_ss(dx + j * G + g)), acc[j]);
     }
@@ -115,12 +170,13 @@ inline void rows_dot(const uint8_t* wr, const uint32_t* hr, const float* dr, con
     float out = hsum(acc[j]);
     if (with_minimum<F>())
       for (int64_t g = 0; g < G; ++g) out += mr[g] * sx[j * G + g];
+    if (F == W2K) out -= q2k_minimum(sr, mr, sx + j * 2 * G, K);
     y[j * ystride] = out;
   }
 }
 
 // The same sums with AVX-512 VNNI, two groups (64 weights) per instruction: every format as
-// unsigned bytes (W5 +16, W8 +128, W6K +32 on its codes; W4 and W5M as they are) times the int8 codes
+// unsigned bytes (W5 +16, W8 +128, W6K +32, W3K +4 on its codes; W4, W5M, W2K as they are) times the int8 codes
 // (vpdpbusd), the offset taken back exactly in int32 by starting each group's first lane (W6K:
 // each 16's) at -offset * Σ codes. Used where the CPU has it and a row holds an even number
 // of groups; every row of a call takes the same path, so rows still batch exactly.
@@ -139,6 +195,15 @@ template <int F>
 inline __m512i load_pair(const uint8_t* wr, const uint32_t* hr, int64_t g) {
   if (F == W8) return _mm512_xor_si512(_mm512_loadu_si512(wr + g * 32), _mm512_set1_epi8((char)0x80));
   if (F == W6K) return _mm512_add_epi8(_mm512_loadu_si512(wr + g * 32), _mm512_set1_epi8(32));
+  if (F == W2K)
+    return _mm512_inserti64x4(_mm512_castsi256_si512(two_bit_codes(wr + g * 8)),
+                              two_bit_codes(wr + g * 8 + 8), 1);
+  if (F == W3K) {  // unsigned: the code + 4
+    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(two_bit_codes(wr + g * 8)),
+                                         two_bit_codes(wr + g * 8 + 8), 1);
+    const __mmask64 bits = (__mmask64)hr[g] | ((__mmask64)hr[g + 1] << 32);
+    return _mm512_or_si512(w, _mm512_maskz_set1_epi8(bits, 0x04));
+  }
   const __m256i b = _mm256_loadu_si256((const __m256i*)(wr + g * 16));  // groups g, g+1
   const __m256i m = _mm256_set1_epi8(0x0F);
   const __m512i lo_hi = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, m)),
@@ -153,8 +218,10 @@ inline __m512i load_pair(const uint8_t* wr, const uint32_t* hr, int64_t g) {
 
 template <int F>
 inline __m512 pair_scale(const float* dr, const int8_t* sr, int64_t g) {
-  if (F == W6K) {
-    const __m512i sc = _mm512_cvtepi8_epi32(_mm_cvtsi32_si128(*(const int32_t*)(sr + 2 * g)));
+  if (per_16<F>()) {
+    const __m128i bytes = _mm_cvtsi32_si128(*(const int32_t*)(sr + 2 * g));
+    const __m512i sc = F == W2K ? _mm512_and_si512(_mm512_cvtepu8_epi32(bytes), _mm512_set1_epi32(0x0F))
+                                : _mm512_cvtepi8_epi32(bytes);
     const __m512i quarter = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     return _mm512_mul_ps(_mm512_set1_ps(dr[g / 8]),
                          _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(quarter, sc)));
@@ -176,10 +243,10 @@ inline void rows_dot_vnni(const uint8_t* wr, const uint32_t* hr, const float* dr
     for (int j = 0; j < T; ++j) {
       const int64_t r = j * G + g;
       __m512i start = _mm512_setzero_si512();  // each group's first lane (W6K: each 16's)
-      if (F == W5 || F == W8)
+      if (code_offset<F>() && !per_16<F>())
         start = _mm512_maskz_permutexvar_epi32(0x0101, by_group, _mm512_castsi128_si512(
             _mm_loadl_epi64((const __m128i*)(corr + r))));
-      else if (F == W6K)
+      else if (code_offset<F>())
         start = _mm512_maskz_permutexvar_epi32(0x1111, by_16, _mm512_castsi128_si512(
             _mm_loadu_si128((const __m128i*)(corr + 2 * r))));
       const __m512i p = _mm512_dpbusd_epi32(start, w, _mm512_loadu_si512(xq + j * K + g * 32));
@@ -198,18 +265,19 @@ inline void rows_dot_vnni(const uint8_t* wr, const uint32_t* hr, const float* dr
       }
       out += _mm512_reduce_add_ps(m);
     }
+    if (F == W2K) out -= q2k_minimum(sr, mr, sx + j * 2 * G, K);
     y[j * ystride] = out;
   }
 }
 
-// Per row: -offset * Σ codes for each group (W6K: each 16), where its lanes start.
+// Per row: -offset * Σ codes for each group (W6K, W3K: each 16), where its lanes start.
 template <int F>
 void vnni_corrections(const int8_t* xq, int64_t M, int64_t K, int32_t* corr) {
-  const int offset = F == W5 ? 16 : F == W8 ? 128 : 32;
+  const int offset = code_offset<F>();
   for (int64_t r = 0; r < M * K / 32; ++r) {
     int sums[2] = {0, 0};
     for (int i = 0; i < 32; ++i) sums[i / 16] += xq[r * 32 + i];
-    if (F == W6K) {
+    if (per_16<F>()) {
       corr[2 * r] = -offset * sums[0];
       corr[2 * r + 1] = -offset * sums[1];
     } else {
@@ -220,9 +288,9 @@ void vnni_corrections(const int8_t* xq, int64_t M, int64_t K, int32_t* corr) {
 
 #pragma GCC pop_options
 
-// y [M, N] = x [M, K] times N weight rows held as F: codes w, and per row qh (W5, W5M),
-// scales d (per 32, or per 256 for W6K), sub-scales sc (W6K, per 16), offsets mn (W4, W5M,
-// per 32).
+// y [M, N] = x [M, K] times N weight rows held as F: codes w, and per row qh (W5, W5M, W3K),
+// scales d (per 32, or per 256 for the K-quants), sub-scales sc (K-quants: per 16), offsets
+// mn (W4, W5M: per 32; W2K: dmin per 256).
 template <int F>
 at::Tensor blocks_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& qh,
                      const at::Tensor& d, const at::Tensor& sc, const at::Tensor& mn, int64_t act) {
@@ -234,31 +302,41 @@ at::Tensor blocks_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tens
   quantize_rows(x.data_ptr<float>(), M, K, (int)act, xq.data(), dx.data(), sx.data());
   at::Tensor y = at::empty({M, N}, x.options());
   const uint8_t* W = w.data_ptr<uint8_t>();
-  const uint32_t* H = F == W5 || F == W5M ? (const uint32_t*)qh.data_ptr<int32_t>() : nullptr;
+  const uint32_t* H = with_bit_plane<F>() ? (const uint32_t*)qh.data_ptr<int32_t>() : nullptr;
   const float* D = d.data_ptr<float>();
-  const int8_t* SC = F == W6K ? sc.data_ptr<int8_t>() : nullptr;
-  const float* MN = with_minimum<F>() ? mn.data_ptr<float>() : nullptr;
+  const int8_t* SC = per_16<F>() ? sc.data_ptr<int8_t>() : nullptr;
+  const float* MN = with_minimum<F>() || F == W2K ? mn.data_ptr<float>() : nullptr;
   float* Y = y.data_ptr<float>();
-  const int64_t row_bytes = F == W4 || F == W5 || F == W5M ? K / 2 : K, d_row = F == W6K ? K / 256 : G;
+  const int64_t row_bytes = F == W3K || F == W2K ? K / 4 : F == W4 || F == W5 || F == W5M ? K / 2 : K;
+  const int64_t d_row = per_16<F>() ? K / 256 : G;
   const bool vnni = G % 2 == 0 && has_vnni();
-  std::vector<int32_t> corr(vnni && !with_minimum<F>() ? (F == W6K ? 2 : 1) * M * G : 0);
+  std::vector<int32_t> corr(vnni && code_offset<F>() ? (per_16<F>() ? 2 : 1) * M * G : 0);
   if (!corr.empty()) vnni_corrections<F>(xq.data(), M, K, corr.data());
-  const int64_t per_row = corr.empty() ? 0 : F == W6K ? 2 * G : G;
+  const int64_t per_row = corr.empty() ? 0 : per_16<F>() ? 2 * G : G;
+  if (F == W2K) {  // its offsets need dx · Σ codes per 16 instead of per 32
+    sx.resize(2 * M * G);
+    for (int64_t h = 0; h < 2 * M * G; ++h) {
+      int sum = 0;
+      for (int i = 0; i < 16; ++i) sum += xq[h * 16 + i];
+      sx[h] = dx[h / 2] * (float)sum;
+    }
+  }
+  const int64_t sx_row = F == W2K ? 2 * G : G;
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* wr = W + n * row_bytes;
       const uint32_t* hr = H ? H + n * G : nullptr;
       const float* dr = D + n * d_row;
       const int8_t* sr = SC ? SC + n * (K / 16) : nullptr;
-      const float* mr = MN ? MN + n * G : nullptr;
+      const float* mr = MN ? MN + n * (F == W2K ? K / 256 : G) : nullptr;
       auto rows = [&](auto tile, int64_t m) {  // rows m .. m + T - 1
         constexpr int T = decltype(tile)::value;
         if (vnni)
           rows_dot_vnni<T, F>(wr, hr, dr, sr, mr, G, K, xq.data() + m * K, dx.data() + m * G,
-                              corr.data() + m * per_row, sx.data() + m * G, Y + m * N + n, N);
+                              corr.data() + m * per_row, sx.data() + m * sx_row, Y + m * N + n, N);
         else
           rows_dot<T, F>(wr, hr, dr, sr, mr, G, K, xq.data() + m * K, dx.data() + m * G,
-                         sx.data() + m * G, Y + m * N + n, N);
+                         sx.data() + m * sx_row, Y + m * N + n, N);
       };
       int64_t m = 0;
       for (; m + 4 <= M; m += 4) rows(std::integral_constant<int, 4>(), m);
@@ -283,6 +361,14 @@ at::Tensor q8q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& d
 at::Tensor q6q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sc, const at::Tensor& d) {
   return blocks_mm<W6K>(x, w, d, d, sc, d, Q8_K);
 }
+at::Tensor q3q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& qh, const at::Tensor& sc,
+                   const at::Tensor& d) {
+  return blocks_mm<W3K>(x, w, qh, d, sc, d, Q8_K);
+}
+at::Tensor q2q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sc, const at::Tensor& d,
+                   const at::Tensor& dmin) {
+  return blocks_mm<W2K>(x, w, d, d, sc, dmin, Q8_K);
+}
 
 }  // namespace
 
@@ -291,10 +377,14 @@ TORCH_LIBRARY(localchat, m) {
   m.def("q5q8_mm(Tensor x, Tensor w, Tensor qh, Tensor d, Tensor mn, int act) -> Tensor");
   m.def("q8q8_mm(Tensor x, Tensor w, Tensor d) -> Tensor");
   m.def("q6q8_mm(Tensor x, Tensor w, Tensor sc, Tensor d) -> Tensor");
+  m.def("q3q8_mm(Tensor x, Tensor w, Tensor qh, Tensor sc, Tensor d) -> Tensor");
+  m.def("q2q8_mm(Tensor x, Tensor w, Tensor sc, Tensor d, Tensor dmin) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(localchat, CPU, m) {
   m.impl("q4q8_mm", &q4q8_mm);
   m.impl("q5q8_mm", &q5q8_mm);
   m.impl("q8q8_mm", &q8q8_mm);
   m.impl("q6q8_mm", &q6q8_mm);
+  m.impl("q3q8_mm", &q3q8_mm);
+  m.impl("q2q8_mm", &q2q8_mm);
 }

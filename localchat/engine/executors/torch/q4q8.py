@@ -1,7 +1,8 @@
-"""GGUF blocks (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0, Q6_K) times int8-rounded activations, as
-llama.cpp computes them on x86: activations rounded per block as its Q8_0/Q8_1/Q8_K do,
-integer dot products per 32 weights (AVX2; AVX-512 VNNI where present). C++ ops (q4q8.cpp)
-built once per machine into the cache dir; kernels.py offers them beside PyTorch's kernels."""
+"""GGUF blocks (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0, Q6_K, Q3_K, Q2_K) times
+int8-rounded activations, as llama.cpp computes them on x86: activations rounded per block as
+its Q8_0/Q8_1/Q8_K do, integer dot products per 32 weights (AVX2; AVX-512 VNNI where present).
+C++ ops (q4q8.cpp) built once per machine into the cache dir; kernels.py offers them beside
+PyTorch's kernels."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def available() -> bool:
     except Exception as exc:  # noqa: BLE001 -- no toolchain or headers: PyTorch's kernels only
         logging.getLogger("localchat.engine").info("q4q8 kernel not built (%s)", exc)
         return False
-    for op in ("q4q8_mm", "q5q8_mm", "q8q8_mm", "q6q8_mm"):
+    for op in ("q4q8_mm", "q5q8_mm", "q8q8_mm", "q6q8_mm", "q3q8_mm", "q2q8_mm"):
         torch.library.register_fake(f"localchat::{op}")(
             lambda x, w, *rest: x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32))
     return True
@@ -103,6 +104,20 @@ def _nibbles(q: torch.Tensor) -> torch.Tensor:
     return (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(q.shape[0], -1).contiguous()
 
 
+def _bit_plane(bits: torch.Tensor) -> torch.Tensor:
+    """Bits 0/1 [N, K] as int32 [N, K/32]: bit i of each word is weight i of its 32."""
+    words = (bits.to(torch.int64).view(bits.shape[0], -1, GROUP) << torch.arange(GROUP)).sum(-1)
+    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32).contiguous()
+
+
+def _two_bit_codes(q: torch.Tensor) -> torch.Tensor:
+    """Codes 0..3 [N, K] four to a byte: byte i of each 32 holds weights i, i + 8, i + 16 and
+    i + 24 from its lowest bits up."""
+    quarters = q.to(torch.int32).view(q.shape[0], -1, 4, 8)  # [N, K/32, quarter, i]
+    return (quarters << torch.tensor([0, 2, 4, 6]).view(1, 1, 4, 1)).sum(2).to(
+        torch.uint8).reshape(q.shape[0], -1).contiguous()
+
+
 class Q4Q8Linear(BlockLinear):
     """y = x @ Wᵀ for w = q·scale + minimum, q in 0..15, per 32 weights (Q4_0, Q4_1, Q4_K:
     exact), x rounded as llama.cpp rounds it for the file's type (`act`: q8_0, q8_1, q8_k)."""
@@ -128,9 +143,7 @@ class Q5Q8Linear(BlockLinear):
                  act: str = "q8_0", device: torch.device = torch.device("cpu")) -> None:
         super().__init__(*q.shape, device, 256 if act == "q8_k" else GROUP)
         self.packed = _nibbles(q)
-        high = ((q.to(torch.int64) >> 4) & 1).view(q.shape[0], -1, GROUP)
-        bits = (high << torch.arange(GROUP)).sum(-1)  # bit i: weight i's fifth bit
-        self.high = torch.where(bits >= 1 << 31, bits - (1 << 32), bits).to(torch.int32).contiguous()
+        self.high = _bit_plane((q >> 4) & 1)  # each weight's fifth bit
         self.scale = d.float().contiguous()
         self.minimum = torch.empty(0) if minimum is None else minimum.float().contiguous()
         self.act = ACTIVATIONS["q8_0" if minimum is None else act]
@@ -170,3 +183,40 @@ class Q6Q8Linear(BlockLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._out(torch.ops.localchat.q6q8_mm(
             x.reshape(-1, self.in_features), self.codes, self.sub_scale, self.scale), x)
+
+
+class Q3Q8Linear(BlockLinear):
+    """Q3_K: w = d·sc·c with codes c in −4..3, an int8 sc per 16 weights and d per 256
+    (exact), held as Q3_K does in 3.6 bits: 2-bit codes (c + 4) & 3, four to a byte (byte i
+    of a 32 holds weights i, i + 8, i + 16, i + 24), and a plane of the bits (c + 4) >> 2; x
+    rounded to Q8_K."""
+
+    def __init__(self, codes: torch.Tensor, sc: torch.Tensor, d: torch.Tensor,
+                 device: torch.device = torch.device("cpu")) -> None:
+        super().__init__(*codes.shape, device, 256)
+        u = codes.to(torch.int32) + 4
+        self.packed = _two_bit_codes(u & 3)
+        self.high = _bit_plane(u >> 2)
+        self.sub_scale = sc.to(torch.int8).contiguous()
+        self.scale = d.float().contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._out(torch.ops.localchat.q3q8_mm(
+            x.reshape(-1, self.in_features), self.packed, self.high, self.sub_scale, self.scale), x)
+
+
+class Q2Q8Linear(BlockLinear):
+    """Q2_K: w = d·sc·q − dmin·m with q in 0..3 and, per 16 weights, a byte of sc (low nibble)
+    and m (high), d and dmin per 256 (exact), 2.75 bits a weight; x rounded to Q8_K."""
+
+    def __init__(self, q: torch.Tensor, scale_bytes: torch.Tensor, d: torch.Tensor,
+                 dmin: torch.Tensor, device: torch.device = torch.device("cpu")) -> None:
+        super().__init__(*q.shape, device, 256)
+        self.packed = _two_bit_codes(q)
+        self.sub_scale = scale_bytes.to(torch.uint8).contiguous().view(torch.int8)
+        self.scale, self.minimum = d.float().contiguous(), dmin.float().contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._out(torch.ops.localchat.q2q8_mm(
+            x.reshape(-1, self.in_features), self.packed, self.sub_scale, self.scale,
+            self.minimum), x)
