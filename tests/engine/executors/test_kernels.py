@@ -57,15 +57,17 @@ def test_gguf_blocks_unpack_exactly(ggml_type):
     expected = dequantize(raw, ggml_type)
     forms = gguf_blocks.kernel_forms([(ggml_type, raw, ROWS, COLS)])
     if "int4" in forms:
-        q, scale, minimum = forms["q4_blocks"]
+        q, *held = forms["q4_blocks"]
+        scale, minimum = (torch.from_numpy(t) for t in gguf_blocks.group_scales(*held))
         assert q.min() >= 0 and q.max() <= 15
         np.testing.assert_array_equal(gguf_blocks.dequantized_q4(*forms["int4"][:3]).numpy(),
                                       expected)
         ours = (q.reshape(ROWS, -1, 32) * scale[..., None] + minimum[..., None]).reshape(ROWS, COLS)
     elif ggml_type in (Q.Q5_1, Q.Q5_K):
-        q, scale, minimum = (t.double() for t in forms["q5_blocks"])
+        q, *held = forms["q5_blocks"]
+        scale, minimum = (torch.from_numpy(t).double() for t in gguf_blocks.group_scales(*held))
         assert q.min() >= 0 and q.max() <= 31
-        ours = q.reshape(ROWS, -1, 32) * scale[..., None] + minimum[..., None]
+        ours = q.double().reshape(ROWS, -1, 32) * scale[..., None] + minimum[..., None]
     elif "q2_blocks" in forms:
         q, scale_bytes, d, dmin = forms["q2_blocks"]
         sc, m = (scale_bytes & 15).double(), (scale_bytes >> 4).double()
@@ -78,8 +80,9 @@ def test_gguf_blocks_unpack_exactly(ggml_type):
         codes, d = forms["q8_blocks"]
         ours = codes.double().reshape(ROWS, -1, 32) * d.double()[..., None]
         if ggml_type == Q.Q5_0:
-            q5, d5, minimum = forms["q5_blocks"]
-            assert torch.equal(q5 - 16, codes.int()) and torch.equal(d5, d) and minimum is None
+            q5, d5, minimum, sup = forms["q5_blocks"]
+            assert torch.equal(q5 - 16, codes.int()) and torch.equal(d5, d)
+            assert minimum is None and sup is None
     np.testing.assert_array_equal(ours.reshape(ROWS, COLS).float().numpy(), expected)
 
 

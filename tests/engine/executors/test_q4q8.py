@@ -67,7 +67,7 @@ def test_4_bit_blocks_times_rounded_activations_are_llama_cpps_sums(act, isa, mo
     scale = rng.random((n, k // 32)).astype(np.float32) * 0.02
     minimum = (rng.random((n, k // 32)).astype(np.float32) - 0.5) * 0.1
     x = rng.standard_normal((rows, k)).astype(np.float32)
-    layer = q4q8.Q4Q8Linear(*(torch.from_numpy(t) for t in (q, scale, minimum)), act)
+    layer = q4q8.Q4Q8Linear(*(torch.from_numpy(t) for t in (q, scale, minimum)), act=act)
     ours = layer(torch.from_numpy(x)).double().numpy()
     expected = _expected(x, act, q, np.repeat(scale, 2, axis=-1), minimum)
     np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
@@ -88,7 +88,7 @@ def test_2_3_5_8_and_6_bit_blocks_times_rounded_activations_are_llama_cpps_sums(
 
     minimum = (rng.random((n, k // 32)).astype(np.float32) - 0.5) * 0.1  # Q5_1, Q5_K
     for act in ("q8_1",) + (("q8_k",) if k % 256 == 0 else ()):
-        layer = q4q8.Q5Q8Linear(*(torch.from_numpy(t) for t in (q5, d, minimum)), act)
+        layer = q4q8.Q5Q8Linear(*(torch.from_numpy(t) for t in (q5, d, minimum)), act=act)
         expected = _expected(x, act, q5, np.repeat(d, 2, axis=-1), minimum)
         np.testing.assert_allclose(layer(torch.from_numpy(x)).double().numpy(), expected,
                                    rtol=1e-5, atol=1e-5)
@@ -124,6 +124,34 @@ def test_2_3_5_8_and_6_bit_blocks_times_rounded_activations_are_llama_cpps_sums(
     expected = _expected(x, "q8_k", codes6, np.repeat(d256, 16, axis=-1) * sc)
     np.testing.assert_allclose(layer(torch.from_numpy(x)).double().numpy(), expected,
                                rtol=1e-5, atol=1e-5)
+
+
+@ISAS
+def test_scales_held_as_the_file_holds_them(isa, monkeypatch):
+    """float16 scales (Q4_0, Q4_1, Q5_x, Q8_0) give bit for bit the float32 results; Q4_K's and
+    Q5_K's 6-bit integers with d, dmin per 256 take llama.cpp's route (integer sums per 256,
+    then one float multiply) to the same sums."""
+    from localchat.engine.executors.torch.gguf_blocks import group_scales
+
+    monkeypatch.setenv("LOCALCHAT_Q4Q8_ISA", isa)
+    rng = np.random.default_rng(2)
+    n, k, rows = 24, 512, 5
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    q4, q5 = (rng.integers(0, top, (n, k)) for top in (16, 32))
+    f16 = [torch.from_numpy((rng.random((n, k // 32)) * 0.02).astype(np.float16)) for _ in "dm"]
+    ints = [torch.from_numpy(rng.integers(0, 64, (n, k // 32)).astype(np.uint8)) for _ in "sm"]
+    sup = torch.from_numpy((rng.random((n, k // 256, 2)) * 1e-3).astype(np.float32))
+    for linear, q in ((q4q8.Q4Q8Linear, q4), (q4q8.Q5Q8Linear, q5)):
+        held, dense = f16 + [None], [t.float() for t in f16]
+        ours = linear(torch.from_numpy(q), *held, act="q8_1")(torch.from_numpy(x))
+        assert torch.equal(ours, linear(torch.from_numpy(q), *dense, act="q8_1")(torch.from_numpy(x)))
+        scale, minimum = group_scales(*ints, sup)
+        ours = linear(torch.from_numpy(q), *ints, sup, act="q8_k")(torch.from_numpy(x))
+        expected = _expected(x, "q8_k", q, np.repeat(scale, 2, axis=-1), minimum)
+        np.testing.assert_allclose(ours.double().numpy(), expected, rtol=1e-5, atol=1e-5)
+    codes = torch.from_numpy(rng.integers(-127, 128, (n, k)).astype(np.int8))
+    x = torch.from_numpy(x)
+    assert torch.equal(q4q8.Q8Q8Linear(codes, f16[0])(x), q4q8.Q8Q8Linear(codes, f16[0].float())(x))
 
 
 def test_the_model_on_q4q8_compiled_ahead_of_time_computes_what_llama_cpp_does(engine, monkeypatch):

@@ -26,33 +26,45 @@ def activation_rounding(types) -> str | None:
     return found.pop() if len(found) == 1 else None  # None: a float type, or Q8_K with another
 
 
-def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
-    return blocks[..., at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+def _f16(blocks: np.ndarray, at: int, dtype=np.float32) -> np.ndarray:
+    return blocks[..., at:at + 2].copy().view(np.float16)[..., 0].astype(dtype)
+
+
+def _k_scales(blocks: np.ndarray, n_rows: int, n_cols: int):
+    """A Q4_K/Q5_K super-block's 6-bit sub-block scales and mins (uint8 [N, K/32]) and its
+    float32 (d, dmin) [N, K/256, 2]."""
+    sc, mins = GGUFQ4K.get_scale_min(blocks[:, 4:16])  # [B, 8] each, as gguf-py unpacks
+    sup = np.stack([_f16(blocks, 0), _f16(blocks, 2)], axis=-1).reshape(n_rows, n_cols // SUPER, 2)
+    return (sc.astype(np.uint8).reshape(n_rows, -1), mins.astype(np.uint8).reshape(n_rows, -1),
+            sup)
+
+
+def group_scales(scale, minimum, sup) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per-32 scales and offsets as float32 from the form the file holds them in: float16, or
+    (sup given) K-quants' 6-bit integers with w = d·sc·q − dmin·m."""
+    if sup is None:
+        return (np.asarray(scale, dtype=np.float32),
+                None if minimum is None else np.asarray(minimum, dtype=np.float32))
+    per_group = np.repeat(np.asarray(sup, dtype=np.float32), 8, axis=1)  # [N, K/32, 2]
+    return (per_group[..., 0] * np.asarray(scale, dtype=np.float32),
+            -(per_group[..., 1] * np.asarray(minimum, dtype=np.float32)))
 
 
 def q4_blocks(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int):
-    """A Q4_0/Q4_1/Q4_K matrix as (q [N, K] int32 in 0..15, scale, minimum [N, K/32]) with
-    w = q·scale + minimum per 32 weights."""
+    """A Q4_0/Q4_1/Q4_K matrix as (q [N, K] int32 in 0..15, scale, minimum [N, K/32], sup)
+    with w = q·scale + minimum per 32 weights, scales as the file holds them (group_scales):
+    float16 (Q4_0's minimum −8·d), or Q4_K's integers with sup."""
     if ggml_type == Q.Q4_K:
         blocks = raw.reshape(-1, 144)
-        d, dmin = _f16(blocks, 0)[:, None], _f16(blocks, 2)[:, None]
-        sc, mins = GGUFQ4K.get_scale_min(blocks[:, 4:16])  # [B, 8] each, as gguf-py unpacks
         qs = blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
         q = (qs & 0x0F).reshape(n_rows, n_cols).astype(np.int32)
-        scale = (d * sc.astype(np.float32)).reshape(n_rows, n_cols // GROUP)
-        return q, scale, -(dmin * mins.astype(np.float32)).reshape(n_rows, n_cols // GROUP)
+        return (q, *_k_scales(blocks, n_rows, n_cols))
     with_min = ggml_type == Q.Q4_1
     blocks = raw.reshape(n_rows, n_cols // GROUP, 20 if with_min else 18)
-    d = _f16(blocks, 0)
+    d = _f16(blocks, 0, np.float16)
     qs = blocks[..., -16:]  # first 16 weights in the low nibbles, last 16 in the high
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n_rows, n_cols).astype(np.int32)
-    return q, d, _f16(blocks, 2) if with_min else -8 * d
-
-
-def q4_parts(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int):
-    """The same as (q, scale, zero) for PyTorch's int4 kernels' w = (q − 8)·scale + zero."""
-    q, scale, minimum = q4_blocks(raw, ggml_type, n_rows, n_cols)
-    return q, scale, minimum + 8 * scale
+    return q, d, _f16(blocks, 2, np.float16) if with_min else -8 * d, None
 
 
 def dequantized_q4(q, d, zeros) -> torch.Tensor:
@@ -64,35 +76,32 @@ def dequantized_q4(q, d, zeros) -> torch.Tensor:
 
 
 def q8_parts(raw: np.ndarray, n_rows: int, n_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Q8_0 matrix as (codes int8 [N, K], scales float32 [N, K/32])."""
+    """A Q8_0 matrix as (codes int8 [N, K], scales float16 [N, K/32])."""
     blocks = raw.reshape(n_rows, n_cols // GROUP, 34)
     codes = blocks[..., 2:].copy().view(np.int8).reshape(n_rows, n_cols)
-    return torch.from_numpy(codes), torch.from_numpy(_f16(blocks, 0))
+    return torch.from_numpy(codes), torch.from_numpy(_f16(blocks, 0, np.float16))
 
 
 def q5_blocks(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int):
-    """A Q5_0/Q5_1/Q5_K matrix as (q [N, K] int32 in 0..31, scale [N, K/32], minimum or None)
-    with w = q·scale + minimum per 32, or Q5_0's w = (q − 16)·scale. Q5_0/Q5_1: byte j of
-    the 16 holds weights j (low nibble) and j + 16, bit i of qh weight i's fifth bit; Q5_K:
-    bit j of qh's byte l is sub-block j's weight l (dequantize_row_q5_K's order)."""
+    """A Q5_0/Q5_1/Q5_K matrix as (q [N, K] int32 in 0..31, scale, minimum or None [N, K/32],
+    sup) with w = q·scale + minimum per 32, or Q5_0's w = (q − 16)·scale, scales as in
+    q4_blocks. Q5_0/Q5_1: byte j of the 16 holds weights j (low nibble) and j + 16, bit i of
+    qh weight i's fifth bit; Q5_K: bit j of qh's byte l is sub-block j's weight l
+    (dequantize_row_q5_K's order)."""
     if ggml_type == Q.Q5_K:
         blocks = raw.reshape(-1, 176)
-        d, dmin = _f16(blocks, 0)[:, None], _f16(blocks, 2)[:, None]
-        sc, mins = GGUFQ4K.get_scale_min(blocks[:, 4:16])
         qh = blocks[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
         ql = blocks[:, 48:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
         q = (ql & 0x0F).reshape(-1, 8, 32) | ((qh & 1) << 4)
-        scale = (d * sc.astype(np.float32)).reshape(n_rows, n_cols // GROUP)
-        minimum = -(dmin * mins.astype(np.float32)).reshape(n_rows, n_cols // GROUP)
-        return q.reshape(n_rows, n_cols).astype(np.int32), scale, minimum
+        return (q.reshape(n_rows, n_cols).astype(np.int32), *_k_scales(blocks, n_rows, n_cols))
     with_min = ggml_type == Q.Q5_1
     blocks = raw.reshape(n_rows, n_cols // GROUP, 24 if with_min else 22)
     qh = blocks[..., -20:-16].copy().view(np.uint32)  # [N, K/32, 1]
     high = (qh >> np.arange(GROUP, dtype=np.uint32)) & 1
     qs = blocks[..., -16:]
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1) | (high << 4).astype(np.uint8)
-    return (q.reshape(n_rows, n_cols).astype(np.int32), _f16(blocks, 0),
-            _f16(blocks, 2) if with_min else None)
+    return (q.reshape(n_rows, n_cols).astype(np.int32), _f16(blocks, 0, np.float16),
+            _f16(blocks, 2, np.float16) if with_min else None, None)
 
 
 def q6k_parts(raw: np.ndarray, n_rows: int, n_cols: int):
@@ -148,14 +157,25 @@ def _int8_codes(ggml_type: int, raw: np.ndarray, n_rows: int, n_cols: int):
     """Q8_0's codes, or Q5_0's as q − 16, with their scale per 32."""
     if ggml_type == Q.Q8_0:
         return q8_parts(raw, n_rows, n_cols)
-    q, d, _ = q5_blocks(raw, ggml_type, n_rows, n_cols)
+    q, d, _, _ = q5_blocks(raw, ggml_type, n_rows, n_cols)
     return torch.from_numpy(q - 16).to(torch.int8), torch.from_numpy(d)
+
+
+def _joined_blocks(blocks: list[tuple]) -> tuple:
+    """q4_blocks/q5_blocks results stacked by rows; their scales as float32 where the parts
+    hold them in different forms (Q4_K beside Q4_0)."""
+    if len({b[1].dtype for b in blocks}) > 1:
+        blocks = [(q, *group_scales(*rest), None) for q, *rest in blocks]
+
+    def cat(xs):
+        return None if xs[0] is None else torch.from_numpy(np.concatenate(xs))
+    return tuple(cat(xs) for xs in zip(*blocks))
 
 
 def kernel_forms(parts: list[tuple[int, np.ndarray, int, int]]) -> dict:
     """Matrices stacked by rows, each (ggml type, raw blocks, rows, columns), in every exact
-    form some kernel takes (kernels.SourceMatrix's fields): int4, q2/q3/q4/q5/q6/q8 blocks, and how
-    llama.cpp rounds their activations."""
+    form some kernel takes (kernels.SourceMatrix's fields): int4, q2/q3/q4/q5/q6/q8 blocks,
+    and how llama.cpp rounds their activations."""
     types = {p[0] for p in parts}
 
     def joined(unpack) -> tuple:
@@ -165,9 +185,7 @@ def kernel_forms(parts: list[tuple[int, np.ndarray, int, int]]) -> dict:
     if types <= {Q.Q8_0, Q.Q5_0}:
         forms["q8_blocks"] = joined(_int8_codes)
     if len(types) == 1 and types <= {Q.Q5_0, Q.Q5_1, Q.Q5_K}:
-        q, scale, minimum = zip(*(q5_blocks(raw, t, n, k) for t, raw, n, k in parts))
-        forms["q5_blocks"] = (torch.from_numpy(np.concatenate(q)), torch.from_numpy(np.concatenate(scale)),
-                              None if minimum[0] is None else torch.from_numpy(np.concatenate(minimum)))
+        forms["q5_blocks"] = _joined_blocks([q5_blocks(raw, t, n, k) for t, raw, n, k in parts])
     if types == {Q.Q6_K}:
         forms["q6_blocks"] = joined(lambda _, raw, n, k: q6k_parts(raw, n, k))
     if types == {Q.Q3_K}:
@@ -175,8 +193,8 @@ def kernel_forms(parts: list[tuple[int, np.ndarray, int, int]]) -> dict:
     if types == {Q.Q2_K}:
         forms["q2_blocks"] = joined(lambda _, raw, n, k: q2k_parts(raw, n, k))
     if types <= set(INT4_EXACT):
-        q, scale, minimum = (torch.from_numpy(np.concatenate(xs)) for xs in zip(
-            *(q4_blocks(raw, t, n, k) for t, raw, n, k in parts)))
-        forms["q4_blocks"] = (q, scale, minimum)
+        q, *scales = _joined_blocks([q4_blocks(raw, t, n, k) for t, raw, n, k in parts])
+        scale, minimum = (torch.from_numpy(t) for t in group_scales(*scales))
+        forms["q4_blocks"] = (q, *scales)
         forms["int4"] = (q, scale, minimum + 8 * scale, GROUP)
     return forms

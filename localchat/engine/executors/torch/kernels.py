@@ -43,9 +43,9 @@ class SourceMatrix:
     int4: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None  # q, scale, zero, group
     int8: tuple[torch.Tensor, torch.Tensor] | None = None  # codes [N, K], per-row scales [N]
     # the file's blocks as gguf_blocks.py unpacks them, for the q4q8 family of kernels
-    q4_blocks: tuple | None = None  # Q4_0/Q4_1/Q4_K: q 0..15, scale, minimum [N, K/32]
-    q5_blocks: tuple | None = None  # Q5_0/Q5_1/Q5_K: q 0..31, d, minimum (None: Q5_0's q − 16)
-    q8_blocks: tuple[torch.Tensor, torch.Tensor] | None = None  # Q8_0, Q5_0: codes, d [N, K/32]
+    q4_blocks: tuple | None = None  # Q4_0/Q4_1/Q4_K: q 0..15, scale, minimum [N, K/32], sup
+    q5_blocks: tuple | None = None  # Q5_0/Q5_1/Q5_K: q 0..31, d, minimum (None: Q5_0's q − 16), sup
+    q8_blocks: tuple[torch.Tensor, torch.Tensor] | None = None  # Q8_0, Q5_0: codes, f16 d [N, K/32]
     q6_blocks: tuple | None = None  # Q6_K: codes, sc [N, K/16], d [N, K/256]
     q3_blocks: tuple | None = None  # Q3_K: codes −4..3, sc [N, K/16], d [N, K/256]
     q2_blocks: tuple | None = None  # Q2_K: codes 0..3, scale bytes [N, K/16], d, dmin [N, K/256]
@@ -73,7 +73,7 @@ class SourceMatrix:
 @dataclass(frozen=True)
 class Kernel:
     name: str
-    bits_per_weight: float  # in memory, scales included
+    bits_per_weight: float  # in memory at most, scales included
     usable: Callable[[SourceMatrix], bool]
     build: Callable[[SourceMatrix, torch.device], torch.nn.Module]
     exact: Callable[[SourceMatrix], bool] = lambda m: True  # False: it requantizes the file
@@ -89,10 +89,10 @@ def _int8_parts(m: SourceMatrix) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _q4_blocks(m: SourceMatrix) -> tuple | None:
-    """The file's 4-bit blocks, else an int4 form in groups of 32 as (q, scale, minimum)."""
+    """The file's 4-bit blocks, else an int4 form in groups of 32 as (q, scale, minimum, None)."""
     if m.q4_blocks is None and m.int4 is not None and m.int4[3] == 32:
         q, scale, zero, _ = m.int4
-        m.q4_blocks = (q, scale, zero - 8 * scale)
+        m.q4_blocks = (q, scale, zero - 8 * scale, None)
     return m.q4_blocks
 
 
@@ -124,7 +124,7 @@ KERNELS = (
            lambda m, dev: Q4Q8Linear(*_q4_blocks(m), m.activations, dev), as_llama_cpp=True),
     Kernel("q5q8", 6.0, lambda m: m.q5_blocks is not None and m.activations is not None,
            lambda m, dev: Q5Q8Linear(*m.q5_blocks, m.activations, dev), as_llama_cpp=True),
-    Kernel("q8q8", 9.0, lambda m: m.q8_blocks is not None,
+    Kernel("q8q8", 8.5, lambda m: m.q8_blocks is not None,
            lambda m, dev: Q8Q8Linear(*m.q8_blocks, dev), as_llama_cpp=True),
     Kernel("q6q8", 8.625, lambda m: m.q6_blocks is not None,
            lambda m, dev: Q6Q8Linear(*m.q6_blocks, dev), as_llama_cpp=True),

@@ -175,6 +175,38 @@ inline void rows_dot(const uint8_t* wr, const uint32_t* hr, const float* dr, con
   }
 }
 
+// Q4_K and Q5_K as llama.cpp's dot products take them: per 256 weights, the 32s' integer sums
+// times their 6-bit scales summed as integers, then one float multiply by d · dx (the same
+// for the offsets: Σ m · Σ codes, times dmin · dx). sc, mn: [G] integers; sup: (d, dmin) per
+// 256; bsum: Σ codes per 32.
+template <int T, int F>
+inline void rows_dot_k(const uint8_t* wr, const uint32_t* hr, const uint8_t* sc, const uint8_t* mn,
+                       const float* sup, int64_t G, int64_t K, const int8_t* xq, const float* dx,
+                       const int32_t* bsum, float* y, int64_t ystride) {
+  __m256 acc[T], offsets[T];
+  for (int j = 0; j < T; ++j) acc[j] = offsets[j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < G / 8; ++b) {
+    const __m256i m8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(mn + 8 * b)));
+    __m256i isum[T];
+    for (int j = 0; j < T; ++j) isum[j] = _mm256_setzero_si256();
+    for (int64_t g = 8 * b; g < 8 * b + 8; ++g) {
+      const __m256i w = load_group<F>(wr, hr, g);
+      const __m256i scv = _mm256_set1_epi16(sc[g]);
+      for (int j = 0; j < T; ++j) {
+        const __m256i xv = _mm256_loadu_si256((const __m256i*)(xq + j * K + g * 32));
+        isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), scv));
+      }
+    }
+    for (int j = 0; j < T; ++j) {
+      const float dxb = dx[j * G + 8 * b];
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_set1_ps(sup[2 * b] * dxb), acc[j]);
+      const __m256i mb = _mm256_mullo_epi32(m8, _mm256_loadu_si256((const __m256i*)(bsum + j * G + 8 * b)));
+      offsets[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mb), _mm256_set1_ps(sup[2 * b + 1] * dxb), offsets[j]);
+    }
+  }
+  for (int j = 0; j < T; ++j) y[j * ystride] = hsum(acc[j]) - hsum(offsets[j]);
+}
+
 // The same sums with AVX-512 VNNI, two groups (64 weights) per instruction: every format as
 // unsigned bytes (W5 +16, W8 +128, W6K +32, W3K +4 on its codes; W4, W5M, W2K as they are) times the int8 codes
 // (vpdpbusd), the offset taken back exactly in int32 by starting each group's first lane (W6K:
@@ -270,6 +302,36 @@ inline void rows_dot_vnni(const uint8_t* wr, const uint32_t* hr, const float* dr
   }
 }
 
+// rows_dot_k with AVX-512, 64 weights at a time
+template <int T, int F>
+inline void rows_dot_k512(const uint8_t* wr, const uint32_t* hr, const uint8_t* sc, const uint8_t* mn,
+                          const float* sup, int64_t G, int64_t K, const int8_t* xq, const float* dx,
+                          const int32_t* bsum, float* y, int64_t ystride) {
+  __m512 acc[T];
+  __m256 offsets[T];
+  for (int j = 0; j < T; ++j) acc[j] = _mm512_setzero_ps(), offsets[j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < G / 8; ++b) {
+    const __m256i m8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(mn + 8 * b)));
+    __m512i isum[T];
+    for (int j = 0; j < T; ++j) isum[j] = _mm512_setzero_si512();
+    for (int64_t g = 8 * b; g < 8 * b + 8; g += 2) {
+      const __m512i w = load_pair<F>(wr, hr, g);
+      const __m512i scv = _mm512_inserti64x4(_mm512_set1_epi16(sc[g]), _mm256_set1_epi16(sc[g + 1]), 1);
+      for (int j = 0; j < T; ++j) {
+        const __m512i xv = _mm512_loadu_si512(xq + j * K + g * 32);
+        isum[j] = _mm512_add_epi32(isum[j], _mm512_madd_epi16(_mm512_maddubs_epi16(w, xv), scv));
+      }
+    }
+    for (int j = 0; j < T; ++j) {
+      const float dxb = dx[j * G + 8 * b];
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_set1_ps(sup[2 * b] * dxb), acc[j]);
+      const __m256i mb = _mm256_mullo_epi32(m8, _mm256_loadu_si256((const __m256i*)(bsum + j * G + 8 * b)));
+      offsets[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mb), _mm256_set1_ps(sup[2 * b + 1] * dxb), offsets[j]);
+    }
+  }
+  for (int j = 0; j < T; ++j) y[j * ystride] = _mm512_reduce_add_ps(acc[j]) - hsum(offsets[j]);
+}
+
 // Per row: -offset * Σ codes for each group (W6K, W3K: each 16), where its lanes start.
 template <int F>
 void vnni_corrections(const int8_t* xq, int64_t M, int64_t K, int32_t* corr) {
@@ -290,10 +352,12 @@ void vnni_corrections(const int8_t* xq, int64_t M, int64_t K, int32_t* corr) {
 
 // y [M, N] = x [M, K] times N weight rows held as F: codes w, and per row qh (W5, W5M, W3K),
 // scales d (per 32, or per 256 for the K-quants), sub-scales sc (K-quants: per 16), offsets
-// mn (W4, W5M: per 32; W2K: dmin per 256).
+// mn (W4, W5M: per 32; W2K: dmin per 256). Per-32 scales and offsets come as float32, or for
+// Q4_K and Q5_K as the 6-bit integers with (d, dmin) per 256 in sup (rows_dot_k).
 template <int F>
 at::Tensor blocks_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& qh,
-                     const at::Tensor& d, const at::Tensor& sc, const at::Tensor& mn, int64_t act) {
+                     const at::Tensor& d, const at::Tensor& sc, const at::Tensor& mn, int64_t act,
+                     const at::Tensor& sup = at::Tensor()) {
   const at::Tensor x = x_in.contiguous().to(at::kFloat);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0), G = K / 32;
   TORCH_CHECK(K % (act == Q8_K ? 256 : 32) == 0 && d.size(0) == N, "q4q8: shapes");
@@ -303,14 +367,26 @@ at::Tensor blocks_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tens
   at::Tensor y = at::empty({M, N}, x.options());
   const uint8_t* W = w.data_ptr<uint8_t>();
   const uint32_t* H = with_bit_plane<F>() ? (const uint32_t*)qh.data_ptr<int32_t>() : nullptr;
-  const float* D = d.data_ptr<float>();
+  const int kind = !per_16<F>() && d.scalar_type() == at::kByte ? 2 : 0;  // 2: K-quant integers
+  TORCH_CHECK(kind != 2 || (d.scalar_type() == at::kByte && sup.numel() == N * G / 4), "q4q8: scales");
+  TORCH_CHECK(kind != 2 || (with_minimum<F>() && act == Q8_K), "q4q8: K-quant scales");
+  const void* D = d.data_ptr();  // float32, or (kind 2) uint8
   const int8_t* SC = per_16<F>() ? sc.data_ptr<int8_t>() : nullptr;
-  const float* MN = with_minimum<F>() || F == W2K ? mn.data_ptr<float>() : nullptr;
+  const bool offsets = with_minimum<F>() || F == W2K;
+  const void* MN = offsets ? mn.data_ptr() : nullptr;
+  const int64_t mn_row = F == W2K ? K / 256 : G;
+  const size_t d_bytes = kind == 2 ? 1 : 4;
   float* Y = y.data_ptr<float>();
   const int64_t row_bytes = F == W3K || F == W2K ? K / 4 : F == W4 || F == W5 || F == W5M ? K / 2 : K;
   const int64_t d_row = per_16<F>() ? K / 256 : G;
   const bool vnni = G % 2 == 0 && has_vnni();
   std::vector<int32_t> corr(vnni && code_offset<F>() ? (per_16<F>() ? 2 : 1) * M * G : 0);
+  std::vector<int32_t> bsum(kind == 2 ? M * G : 0);  // Σ codes per 32, for K-quant offsets
+  for (int64_t r = 0; r < (int64_t)bsum.size(); ++r) {
+    int sum = 0;
+    for (int i = 0; i < 32; ++i) sum += xq[r * 32 + i];
+    bsum[r] = sum;
+  }
   if (!corr.empty()) vnni_corrections<F>(xq.data(), M, K, corr.data());
   const int64_t per_row = corr.empty() ? 0 : per_16<F>() ? 2 * G : G;
   if (F == W2K) {  // its offsets need dx · Σ codes per 16 instead of per 32
@@ -326,16 +402,30 @@ at::Tensor blocks_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tens
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* wr = W + n * row_bytes;
       const uint32_t* hr = H ? H + n * G : nullptr;
-      const float* dr = D + n * d_row;
+      const void* dr = (const char*)D + n * d_row * d_bytes;
       const int8_t* sr = SC ? SC + n * (K / 16) : nullptr;
-      const float* mr = MN ? MN + n * (F == W2K ? K / 256 : G) : nullptr;
+      const void* mr = offsets ? (const char*)MN + n * mn_row * d_bytes : nullptr;
       auto rows = [&](auto tile, int64_t m) {  // rows m .. m + T - 1
         constexpr int T = decltype(tile)::value;
+        const int8_t* x_rows = xq.data() + m * K;
+        const float* dx_rows = dx.data() + m * G;
+        if constexpr (with_minimum<F>()) {
+          if (kind == 2) {
+            const float* sup_row = sup.data_ptr<float>() + n * (G / 8) * 2;
+            if (vnni)
+              rows_dot_k512<T, F>(wr, hr, (const uint8_t*)dr, (const uint8_t*)mr, sup_row, G, K,
+                                  x_rows, dx_rows, bsum.data() + m * G, Y + m * N + n, N);
+            else
+              rows_dot_k<T, F>(wr, hr, (const uint8_t*)dr, (const uint8_t*)mr, sup_row, G, K,
+                               x_rows, dx_rows, bsum.data() + m * G, Y + m * N + n, N);
+            return;
+          }
+        }
         if (vnni)
-          rows_dot_vnni<T, F>(wr, hr, dr, sr, mr, G, K, xq.data() + m * K, dx.data() + m * G,
+          rows_dot_vnni<T, F>(wr, hr, (const float*)dr, sr, (const float*)mr, G, K, x_rows, dx_rows,
                               corr.data() + m * per_row, sx.data() + m * sx_row, Y + m * N + n, N);
         else
-          rows_dot<T, F>(wr, hr, dr, sr, mr, G, K, xq.data() + m * K, dx.data() + m * G,
+          rows_dot<T, F>(wr, hr, (const float*)dr, sr, (const float*)mr, G, K, x_rows, dx_rows,
                          sx.data() + m * sx_row, Y + m * N + n, N);
       };
       int64_t m = 0;
@@ -347,13 +437,13 @@ at::Tensor blocks_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tens
 }
 
 at::Tensor q4q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& d,
-                   const at::Tensor& mn, int64_t act) {
-  return blocks_mm<W4>(x, w, d, d, d, mn, act);
+                   const at::Tensor& mn, const at::Tensor& sup, int64_t act) {
+  return blocks_mm<W4>(x, w, d, d, d, mn, act, sup);
 }
 // Q5_0 (signed, Q8_0 activations) when mn is empty, else w = q·d + mn (Q5_1, Q5_K)
 at::Tensor q5q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& qh, const at::Tensor& d,
-                   const at::Tensor& mn, int64_t act) {
-  return mn.numel() ? blocks_mm<W5M>(x, w, qh, d, d, mn, act) : blocks_mm<W5>(x, w, qh, d, d, d, Q8_0);
+                   const at::Tensor& mn, const at::Tensor& sup, int64_t act) {
+  return mn.numel() ? blocks_mm<W5M>(x, w, qh, d, d, mn, act, sup) : blocks_mm<W5>(x, w, qh, d, d, d, Q8_0);
 }
 at::Tensor q8q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& d) {
   return blocks_mm<W8>(x, w, d, d, d, d, Q8_0);
@@ -373,8 +463,8 @@ at::Tensor q2q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s
 }  // namespace
 
 TORCH_LIBRARY(localchat, m) {
-  m.def("q4q8_mm(Tensor x, Tensor w, Tensor d, Tensor mn, int act) -> Tensor");
-  m.def("q5q8_mm(Tensor x, Tensor w, Tensor qh, Tensor d, Tensor mn, int act) -> Tensor");
+  m.def("q4q8_mm(Tensor x, Tensor w, Tensor d, Tensor mn, Tensor sup, int act) -> Tensor");
+  m.def("q5q8_mm(Tensor x, Tensor w, Tensor qh, Tensor d, Tensor mn, Tensor sup, int act) -> Tensor");
   m.def("q8q8_mm(Tensor x, Tensor w, Tensor d) -> Tensor");
   m.def("q6q8_mm(Tensor x, Tensor w, Tensor sc, Tensor d) -> Tensor");
   m.def("q3q8_mm(Tensor x, Tensor w, Tensor qh, Tensor sc, Tensor d) -> Tensor");

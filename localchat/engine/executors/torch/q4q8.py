@@ -110,6 +110,18 @@ def _bit_plane(bits: torch.Tensor) -> torch.Tensor:
     return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32).contiguous()
 
 
+def _held_scales(t: torch.Tensor | None) -> torch.Tensor:
+    """Per-32 scales or offsets as the ops take them: K-quant integers (uint8) as they are,
+    others as float32 (float16 would cost a conversion a group); none as an empty tensor."""
+    if t is None:
+        return torch.empty(0)
+    return (t if t.dtype == torch.uint8 else t.float()).contiguous()
+
+
+def _super_scales(sup: torch.Tensor | None) -> torch.Tensor:
+    return torch.empty(0) if sup is None else sup.float().contiguous()
+
+
 def _two_bit_codes(q: torch.Tensor) -> torch.Tensor:
     """Codes 0..3 [N, K] four to a byte: byte i of each 32 holds weights i, i + 8, i + 16 and
     i + 24 from its lowest bits up."""
@@ -120,38 +132,43 @@ def _two_bit_codes(q: torch.Tensor) -> torch.Tensor:
 
 class Q4Q8Linear(BlockLinear):
     """y = x @ Wᵀ for w = q·scale + minimum, q in 0..15, per 32 weights (Q4_0, Q4_1, Q4_K:
-    exact), x rounded as llama.cpp rounds it for the file's type (`act`: q8_0, q8_1, q8_k)."""
+    exact), x rounded as llama.cpp rounds it for the file's type (`act`: q8_0, q8_1, q8_k).
+    Scales as float32, or Q4_K's 6-bit integers with (d, dmin) per 256 in `sup` (gguf_blocks)."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor,
-                 act: str = "q8_0", device: torch.device = torch.device("cpu")) -> None:
+                 sup: torch.Tensor | None = None, act: str = "q8_0",
+                 device: torch.device = torch.device("cpu")) -> None:
         super().__init__(*q.shape, device, 256 if act == "q8_k" else GROUP)
         self.packed = _nibbles(q)
-        self.scale, self.minimum = scale.float().contiguous(), minimum.float().contiguous()
+        self.scale, self.minimum = _held_scales(scale), _held_scales(minimum)
+        self.sup = _super_scales(sup)
         self.act = ACTIVATIONS[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._out(torch.ops.localchat.q4q8_mm(
-            x.reshape(-1, self.in_features), self.packed, self.scale, self.minimum, self.act), x)
+            x.reshape(-1, self.in_features), self.packed, self.scale, self.minimum, self.sup,
+            self.act), x)
 
 
 class Q5Q8Linear(BlockLinear):
     """5-bit codes q in 0..31 per 32 weights (exact), held as 4-bit codes plus a bit plane:
     Q5_0's w = (q − 16)·d with x rounded to Q8_0 when `minimum` is None, else w = q·d +
-    minimum (Q5_1, Q5_K) with x rounded as `act`."""
+    minimum (Q5_1, Q5_K) with x rounded as `act`. Scales as in Q4Q8Linear."""
 
     def __init__(self, q: torch.Tensor, d: torch.Tensor, minimum: torch.Tensor | None = None,
-                 act: str = "q8_0", device: torch.device = torch.device("cpu")) -> None:
+                 sup: torch.Tensor | None = None, act: str = "q8_0",
+                 device: torch.device = torch.device("cpu")) -> None:
         super().__init__(*q.shape, device, 256 if act == "q8_k" else GROUP)
         self.packed = _nibbles(q)
         self.high = _bit_plane((q >> 4) & 1)  # each weight's fifth bit
-        self.scale = d.float().contiguous()
-        self.minimum = torch.empty(0) if minimum is None else minimum.float().contiguous()
+        self.scale, self.minimum = _held_scales(d), _held_scales(minimum)
+        self.sup = _super_scales(sup)
         self.act = ACTIVATIONS["q8_0" if minimum is None else act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._out(torch.ops.localchat.q5q8_mm(
             x.reshape(-1, self.in_features), self.packed, self.high, self.scale, self.minimum,
-            self.act), x)
+            self.sup, self.act), x)
 
 
 class Q8Q8Linear(BlockLinear):
@@ -162,7 +179,7 @@ class Q8Q8Linear(BlockLinear):
                  device: torch.device = torch.device("cpu")) -> None:
         super().__init__(*codes.shape, device)
         self.codes = codes.to(torch.int8).contiguous().view(torch.uint8)
-        self.scale = d.float().contiguous()
+        self.scale = _held_scales(d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._out(torch.ops.localchat.q8q8_mm(

@@ -51,7 +51,7 @@ class Int4PairLinear(torch.nn.Module):
                  device: torch.device = torch.device("cpu")) -> None:
         super().__init__()
         self.out_features, self.in_features = codes.shape
-        u = codes.to(torch.int32) + 128
+        u, d = codes.to(torch.int32) + 128, d.float()
         self.low = Int4Linear(u & 15, d, 8 * d, device)
         self.high = Int4Linear(u >> 4, 16 * d, torch.zeros_like(d), device)
 
