@@ -126,7 +126,7 @@ KERNELS = (
            lambda m, dev: Q5Q8Linear(*m.q5_blocks, m.activations, dev), as_llama_cpp=True),
     Kernel("q8q8", 8.5, lambda m: m.q8_blocks is not None,
            lambda m, dev: Q8Q8Linear(*m.q8_blocks, dev), as_llama_cpp=True),
-    Kernel("q6q8", 8.625, lambda m: m.q6_blocks is not None,
+    Kernel("q6q8", 6.625, lambda m: m.q6_blocks is not None,
            lambda m, dev: Q6Q8Linear(*m.q6_blocks, dev), as_llama_cpp=True),
     Kernel("q3q8", 3.625, lambda m: m.q3_blocks is not None,
            lambda m, dev: Q3Q8Linear(*m.q3_blocks, dev), as_llama_cpp=True),

@@ -31,8 +31,9 @@ template <int F> constexpr int code_offset() {
 template <int F> inline int sub_scale(const int8_t* sr, int64_t i) {
   return F == W2K ? (uint8_t)sr[i] & 0x0F : sr[i];
 }
-// Formats with a bit plane beside the codes (a uint32 per 32 weights)
-template <int F> constexpr bool with_bit_plane() { return F == W5 || F == W5M || F == W3K; }
+// Formats with a plane of high bits beside the codes (W6K: 2 bits a weight, two uint32 per
+// 32 weights; the others 1 bit, one uint32)
+template <int F> constexpr bool with_bit_plane() { return F == W5 || F == W5M || F == W3K || F == W6K; }
 
 inline int64_t load_8_bytes(const uint8_t* p) {
   int64_t v;
@@ -107,10 +108,10 @@ inline __m256i two_bit_codes(const uint8_t* p) {
 // Group g's 32 weights as bytes: W4 unsigned nibbles 0..15, W5M unsigned 0..31 (the nibble
 // and its fifth bit from qh), W2K unsigned 0..3; the others signed (W5: the same 5 bits minus
 // 16, as llama.cpp's Q5_0 dot product does; W3K: 2 bits and the plane's bit as 4, minus 4,
-// as Q3_K's).
+// as Q3_K's; W6K: the nibble and 2 bits from qh as 16s, minus 32, as Q6_K's).
 template <int F>
 inline __m256i load_group(const uint8_t* wr, const uint32_t* hr, int64_t g) {
-  if (F == W8 || F == W6K) return _mm256_loadu_si256((const __m256i*)(wr + g * 32));
+  if (F == W8) return _mm256_loadu_si256((const __m256i*)(wr + g * 32));
   if (F == W2K) return two_bit_codes(wr + g * 8);
   if (F == W3K) {
     const __m256i w = _mm256_or_si256(two_bit_codes(wr + g * 8),
@@ -123,6 +124,9 @@ inline __m256i load_group(const uint8_t* wr, const uint32_t* hr, int64_t g) {
     w = _mm256_or_si256(w, _mm256_andnot_si256(bit_mask(hr[g]), _mm256_set1_epi8((char)0xF0)));
   if (F == W5M)
     w = _mm256_or_si256(w, _mm256_and_si256(bit_mask(hr[g]), _mm256_set1_epi8(0x10)));
+  if (F == W6K)  // two_bit_codes' values are at most 3: the 16-bit shift keeps them in their byte
+    w = _mm256_sub_epi8(_mm256_or_si256(w, _mm256_slli_epi16(two_bit_codes((const uint8_t*)hr + g * 8), 4)),
+                        _mm256_set1_epi8(32));
   return w;
 }
 
@@ -226,7 +230,6 @@ bool has_vnni() {
 template <int F>
 inline __m512i load_pair(const uint8_t* wr, const uint32_t* hr, int64_t g) {
   if (F == W8) return _mm512_xor_si512(_mm512_loadu_si512(wr + g * 32), _mm512_set1_epi8((char)0x80));
-  if (F == W6K) return _mm512_add_epi8(_mm512_loadu_si512(wr + g * 32), _mm512_set1_epi8(32));
   if (F == W2K)
     return _mm512_inserti64x4(_mm512_castsi256_si512(two_bit_codes(wr + g * 8)),
                               two_bit_codes(wr + g * 8 + 8), 1);
@@ -244,6 +247,11 @@ inline __m512i load_pair(const uint8_t* wr, const uint32_t* hr, int64_t g) {
   if (F == W5 || F == W5M) {
     const __mmask64 bits = (__mmask64)hr[g] | ((__mmask64)hr[g + 1] << 32);
     w = _mm512_or_si512(w, _mm512_maskz_set1_epi8(bits, 0x10));
+  }
+  if (F == W6K) {  // unsigned: the code + 32
+    const uint8_t* h = (const uint8_t*)hr + g * 8;
+    const __m512i high = _mm512_inserti64x4(_mm512_castsi256_si512(two_bit_codes(h)), two_bit_codes(h + 8), 1);
+    w = _mm512_or_si512(w, _mm512_slli_epi16(high, 4));
   }
   return w;
 }
@@ -366,7 +374,7 @@ at::Tensor blocks_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tens
   quantize_rows(x.data_ptr<float>(), M, K, (int)act, xq.data(), dx.data(), sx.data());
   at::Tensor y = at::empty({M, N}, x.options());
   const uint8_t* W = w.data_ptr<uint8_t>();
-  const uint32_t* H = with_bit_plane<F>() ? (const uint32_t*)qh.data_ptr<int32_t>() : nullptr;
+  const uint32_t* H = with_bit_plane<F>() ? (const uint32_t*)qh.data_ptr() : nullptr;
   const int kind = !per_16<F>() && d.scalar_type() == at::kByte ? 2 : 0;  // 2: K-quant integers
   TORCH_CHECK(kind != 2 || (d.scalar_type() == at::kByte && sup.numel() == N * G / 4), "q4q8: scales");
   TORCH_CHECK(kind != 2 || (with_minimum<F>() && act == Q8_K), "q4q8: K-quant scales");
@@ -377,7 +385,7 @@ at::Tensor blocks_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tens
   const int64_t mn_row = F == W2K ? K / 256 : G;
   const size_t d_bytes = kind == 2 ? 1 : 4;
   float* Y = y.data_ptr<float>();
-  const int64_t row_bytes = F == W3K || F == W2K ? K / 4 : F == W4 || F == W5 || F == W5M ? K / 2 : K;
+  const int64_t row_bytes = F == W3K || F == W2K ? K / 4 : F == W8 ? K : K / 2;
   const int64_t d_row = per_16<F>() ? K / 256 : G;
   const bool vnni = G % 2 == 0 && has_vnni();
   std::vector<int32_t> corr(vnni && code_offset<F>() ? (per_16<F>() ? 2 : 1) * M * G : 0);
@@ -401,7 +409,7 @@ at::Tensor blocks_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tens
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* wr = W + n * row_bytes;
-      const uint32_t* hr = H ? H + n * G : nullptr;
+      const uint32_t* hr = H ? H + n * (F == W6K ? 2 * G : G) : nullptr;
       const void* dr = (const char*)D + n * d_row * d_bytes;
       const int8_t* sr = SC ? SC + n * (K / 16) : nullptr;
       const void* mr = offsets ? (const char*)MN + n * mn_row * d_bytes : nullptr;
@@ -448,8 +456,9 @@ at::Tensor q5q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& q
 at::Tensor q8q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& d) {
   return blocks_mm<W8>(x, w, d, d, d, d, Q8_0);
 }
-at::Tensor q6q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sc, const at::Tensor& d) {
-  return blocks_mm<W6K>(x, w, d, d, sc, d, Q8_K);
+at::Tensor q6q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& qh, const at::Tensor& sc,
+                   const at::Tensor& d) {
+  return blocks_mm<W6K>(x, w, qh, d, sc, d, Q8_K);
 }
 at::Tensor q3q8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& qh, const at::Tensor& sc,
                    const at::Tensor& d) {
@@ -466,7 +475,7 @@ TORCH_LIBRARY(localchat, m) {
   m.def("q4q8_mm(Tensor x, Tensor w, Tensor d, Tensor mn, Tensor sup, int act) -> Tensor");
   m.def("q5q8_mm(Tensor x, Tensor w, Tensor qh, Tensor d, Tensor mn, Tensor sup, int act) -> Tensor");
   m.def("q8q8_mm(Tensor x, Tensor w, Tensor d) -> Tensor");
-  m.def("q6q8_mm(Tensor x, Tensor w, Tensor sc, Tensor d) -> Tensor");
+  m.def("q6q8_mm(Tensor x, Tensor w, Tensor qh, Tensor sc, Tensor d) -> Tensor");
   m.def("q3q8_mm(Tensor x, Tensor w, Tensor qh, Tensor sc, Tensor d) -> Tensor");
   m.def("q2q8_mm(Tensor x, Tensor w, Tensor sc, Tensor d, Tensor dmin) -> Tensor");
 }

@@ -187,19 +187,21 @@ class Q8Q8Linear(BlockLinear):
 
 
 class Q6Q8Linear(BlockLinear):
-    """Q6_K: w = d·sc·(q − 32) with an int8 sc per 16 weights and d per 256 (exact), x
-    rounded to Q8_K."""
+    """Q6_K: w = d·sc·(q − 32) with an int8 sc per 16 weights and d per 256 (exact), held as
+    Q6_K does in 6.6 bits: q's low 4 bits as q4q8's nibbles, its top 2 bits as Q3Q8Linear's
+    2-bit codes; x rounded to Q8_K."""
 
     def __init__(self, codes: torch.Tensor, sc: torch.Tensor, d: torch.Tensor,
                  device: torch.device = torch.device("cpu")) -> None:
         super().__init__(*codes.shape, device, 256)
-        self.codes = codes.to(torch.int8).contiguous().view(torch.uint8)
+        u = codes.to(torch.int32) + 32
+        self.packed, self.high = _nibbles(u & 15), _two_bit_codes(u >> 4)
         self.sub_scale = sc.to(torch.int8).contiguous()
         self.scale = d.float().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._out(torch.ops.localchat.q6q8_mm(
-            x.reshape(-1, self.in_features), self.codes, self.sub_scale, self.scale), x)
+            x.reshape(-1, self.in_features), self.packed, self.high, self.sub_scale, self.scale), x)
 
 
 class Q3Q8Linear(BlockLinear):
