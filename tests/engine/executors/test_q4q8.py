@@ -100,30 +100,27 @@ def test_2_3_5_8_and_6_bit_blocks_times_rounded_activations_are_llama_cpps_sums(
 
     if k % 256:
         return
+    d256 = rng.random((n, k // 256)).astype(np.float32) * 1e-3
+
+    def per_16(layer, codes, sub_scales, minimum16=None):  # the K-quants' scale per 16
+        expected = _expected(x, "q8_k", codes, np.repeat(d256, 16, axis=-1) * sub_scales, None,
+                             minimum16)
+        np.testing.assert_allclose(layer(torch.from_numpy(x)).double().numpy(), expected,
+                                   rtol=1e-5, atol=1e-5)
+
     codes3 = rng.integers(-4, 4, (n, k)).astype(np.int8)  # Q3_K
     sc3 = rng.integers(-32, 32, (n, k // 16)).astype(np.int8)
-    d256 = rng.random((n, k // 256)).astype(np.float32) * 1e-3
-    layer = q4q8.Q3Q8Linear(*(torch.from_numpy(t) for t in (codes3, sc3, d256)))
-    expected = _expected(x, "q8_k", codes3, np.repeat(d256, 16, axis=-1) * sc3)
-    np.testing.assert_allclose(layer(torch.from_numpy(x)).double().numpy(), expected,
-                               rtol=1e-5, atol=1e-5)
+    per_16(q4q8.Q3Q8Linear(*(torch.from_numpy(t) for t in (codes3, sc3, d256))), codes3, sc3)
 
     q2 = rng.integers(0, 4, (n, k)).astype(np.uint8)  # Q2_K
     scale_bytes = rng.integers(0, 256, (n, k // 16)).astype(np.uint8)
     dmin = rng.random((n, k // 256)).astype(np.float32) * 1e-3
-    layer = q4q8.Q2Q8Linear(*(torch.from_numpy(t) for t in (q2, scale_bytes, d256, dmin)))
-    expected = _expected(x, "q8_k", q2, np.repeat(d256, 16, axis=-1) * (scale_bytes & 15),
-                         None, -np.repeat(dmin, 16, axis=-1) * (scale_bytes >> 4))
-    np.testing.assert_allclose(layer(torch.from_numpy(x)).double().numpy(), expected,
-                               rtol=1e-5, atol=1e-5)
+    per_16(q4q8.Q2Q8Linear(*(torch.from_numpy(t) for t in (q2, scale_bytes, d256, dmin))), q2,
+           scale_bytes & 15, -np.repeat(dmin, 16, axis=-1) * (scale_bytes >> 4))
 
-    codes6 = rng.integers(-32, 32, (n, k)).astype(np.int8)
-    sc = rng.integers(-128, 128, (n, k // 16)).astype(np.int8)
-    d256 = rng.random((n, k // 256)).astype(np.float32) * 1e-3
-    layer = q4q8.Q6Q8Linear(*(torch.from_numpy(t) for t in (codes6, sc, d256)))
-    expected = _expected(x, "q8_k", codes6, np.repeat(d256, 16, axis=-1) * sc)
-    np.testing.assert_allclose(layer(torch.from_numpy(x)).double().numpy(), expected,
-                               rtol=1e-5, atol=1e-5)
+    codes6 = rng.integers(-32, 32, (n, k)).astype(np.int8)  # Q6_K
+    sc6 = rng.integers(-128, 128, (n, k // 16)).astype(np.int8)
+    per_16(q4q8.Q6Q8Linear(*(torch.from_numpy(t) for t in (codes6, sc6, d256))), codes6, sc6)
 
 
 @ISAS

@@ -179,6 +179,13 @@ inline void rows_dot(const uint8_t* wr, const uint32_t* hr, const float* dr, con
   }
 }
 
+// A 256-block's offset term for one row of activations, added to `acc`: its 8 mins (m8) times
+// the Σ codes of their 32s (bsum), times dmin · dx
+inline __m256 k_offsets(__m256i m8, const int32_t* bsum, float dmin_dx, __m256 acc) {
+  const __m256i mb = _mm256_mullo_epi32(m8, _mm256_loadu_si256((const __m256i*)bsum));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(mb), _mm256_set1_ps(dmin_dx), acc);
+}
+
 // Q4_K and Q5_K as llama.cpp's dot products take them: per 256 weights, the 32s' integer sums
 // times their 6-bit scales summed as integers, then one float multiply by d · dx (the same
 // for the offsets: Σ m · Σ codes, times dmin · dx). sc, mn: [G] integers; sup: (d, dmin) per
@@ -204,8 +211,7 @@ inline void rows_dot_k(const uint8_t* wr, const uint32_t* hr, const uint8_t* sc,
     for (int j = 0; j < T; ++j) {
       const float dxb = dx[j * G + 8 * b];
       acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_set1_ps(sup[2 * b] * dxb), acc[j]);
-      const __m256i mb = _mm256_mullo_epi32(m8, _mm256_loadu_si256((const __m256i*)(bsum + j * G + 8 * b)));
-      offsets[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mb), _mm256_set1_ps(sup[2 * b + 1] * dxb), offsets[j]);
+      offsets[j] = k_offsets(m8, bsum + j * G + 8 * b, sup[2 * b + 1] * dxb, offsets[j]);
     }
   }
   for (int j = 0; j < T; ++j) y[j * ystride] = hsum(acc[j]) - hsum(offsets[j]);
@@ -333,8 +339,7 @@ inline void rows_dot_k512(const uint8_t* wr, const uint32_t* hr, const uint8_t* 
     for (int j = 0; j < T; ++j) {
       const float dxb = dx[j * G + 8 * b];
       acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_set1_ps(sup[2 * b] * dxb), acc[j]);
-      const __m256i mb = _mm256_mullo_epi32(m8, _mm256_loadu_si256((const __m256i*)(bsum + j * G + 8 * b)));
-      offsets[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mb), _mm256_set1_ps(sup[2 * b + 1] * dxb), offsets[j]);
+      offsets[j] = k_offsets(m8, bsum + j * G + 8 * b, sup[2 * b + 1] * dxb, offsets[j]);
     }
   }
   for (int j = 0; j < T; ++j) y[j * ystride] = _mm512_reduce_add_ps(acc[j]) - hsum(offsets[j]);
