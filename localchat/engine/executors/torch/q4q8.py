@@ -186,42 +186,51 @@ class Q8Q8Linear(BlockLinear):
             x.reshape(-1, self.in_features), self.codes, self.scale), x)
 
 
-class Q6Q8Linear(BlockLinear):
-    """Q6_K: w = d·sc·(q − 32) with an int8 sc per 16 weights and d per 256 (exact), held as
-    Q6_K does in 6.6 bits: q's low 4 bits as q4q8's nibbles, its top 2 bits as Q3Q8Linear's
-    2-bit codes; x rounded to Q8_K."""
+class SubScaledLinear(BlockLinear):
+    """A K-quant with an int8 scale sc per 16 weights and d per 256 (exact): its codes packed
+    by `_pack` into (codes, high bits), multiplied by the op named `OP`; x rounded to Q8_K."""
+
+    OP = ""
 
     def __init__(self, codes: torch.Tensor, sc: torch.Tensor, d: torch.Tensor,
                  device: torch.device = torch.device("cpu")) -> None:
         super().__init__(*codes.shape, device, 256)
-        u = codes.to(torch.int32) + 32
-        self.packed, self.high = _nibbles(u & 15), _two_bit_codes(u >> 4)
+        self.packed, self.high = self._pack(codes.to(torch.int32))
         self.sub_scale = sc.to(torch.int8).contiguous()
         self.scale = d.float().contiguous()
 
+    @staticmethod
+    def _pack(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._out(torch.ops.localchat.q6q8_mm(
+        return self._out(getattr(torch.ops.localchat, self.OP)(
             x.reshape(-1, self.in_features), self.packed, self.high, self.sub_scale, self.scale), x)
 
 
-class Q3Q8Linear(BlockLinear):
-    """Q3_K: w = d·sc·c with codes c in −4..3, an int8 sc per 16 weights and d per 256
-    (exact), held as Q3_K does in 3.6 bits: 2-bit codes (c + 4) & 3, four to a byte (byte i
-    of a 32 holds weights i, i + 8, i + 16, i + 24), and a plane of the bits (c + 4) >> 2; x
-    rounded to Q8_K."""
+class Q6Q8Linear(SubScaledLinear):
+    """Q6_K: w = d·sc·(q − 32), held as Q6_K does in 6.6 bits: q's low 4 bits as q4q8's
+    nibbles, its top 2 bits as 2-bit codes."""
 
-    def __init__(self, codes: torch.Tensor, sc: torch.Tensor, d: torch.Tensor,
-                 device: torch.device = torch.device("cpu")) -> None:
-        super().__init__(*codes.shape, device, 256)
-        u = codes.to(torch.int32) + 4
-        self.packed = _two_bit_codes(u & 3)
-        self.high = _bit_plane(u >> 2)
-        self.sub_scale = sc.to(torch.int8).contiguous()
-        self.scale = d.float().contiguous()
+    OP = "q6q8_mm"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._out(torch.ops.localchat.q3q8_mm(
-            x.reshape(-1, self.in_features), self.packed, self.high, self.sub_scale, self.scale), x)
+    @staticmethod
+    def _pack(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        u = codes + 32
+        return _nibbles(u & 15), _two_bit_codes(u >> 4)
+
+
+class Q3Q8Linear(SubScaledLinear):
+    """Q3_K: w = d·sc·c with codes c in −4..3, held as Q3_K does in 3.6 bits: 2-bit codes
+    (c + 4) & 3, four to a byte (byte i of a 32 holds weights i, i + 8, i + 16, i + 24), and
+    a plane of the bits (c + 4) >> 2."""
+
+    OP = "q3q8_mm"
+
+    @staticmethod
+    def _pack(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        u = codes + 4
+        return _two_bit_codes(u & 3), _bit_plane(u >> 2)
 
 
 class Q2Q8Linear(BlockLinear):
