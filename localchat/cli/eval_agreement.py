@@ -64,6 +64,9 @@ class AgreementReport:
     positions: int
     comparisons: list[Comparison] = field(default_factory=list)
     greedy: list[GreedyCheck] = field(default_factory=list)
+    # per weights: the torch kernel each matrix ran on (chosen by speed on this machine; one
+    # rounding activations unlike llama.cpp lowers agreement at near-ties)
+    kernels: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -80,6 +83,9 @@ class AgreementReport:
             lines.append(f"  greedy, {g.weights} weights: {g.identical}/{g.prompts} identical"
                          + ("" if g.identical == g.prompts else
                             f" (first divergence at tokens {g.first_divergence})"))
+        for weights, chosen in self.kernels.items():
+            lines.append(f"  torch kernels, {weights} weights: " +
+                         ", ".join(f"{layer} {kernel}" for layer, kernel in chosen.items()))
         return "\n".join(lines)
 
 
@@ -146,6 +152,7 @@ def _measure_file(facts: GGUFFacts, label: str, n: int, threads: int, report: Ag
     torch_engine = load_runtime(facts, "torch", **options)
     try:
         tokens = tokens or varied_text_tokens(torch_engine, n)
+        report.kernels[label] = dict(torch_engine.info.kernels)
         ours = torch_logits(torch_engine.executor.model.w, tokens)
         theirs = llama_cpp_logits(facts.path, tokens, threads)
         report.comparisons.append(_compare(f"torch {label}", f"llama.cpp {label}", ours, theirs))

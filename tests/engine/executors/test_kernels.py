@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -135,8 +136,8 @@ def test_candidates_keep_the_files_precision_within_the_memory_limit():
 
 def _fake_timings(monkeypatch, us: dict[type, float]) -> None:
     """Kernels timed at fixed µs per row by layer class (the real ones differ by CPU)."""
-    monkeypatch.setattr(kernels, "_time_us", lambda layer, n_in, rows, device:
-                        us.get(type(layer), 1000.0) * rows)
+    monkeypatch.setattr(kernels, "_time_us", lambda layers, n_in, rows, device:
+                        [us.get(type(layer), 1000.0) * rows for layer in layers])
 
 
 SLOWER_Q8Q8 = {qlinear.Int4PairLinear: 15.0, qlinear.Int8Linear: 10.0, q4q8.Q8Q8Linear: 20.0}
@@ -218,3 +219,23 @@ def test_the_bundled_model_keeps_its_file_size_and_names_each_layers_kernel():
     assert all(info.kernels[name] in ("int4pack", "q4q8") for name in layers)  # exact, fastest here
     assert info.kernels["output (tied) 49152x576 Q8_0"] in ("int4pack-x2", "q8q8")
     assert info.kernels["generated-token layers"] == "eager"  # LOCALCHAT_EAGER=1 (conftest.py)
+
+
+def test_candidates_are_timed_taking_turns():
+    """Each run of one kernel is followed by a run of the next, so a slow spell on the machine
+    falls on all of them rather than on the one being timed."""
+    calls: list[str] = []
+
+    class Probe(torch.nn.Module):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            calls.append(self.name)
+            return x
+
+    us = kernels._time_us([Probe("a"), Probe("b")], 8, 1, torch.device("cpu"))
+    assert len(us) == 2 and all(0 < t < 1e6 for t in us)
+    turns = [name for name, _ in itertools.groupby(calls)]
+    assert turns.count("a") >= 5 and turns.count("b") >= 5

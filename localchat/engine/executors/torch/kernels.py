@@ -182,23 +182,27 @@ def _probe(m: SourceMatrix) -> torch.Tensor:
     return torch.randn(16, m.shape[1], generator=torch.Generator().manual_seed(0))
 
 
-def _time_us(layer: torch.nn.Module, n_in: int, rows: int, device: torch.device) -> float:
-    """Microseconds a call: the best of 5 runs of ≥ 4 ms each (the minimum shrugs off
-    moments when something else had the cores)."""
+def _time_us(layers: list[torch.nn.Module], n_in: int, rows: int,
+             device: torch.device) -> list[float]:
+    """Microseconds a call for each layer: the best of 5 runs of ≥ 4 ms each, the layers taking
+    turns run by run (the minimum shrugs off moments when something else had the cores; taking
+    turns spreads a longer slowdown over every layer instead of the one timed then)."""
     x = torch.randn(rows, n_in, device=device)
-    best = float("inf")
+    best = [float("inf")] * len(layers)
     with torch.inference_mode():
-        for _ in range(2):
-            layer(x)
+        for layer in layers:
+            for _ in range(2):
+                layer(x)
         _sync(device)
         for _ in range(5):
-            reps, start = 0, time.perf_counter()
-            while reps < 2 or (time.perf_counter() - start < 0.004 and reps < 40):
-                layer(x)
-                reps += 1
-            _sync(device)
-            best = min(best, (time.perf_counter() - start) / reps)
-    return best * 1e6
+            for i, layer in enumerate(layers):
+                reps, start = 0, time.perf_counter()
+                while reps < 2 or (time.perf_counter() - start < 0.004 and reps < 40):
+                    layer(x)
+                    reps += 1
+                _sync(device)
+                best[i] = min(best[i], (time.perf_counter() - start) / reps)
+    return [t * 1e6 for t in best]
 
 
 def _sync(device: torch.device) -> None:
@@ -245,20 +249,26 @@ class KernelChooser:
         then those that keep the file's values (one rounding activations unlike llama.cpp
         counted OTHER_ROUNDING slower); float32 when none within the memory limit passes."""
         timings: dict[str, float | str] = {}
-        ranked: list[tuple[bool, bool, float, str, torch.nn.Module]] = []
-        fastest_row = float("inf")
+        passed: list[tuple[Kernel, torch.nn.Module]] = []
         for kernel in candidates(m):
             layer = self._try(kernel, m)
             if layer is None:
                 timings[kernel.name] = "failed its check"
-                continue
-            one_row = _time_us(layer, m.shape[1], 1, self.device)
-            if one_row > 3 * fastest_row:  # not worth timing the larger shapes
-                timings[kernel.name] = f"{one_row:.1f} at 1 row"
-                continue
-            fastest_row = min(fastest_row, one_row)
-            us = one_row + sum(_time_us(layer, m.shape[1], rows, self.device)
-                               for rows in TIMED_ROWS[1:])
+            else:
+                passed.append((kernel, layer))
+        one_row = _time_us([layer for _, layer in passed], m.shape[1], 1, self.device)
+        fastest_row = min(one_row, default=0.0)
+        timed = []
+        for (kernel, layer), us in zip(passed, one_row):
+            if us > 3 * fastest_row:  # not worth timing the larger shapes
+                timings[kernel.name] = f"{us:.1f} at 1 row"
+            else:
+                timed.append((kernel, layer, us))
+        for rows in TIMED_ROWS[1:]:
+            more = _time_us([layer for _, layer, _ in timed], m.shape[1], rows, self.device)
+            timed = [(kernel, layer, us + extra) for (kernel, layer, us), extra in zip(timed, more)]
+        ranked: list[tuple[bool, bool, float, str, torch.nn.Module]] = []
+        for kernel, layer, us in timed:
             exact = row_invariant(layer, m, self.device)
             timings[kernel.name] = round(us, 1) if exact else f"{us:.1f} (rows differ batched)"
             handicap = 1.0 if kernel.as_llama_cpp else OTHER_ROUNDING
