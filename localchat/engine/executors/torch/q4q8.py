@@ -187,21 +187,20 @@ class Q8Q8Linear(BlockLinear):
 
 
 class SubScaledLinear(BlockLinear):
-    """A K-quant with an int8 scale sc per 16 weights and d per 256 (exact): its codes packed
-    by `_pack` into (codes, high bits), multiplied by the op named `OP`; x rounded to Q8_K."""
+    """A K-quant with an int8 scale sc per 16 weights and d per 256 (exact), multiplied by
+    the op named `OP`; x rounded to Q8_K. Codes are held as the file holds them: code +
+    OFFSET split into its LOW_BITS (packed by `pack_low`) and the bits above (`pack_high`)."""
 
-    OP = ""
+    OP, OFFSET, LOW_BITS = "", 0, 0
 
     def __init__(self, codes: torch.Tensor, sc: torch.Tensor, d: torch.Tensor,
                  device: torch.device = torch.device("cpu")) -> None:
         super().__init__(*codes.shape, device, 256)
-        self.packed, self.high = self._pack(codes.to(torch.int32))
+        u = codes.to(torch.int32) + self.OFFSET
+        self.packed = self.pack_low(u & ((1 << self.LOW_BITS) - 1))
+        self.high = self.pack_high(u >> self.LOW_BITS)
         self.sub_scale = sc.to(torch.int8).contiguous()
         self.scale = d.float().contiguous()
-
-    @staticmethod
-    def _pack(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._out(getattr(torch.ops.localchat, self.OP)(
@@ -212,12 +211,8 @@ class Q6Q8Linear(SubScaledLinear):
     """Q6_K: w = d·sc·(q − 32), held as Q6_K does in 6.6 bits: q's low 4 bits as q4q8's
     nibbles, its top 2 bits as 2-bit codes."""
 
-    OP = "q6q8_mm"
-
-    @staticmethod
-    def _pack(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        u = codes + 32
-        return _nibbles(u & 15), _two_bit_codes(u >> 4)
+    OP, OFFSET, LOW_BITS = "q6q8_mm", 32, 4
+    pack_low, pack_high = staticmethod(_nibbles), staticmethod(_two_bit_codes)
 
 
 class Q3Q8Linear(SubScaledLinear):
@@ -225,12 +220,8 @@ class Q3Q8Linear(SubScaledLinear):
     (c + 4) & 3, four to a byte (byte i of a 32 holds weights i, i + 8, i + 16, i + 24), and
     a plane of the bits (c + 4) >> 2."""
 
-    OP = "q3q8_mm"
-
-    @staticmethod
-    def _pack(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        u = codes + 4
-        return _two_bit_codes(u & 3), _bit_plane(u >> 2)
+    OP, OFFSET, LOW_BITS = "q3q8_mm", 4, 2
+    pack_low, pack_high = staticmethod(_two_bit_codes), staticmethod(_bit_plane)
 
 
 class Q2Q8Linear(BlockLinear):
