@@ -201,3 +201,58 @@ def test_private_reach_sees_a_mixin_calling_another_modules_private(tmp_path):
 
 def test_no_module_uses_another_modules_private_attributes():
     assert private_reach() == {}
+
+
+# Layers, lowest first: a module may import its own layer and those below, never above.
+# Top-level modules (errors, message, units, ...) are the bottom; __main__ is the entry point.
+LAYERS = (
+    ("prompt", "formats"),
+    ("models", "storage"),
+    ("engine",),
+    ("bench", "chat"),
+    ("tui", "server"),
+    ("cli",),
+    ("__main__",),
+)
+
+
+def layer_of(module: str) -> int:
+    """0 for localchat's top-level modules, else 1 + the index of the package's layer."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return 0
+    for i, packages in enumerate(LAYERS):
+        if parts[1] in packages:
+            return i + 1
+    return 0
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a module to one in a higher layer (and tui <-> server, which sit
+    side by side and must not know each other)."""
+    found = []
+    for module, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            side_by_side = (layer_of(dep) == layer_of(module) and dep.split(".")[1:2]
+                            != module.split(".")[1:2] and layer_of(module) == 5)
+            if layer_of(dep) > layer_of(module) or side_by_side:
+                found.append(f"{module} -> {dep}")
+    return found
+
+
+def test_layer_order_sees_an_upward_import(tmp_path):
+    pkg = tmp_path / "localchat"
+    for folder in ("models", "engine", "server", "cli"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models" / "a.py").write_text("def f():\n    from localchat.engine import b\n")
+    (pkg / "engine" / "b.py").write_text("from localchat.models import a\n")
+    (pkg / "server" / "c.py").write_text("from localchat.cli import d\n")
+    (pkg / "cli" / "d.py").write_text("from localchat.server import c\n")
+    assert upward_imports(import_graph(pkg)) == ["localchat.models.a -> localchat.engine.b",
+                                                 "localchat.server.c -> localchat.cli.d"]
+
+
+def test_imports_only_run_downward():
+    assert upward_imports(import_graph()) == []

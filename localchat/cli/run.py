@@ -13,12 +13,13 @@ from dataclasses import replace
 
 from localchat.chat.context import fit_to_context
 from localchat.cli import batch
+from localchat.chat.params import ReplyParams, conversation_record
+from localchat.cli.flags import engine_config, explicit_sampling, load_for_run, reply_params
 from localchat.cli.stdin_text import read_stdin_text
-from localchat.engine.base import Delta, Message, Request, Result, Stats
+from localchat.engine.base import Delta, Message, Result, Stats
+from localchat.engine.config import EngineConfig
 from localchat.errors import UsageError
 from localchat.interrupts import ctrl_c_cancels
-from localchat.sampling_fields import SAMPLING_FIELDS
-from localchat.settings import ChatSettings
 from localchat.storage.reply_status import ReplyStatus
 from localchat.units import human_bytes
 
@@ -100,17 +101,11 @@ def format_stats(stats: Stats) -> str:
     return "\n".join(f"{name + ':':<22}{value}" for name, value in rows)
 
 
-def explicit_params(args: argparse.Namespace) -> dict:
-    """Sampling flags whose value differs from the flag's default: with --continue these
-    override what the conversation stored."""
-    return {f.name: getattr(args, f.dest) for f in SAMPLING_FIELDS
-            if getattr(args, f.dest) != f.default}
-
-
-def _continue_settings(settings: ChatSettings, conv, args: argparse.Namespace) -> ChatSettings:
-    merged = settings.with_params(conv.params).with_params(explicit_params(args))
-    system = args.system if args.system is not None else conv.system_prompt
-    return replace(merged, system=system or None)
+def continued_params(params: ReplyParams, conv, args: argparse.Namespace) -> ReplyParams:
+    """A continued conversation's stored params, with the flags given explicitly over them."""
+    stored = ReplyParams.from_record(conv.params, conv.system_prompt, params)
+    system = args.system if args.system is not None else stored.system
+    return replace(stored.updated(explicit_sampling(args)), system=system or None)
 
 
 def add_parser(sub, *parents: argparse.ArgumentParser) -> None:
@@ -147,7 +142,8 @@ def run_or_batch(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    settings = ChatSettings.from_args(args).with_parallel(1)  # one request: one KV slot
+    config = engine_config(args, parallel=args.parallel or 1)  # one request: one KV slot
+    params = reply_params(args)
     prompt = with_attachments(read_prompt(prompt_argument(args), file=args.prompt_file),
                               getattr(args, "attach", []))
     store = conv = writer = None
@@ -158,37 +154,33 @@ def cmd_run(args: argparse.Namespace) -> int:
         store = ConversationStore.open()  # damaged or locked: a one-line error, exit 1
         conv = store.last_conversation()
         if conv is not None:
-            settings = _continue_settings(settings, conv, args)
+            params = continued_params(params, conv, args)
             earlier = [Message(m.role, m.content) for m in store.messages(conv.id)
                        if m.role in ("user", "assistant") and m.content]
     elif not getattr(args, "no_history", False):
         store = _open_history_or_warn()
     try:
-        engine = settings.load_engine()
+        engine = load_for_run(config, verbose=args.verbose)
     except BaseException:
         if store is not None:
             store.close()
         raise
     try:
-        messages = settings.system_messages() + earlier + [Message("user", prompt)]
+        messages = params.system_messages() + earlier + [Message("user", prompt)]
         if earlier:  # --continue: the history that fits
             n_ctx = engine.info.n_ctx
-            fit = fit_to_context(messages, engine.count_prompt_tokens, n_ctx, settings.max_tokens)
+            fit = fit_to_context(messages, engine.count_prompt_tokens, n_ctx, params.max_tokens)
             if fit.dropped_turns:
                 print(f"localchat: {fit.dropped_note(n_ctx)}", file=sys.stderr)
             messages = list(fit.messages)
-        request = Request(
-            messages=messages,
-            sampling=settings.sampling,
-            max_tokens=settings.max_tokens,
-        )
+        request = params.request(messages)
         cancel = threading.Event()
         result = None
         with ctrl_c_cancels(cancel):
             for event in engine.generate(request, cancel):
                 if isinstance(event, Delta):
                     if writer is None and store is not None:  # saved once a reply begins
-                        writer = _begin_saving(store, conv, settings, prompt)
+                        writer = _begin_saving(store, conv, config, params, prompt)
                     if writer is not None:
                         writer.feed(event.text)
                     if not args.json and event.text:
@@ -237,13 +229,15 @@ def _open_history_or_warn():
         return None
 
 
-def _begin_saving(store, conv, settings: ChatSettings, prompt: str):
+def _begin_saving(store, conv, config: EngineConfig, params: ReplyParams, prompt: str):
     """Record the prompt and an empty reply that the stream fills in."""
     from localchat.storage import ReplyWriter, title_from
 
+    record = conversation_record(params, config)
     if conv is None:
-        conv = store.create_conversation(title_from(prompt), model=settings.model,
-                                         system_prompt=settings.system, params=settings.params())
+        conv = store.create_conversation(title_from(prompt), model=config.model,
+                                         system_prompt=params.system, params=record)
     store.add_message(conv.id, "user", prompt)
-    reply = store.begin_reply(conv.id, model=settings.model, params=settings.params())
+    reply = store.begin_reply(conv.id, model=config.model, params=record)
     return ReplyWriter(store, reply)
+

@@ -15,7 +15,7 @@ from localchat.engine.base import Delta, Engine, Event, Message, ModelInfo, Requ
 from localchat.engine.remote_http import (ConnectionLost, server_message, split_endpoint,
                                           status_error, stream_error, transport_errors)
 from localchat.engine.sse import BackgroundStream, Cancelled, sse_data
-from localchat.errors import EngineError, ModelNotFoundError, UsageError
+from localchat.errors import ConfigError, EngineError, ModelNotFoundError, UsageError
 from localchat.models.facts import DEFAULT_CTX
 from localchat.sampling_fields import SAMPLING_PARAMS
 
@@ -42,10 +42,10 @@ class RemoteEngine(Engine):
         import httpx2
 
         if ctx_size is not None and ctx_size < 0:
-            raise UsageError(f"context size must be >= 0, got {ctx_size}")
+            raise ConfigError("ctx_size", f"must be >= 0, got {ctx_size}")
         self._timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
         if not (math.isfinite(self._timeout) and self._timeout > 0):
-            raise UsageError(f"--timeout must be a number of seconds > 0, got {timeout}")
+            raise ConfigError("timeout", f"must be a number of seconds > 0, got {timeout}")
         self.base, self.root = split_endpoint(endpoint)
         key = api_key if api_key is not None else os.environ.get("LOCALCHAT_API_KEY")
         self._has_key = bool(key)
@@ -170,7 +170,7 @@ class RemoteEngine(Engine):
         if request.assistant_prefix:
             # Most servers (llama-cpp-python, localchat serve) answer a final assistant
             # message with a new reply rather than continuing it: refuse, not garble.
-            raise UsageError("continuing a stopped reply is not supported with --endpoint: "
+            raise UsageError("continuing a stopped reply is not supported with a remote endpoint: "
                              "the server would start a new reply instead")
         cancel = cancel or threading.Event()
         start = time.perf_counter()

@@ -10,7 +10,7 @@ import pytest
 from localchat.chat.session import ChatSession
 from localchat.engine.base import Delta, Engine, SamplingParams
 from localchat.errors import LocalchatError
-from localchat.settings import ChatSettings
+from helpers.pilot import chat_config
 from localchat.storage import ConversationStore, ReplyStatus, StoreError
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -24,7 +24,7 @@ def store(tmp_path):
 
 
 def session_on(engine, store=None, max_tokens=8, errors=None) -> ChatSession:
-    return ChatSession(ChatSettings(sampling=GREEDY, max_tokens=max_tokens), store, engine,
+    return ChatSession(*chat_config(sampling=GREEDY, max_tokens=max_tokens), store, engine,
                        on_store_error=(errors.append if errors is not None else lambda e: None))
 
 

@@ -268,12 +268,12 @@ def test_a_context_beyond_the_trained_one_is_refused_before_allocating():
 @pytest.mark.parametrize("engine_name", ["llama.cpp", "torch"])
 def test_a_kv_cache_the_memory_cannot_hold_is_refused_before_allocating(monkeypatch,
                                                                          engine_name):
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
     from localchat.errors import UsageError
 
     monkeypatch.setattr("localchat.units.available_memory", lambda: 50 * 2**20)  # 50 MiB free
     with pytest.raises(UsageError, match=r"needs .* and 50\.0 MiB is available"):
-        load_engine("default", engine=engine_name, ctx_size=8192, parallel=1, threads=2)
+        open_engine(EngineConfig("default", engine=engine_name, ctx_size=8192, parallel=1, threads=2))
 
 
 def test_attached_text_feeds_prompt_lookup_drafts_and_the_stats_show_it(tmp_path):

@@ -11,7 +11,7 @@ from typing import Sequence
 import llama_cpp
 from llama_cpp._internals import LlamaModel
 
-from localchat.chat.template import render_chat
+from localchat.prompt.template import render_chat
 from localchat.engine.base import Message
 
 # llama.cpp logs to stderr by default, which would scribble over the TUI. Keep its

@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 import torch
 
 from localchat.engine.base import SamplingParams
-from localchat.engine.executors.base import Chunk, Executor
+from localchat.engine.runtime.executor_api import Chunk, Executor
 from localchat.engine.runtime.block_manager import BlockManager
 from localchat.engine.runtime.compute_thread import COMPUTE
 from localchat.engine.runtime.sampler import Row, argmax, distributions, penalized, sample
