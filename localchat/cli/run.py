@@ -112,8 +112,12 @@ def add_parser(sub, *parents: argparse.ArgumentParser) -> None:
     run = sub.add_parser("run", parents=list(parents),
                          help="one-shot prompt, reply on stdout",
                          description="Print the model's reply to PROMPT (and/or stdin) on stdout.")
-    run.add_argument("prompt", nargs="?", default=None,
-                     help="the prompt; '-' or piped stdin supplies it (stdin first, then this)")
+    run.add_argument("words", nargs="*", default=[], metavar="[MODEL] PROMPT",
+                     help="the prompt; '-' or piped stdin supplies it (stdin first, then this). "
+                          "A first word that names a model (a short name like smollm2:360m, a "
+                          ".gguf path, a model directory, OWNER/REPO:QUANT) is the model, as "
+                          "with `ollama run MODEL PROMPT`; a model and no prompt on a terminal "
+                          "opens the chat with it"),
     run.add_argument("-p", "--prompt", dest="prompt_flag", default=None, metavar="TEXT",
                      help="the prompt, as a flag (llama.cpp's spelling of PROMPT)")
     run.add_argument("-f", "--file", dest="prompt_file", default=None, metavar="FILE",
@@ -137,8 +141,35 @@ def add_parser(sub, *parents: argparse.ArgumentParser) -> None:
 
 
 def run_or_batch(args: argparse.Namespace) -> int:
-    """`localchat run`, or `run --batch FILE` (batch.py) when that flag is given."""
+    """`localchat run`, `run --batch FILE` (batch.py), or `run MODEL` on a terminal with no
+    prompt: the chat with that model."""
+    if take_model_word(args) and prompt_argument(args) is None and args.prompt_file is None \
+            and args.batch is None and sys.stdin.isatty():
+        from localchat.cli.flags import with_parallel
+        from localchat.tui.app import run_tui
+
+        return run_tui(with_parallel(engine_config(args), 2), reply_params(args),
+                       continue_last=args.continue_last)
     return batch.cmd_batch(args) if args.batch is not None else cmd_run(args)
+
+
+def take_model_word(args: argparse.Namespace) -> bool:
+    """Split the positional words into [MODEL] PROMPT (args.model, args.prompt); True when
+    the first word was taken as the model."""
+    from localchat.models.specs import DEFAULT_SPEC, names_a_model
+
+    words = list(args.words)
+    if len(words) > 2 or (len(words) == 2 and not names_a_model(words[0])):
+        raise UsageError(f"give the prompt as one argument (quote it): {' '.join(words[:3])!r}"
+                         " is more than [MODEL] PROMPT")
+    model_word = bool(words) and (len(words) == 2 or (
+        names_a_model(words[0]) and (args.model == DEFAULT_SPEC or words[0] == args.model)))
+    if model_word:
+        if args.model not in (DEFAULT_SPEC, words[0]):
+            raise UsageError(f"two models: {words[0]} and -m {args.model}; give one")
+        args.model = words.pop(0)
+    args.prompt = words[0] if words else None
+    return model_word
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -84,6 +84,21 @@ def resolve_model_facts(spec: str, *, local_only: bool = False) -> GGUFFacts:
     return facts
 
 
+def names_a_model(spec: str) -> bool:
+    """Whether SPEC reads as a model rather than as words: default, a short name, a .gguf
+    file or model directory that exists, or a hub reference. Nothing is read or downloaded."""
+    spec = spec.strip()
+    if spec == DEFAULT_SPEC or (spec and expand_short_name(spec)):
+        return True
+    path = Path(spec).expanduser()
+    if (path.is_file() and path.suffix.lower() == ".gguf") or is_hf_directory(path):
+        return True
+    try:
+        return parse_hub_ref(spec) is not None
+    except UsageError:
+        return False
+
+
 def validate_model_path(path: Path) -> GGUFFacts:
     """A GGUF file, or a Hugging Face directory (one holding config.json)."""
     return validate_hf_directory(path) if is_hf_directory(path) else validate_model_file(path)

@@ -299,3 +299,37 @@ def test_attach_puts_a_named_text_file_before_the_prompt_and_refuses_binaries(tm
     (tmp_path / "blob.bin").write_bytes(b"\x7fELF\x00\x01")
     assert_one_line_error(localchat("run", "--attach", str(tmp_path / "blob.bin"), "hi"),
                           "cannot attach blob.bin: it is a binary file")
+
+
+def test_a_model_before_the_prompt_is_taken_as_ollama_run_takes_it(tmp_path):
+    """`localchat run MODEL PROMPT`: the first word is the model when it names one."""
+    from localchat.models.specs import resolve_model
+
+    bundled = str(resolve_model("default"))
+    greedy = ("-n", "4", "--temp", "0", "--no-draft", "--no-history", "--json")
+    by_flag = localchat("run", "-m", bundled, "Say hi.", *greedy)
+    by_word = localchat("run", bundled, "Say hi.", *greedy)
+    assert by_flag.returncode == by_word.returncode == 0, by_word.stderr
+    assert json.loads(by_word.stdout)["text"] == json.loads(by_flag.stdout)["text"]
+    assert json.loads(by_word.stdout)["model_path"] == bundled
+    # a short name that is not downloaded: the hub's one-line answer, not "unrecognized"
+    offline = localchat("run", "smollm2:360m", "hi")
+    assert_one_line_error(offline, "not downloaded", "SmolLM2-360M")
+    assert "unrecognized" not in offline.stderr
+    assert_one_line_error(localchat("run", "hello", "there"), "[MODEL] PROMPT")
+    assert_one_line_error(localchat("run", "-m", bundled, "default", "hi"), "two models")
+
+
+def test_one_word_is_the_prompt_unless_it_names_a_model():
+    import argparse
+
+    from localchat.cli.run import take_model_word
+
+    def split(*words, model="default"):
+        args = argparse.Namespace(words=list(words), model=model)
+        return take_model_word(args), args.model, args.prompt
+
+    assert split("hi") == (False, "default", "hi")
+    assert split("smollm2:360m") == (True, "smollm2:360m", None)
+    assert split("default", "hi") == (True, "default", "hi")
+    assert split("What is 2/3:4?") == (False, "default", "What is 2/3:4?")
