@@ -1,4 +1,4 @@
-"""RemoteEngine: any OpenAI-compatible server behind the engine interface (--endpoint URL).
+"""RemoteEngine: any OpenAI-compatible server behind the engine interface (the endpoint setting).
 Its stats are what a client can see (TTFT at the first chunk, rates from chunks or the usage
 record); the KV cache fields stay 0."""
 
@@ -20,7 +20,7 @@ from localchat.models.facts import DEFAULT_CTX
 from localchat.sampling_fields import SAMPLING_PARAMS
 
 CONNECT_TIMEOUT_S = 10.0
-DEFAULT_TIMEOUT_S = 60.0  # --timeout: the longest wait for any answer (first byte, next chunk)
+DEFAULT_TIMEOUT_S = 60.0  # timeout: the longest wait for any answer (first byte, next chunk)
 # count_prompt_tokens: chat-template tokens around each message and before the reply
 # (ChatML and Llama 3 both spend about this much), and, without a tokenize endpoint,
 # a deliberately high estimate of the content's tokens so history is dropped early
@@ -66,7 +66,7 @@ class RemoteEngine(Engine):
         except BaseException:
             self._client.close()
             raise
-        n_ctx = ctx_size or n_ctx_server or DEFAULT_CTX  # neither -c nor the server says
+        n_ctx = ctx_size or n_ctx_server or DEFAULT_CTX  # neither ctx_size nor the server says
         name = self.model.rsplit("/", 1)[-1] if self.model.startswith("/") else self.model
         self.info = ModelInfo(
             name=name, path=self.base, architecture="remote", quant_type="remote",

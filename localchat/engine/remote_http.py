@@ -98,7 +98,7 @@ class ConnectionLost(EngineError):
 
 @contextmanager
 def transport_errors(base: str, timeout: float) -> Iterator[None]:
-    """Network failures as one-line EngineErrors; `timeout`: the --timeout that ran out."""
+    """Network failures as one-line EngineErrors; `timeout`: the timeout setting that ran out."""
     import httpx2
 
     try:

@@ -31,7 +31,7 @@ class ModelEntry:
     """One row of `localchat models`: facts, or the reason the file is unusable."""
 
     source: str  # "bundled", "hub" or "local"
-    spec: str  # what to pass as --model
+    spec: str  # what to pass as the model setting
     path: Path
     facts: GGUFFacts | None = None
     error: str | None = None

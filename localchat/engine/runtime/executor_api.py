@@ -73,7 +73,7 @@ class Executor(ABC):
         float32 on the CPU. Called on the compute thread only."""
 
     def memory(self) -> dict:
-        """The executor's own accounting of its KV cache (for tests and --verbose)."""
+        """The executor's own accounting of its KV cache (for tests and verbose output)."""
         return {}
 
     def close(self) -> None:

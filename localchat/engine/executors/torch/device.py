@@ -1,5 +1,5 @@
 """Which device the torch engine runs on: CUDA if present, else Apple MPS, else CPU;
-`--device` overrides. Weights are built for the device at load (4-bit layers are packed
+The device setting overrides. Weights are built for the device at load (4-bit layers are packed
 per device), so moving a loaded model is not supported: load it where it will run."""
 
 from __future__ import annotations
