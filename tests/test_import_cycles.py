@@ -116,16 +116,23 @@ def test_the_graph_sees_function_level_and_relative_imports(tmp_path):
     assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.a"]
 
 
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    """A package at root holding files ({relative path: source}), each folder a package."""
+    for relative, source in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(source)
+    for folder in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        if not (folder / "__init__.py").exists():
+            (folder / "__init__.py").write_text("")
+    return root
+
+
 def test_layer_breaches_are_found_through_other_modules_and_packages(tmp_path):
-    pkg = tmp_path / "pkg"
-    for folder in ("models", "engine", "util"):
-        (pkg / folder).mkdir(parents=True)
-        (pkg / folder / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "models" / "a.py").write_text("from pkg.util import b\n")
-    (pkg / "util" / "b.py").write_text("def f():\n    from ..engine import c\n")
-    (pkg / "engine" / "c.py").write_text("")
-    (pkg / "util" / "__init__.py").write_text("import pkg.engine\n")
+    pkg = write_package(tmp_path / "pkg", {
+        "models/a.py": "from pkg.util import b\n",
+        "util/b.py": "def f():\n    from ..engine import c\n",
+        "engine/c.py": "",
+        "util/__init__.py": "import pkg.engine\n"})
     graph = import_graph(pkg)
     assert layer_breaches(graph, "pkg.models", ("pkg.engine",)) == [
         "pkg.models.a -> pkg.util.b -> pkg.util -> pkg.engine",
@@ -241,15 +248,11 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_layer_order_sees_an_upward_import(tmp_path):
-    pkg = tmp_path / "localchat"
-    for folder in ("models", "engine", "server", "cli"):
-        (pkg / folder).mkdir(parents=True)
-        (pkg / folder / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "models" / "a.py").write_text("def f():\n    from localchat.engine import b\n")
-    (pkg / "engine" / "b.py").write_text("from localchat.models import a\n")
-    (pkg / "server" / "c.py").write_text("from localchat.cli import d\n")
-    (pkg / "cli" / "d.py").write_text("from localchat.server import c\n")
+    pkg = write_package(tmp_path / "localchat", {
+        "models/a.py": "def f():\n    from localchat.engine import b\n",
+        "engine/b.py": "from localchat.models import a\n",
+        "server/c.py": "from localchat.cli import d\n",
+        "cli/d.py": "from localchat.server import c\n"})
     assert upward_imports(import_graph(pkg)) == ["localchat.models.a -> localchat.engine.b",
                                                  "localchat.server.c -> localchat.cli.d"]
 
