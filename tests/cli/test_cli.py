@@ -333,3 +333,13 @@ def test_one_word_is_the_prompt_unless_it_names_a_model():
     assert split("smollm2:360m") == (True, "smollm2:360m", None)
     assert split("default", "hi") == (True, "default", "hi")
     assert split("What is 2/3:4?") == (False, "default", "What is 2/3:4?")
+
+
+def test_a_prompt_too_long_for_a_file_name_is_never_taken_for_a_model():
+    import argparse
+
+    from localchat.cli.run import take_model_word
+
+    for words in ("word " * 5000, "a" * 300, "two\nlines.gguf"):
+        args = argparse.Namespace(words=[words], model="default")
+        assert take_model_word(args) is False and args.prompt == words
