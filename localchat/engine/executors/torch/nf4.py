@@ -119,42 +119,41 @@ def dequantize(m: NF4Matrix, rows: slice = slice(None), dtype=torch.float32,
     """Rows of the matrix as dense `dtype`: one gather through the byte table, then one
     multiply by each block's absmax."""
     table = byte_table(m.levels, dtype) if table is None else table
-    codes, absmax = m.codes[rows], m.absmax[rows]
+    return dequantize_codes(m.codes[rows], m.absmax[rows], table, m.blocksize)
+
+
+def dequantize_codes(codes: torch.Tensor, absmax: torch.Tensor, table: torch.Tensor,
+                     blocksize: int) -> torch.Tensor:
+    """Packed codes [n, cols/2] and their absmax [n, cols/blocksize] as dense rows in the
+    byte table's dtype."""
     n = codes.shape[0]
-    w = table.index_select(0, codes.flatten().int()).view(n, absmax.shape[1], m.blocksize)
-    return (w * absmax.to(dtype)[..., None]).view(n, -1)
+    w = table.index_select(0, codes.flatten().int()).view(n, absmax.shape[1], blocksize)
+    return (w * absmax.to(table.dtype)[..., None]).view(n, -1)
 
 
 class NF4Linear(torch.nn.Module):
     """y = x @ Wᵀ with W kept as NF4 codes, dequantized CHUNK_ROWS rows at a time inside
     forward (never a persistent dense copy). float32 by default: it reproduces the
-    dequantized weights exactly and is no slower at decode."""
+    dequantized weights exactly and is no slower at decode. Its tensors are plain attributes,
+    read in forward, as in every layer here: aot_layer passes exactly those to a compiled
+    layer as inputs (one held elsewhere would be compiled in as a constant)."""
 
     CHUNK_ROWS = 1024
 
     def __init__(self, matrix: NF4Matrix, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        self.matrix = matrix
         self.out_features, self.in_features = matrix.shape
-        self.dtype = dtype
-        # registered as buffers so .to(device) moves them and nbytes() counts them
-        self.register_buffer("codes", matrix.codes, persistent=False)
-        self.register_buffer("absmax", matrix.absmax, persistent=False)
-        self.register_buffer("table", byte_table(matrix.levels, dtype), persistent=False)
-
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        self.matrix = NF4Matrix(self.codes, self.absmax, fn(self.matrix.levels),
-                                self.matrix.blocksize)
-        return self
+        self.blocksize = matrix.blocksize
+        self.codes, self.absmax = matrix.codes, matrix.absmax
+        self.table = byte_table(matrix.levels, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, self.in_features).to(self.dtype)
+        x2 = x.reshape(-1, self.in_features).to(self.table.dtype)
         outs = []
         for start in range(0, self.out_features, self.CHUNK_ROWS):
-            w = dequantize(self.matrix, slice(start, start + self.CHUNK_ROWS), self.dtype,
-                           self.table)
+            rows = slice(start, start + self.CHUNK_ROWS)
+            w = dequantize_codes(self.codes[rows], self.absmax[rows], self.table, self.blocksize)
             outs.append(F.linear(x2, w))
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
