@@ -172,7 +172,7 @@ def test_int4_file_round_trip_matches_the_scheme(hf_dir, tmp_path):
     """The stored codes and scales dequantize to exactly what the int4-g64 scheme gives."""
     from safetensors import safe_open
 
-    from localchat.engine.executors.torch.intq import dequantize_int, load_int
+    from localchat.formats.intq import dequantize_int, load_int
     from quantize.int_hf import quantize_hf_dir_to_int
     from quantize.schemes import simulate
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from localchat.engine.executors.torch import aot_layer
-from localchat.engine.executors.torch.nf4 import NF4Linear, load_nf4
 from localchat.engine.executors.torch.q4q8 import Q4Q8Linear, Q8Q8Linear, available
 from localchat.engine.executors.torch.qlinear import (DenseLinear, HalfLinear, Int4Linear,
-                                                      Int4PairLinear, Int8Linear, RowStack)
-from quantize.nf4 import quantize_nf4
+                                                      Int4PairLinear, Int8Linear, NF4Linear,
+                                                      RowStack)
+from localchat.formats.nf4 import load_nf4, quantize_nf4
 
 N, K = 64, 256
 

@@ -128,7 +128,7 @@ def test_scales_held_as_the_file_holds_them(isa, monkeypatch):
     """float16 scales (Q4_0, Q4_1, Q5_x, Q8_0) give bit for bit the float32 results; Q4_K's and
     Q5_K's 6-bit integers with d, dmin per 256 take llama.cpp's route (integer sums per 256,
     then one float multiply) to the same sums."""
-    from localchat.engine.executors.torch.gguf_blocks import group_scales
+    from localchat.formats.gguf_blocks import group_scales
 
     monkeypatch.setenv("LOCALCHAT_Q4Q8_ISA", isa)
     rng = np.random.default_rng(2)
