@@ -201,3 +201,9 @@ def test_private_reach_sees_a_mixin_calling_another_modules_private(tmp_path):
 
 def test_no_module_uses_another_modules_private_attributes():
     assert private_reach() == {}
+
+
+def test_formats_reach_no_engine_or_anything_above():
+    above = ("localchat.engine", "localchat.chat", "localchat.models", "localchat.prompt",
+             "localchat.tui", "localchat.cli", "localchat.server", "localchat.storage")
+    assert layer_breaches(import_graph(), "localchat.formats", above) == []
