@@ -157,7 +157,7 @@ def test_the_model_on_q4q8_compiled_ahead_of_time_computes_what_llama_cpp_does(e
     them (prompt, then one token a step). Two implementations that round activations to 8 bits
     agree up to near-ties (measured on 1100 positions: 96.8-97.7 % top-1, mean |Δlogit| ~0.16;
     llama.cpp against its own float32 run 97.2 %); a broken kernel scores near 0."""
-    from localchat.cli.eval_agreement import llama_cpp_logits, varied_text_tokens
+    from quantize.agreement import llama_cpp_logits, varied_text_tokens
     from localchat.engine.executors.torch.model import LlamaModel
     from localchat.engine.executors.torch.weights import load_weights
     from localchat.models.specs import resolve_model_facts
