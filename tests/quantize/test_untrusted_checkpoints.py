@@ -85,6 +85,12 @@ BAD_HEADERS = {
                       "unsupported dtype"),
     "size disagrees with shape": ({"a": {"dtype": "F32", "shape": [5], "data_offsets": [0, 16]}},
                                   16, "needs 20"),
+    # issue 39 #9: json.loads let the last of two keys win, and skipped leading spaces
+    "duplicate tensor key": (b'{"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}, '
+                             b'"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}', 16,
+                             "names tensor 'a' twice"),
+    "header starting with spaces": (b'   {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}',
+                                    16, "does not start with '{'"),
 }
 
 
