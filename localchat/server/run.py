@@ -12,12 +12,10 @@ import sys
 import uvicorn
 
 from localchat.server.app import Server
+from localchat.server.connections import TimedH11Protocol
 
 GRACEFUL_SHUTDOWN_S = 5  # for responses still being sent after their jobs are cancelled
 JOIN_WORKERS_S = 10.0
-# Connections beyond the admitted requests (health probes, requests being refused):
-# past this, uvicorn itself answers 503, so a flood of idle connections cannot pile up.
-EXTRA_CONNECTIONS = 64
 
 
 class Uvicorn(uvicorn.Server):
@@ -53,7 +51,9 @@ def serve(args: argparse.Namespace, sock: socket.socket, *, loopback: bool,
         config = uvicorn.Config(app,
                                 log_level="warning", access_log=False, lifespan="on",
                                 server_header=False,
-                                limit_concurrency=args.max_queue + EXTRA_CONNECTIONS,
+                                # idle and slow sockets are closed by read deadlines, not
+                                # counted against requests (uvicorn's limit_concurrency)
+                                http=TimedH11Protocol,
                                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
