@@ -74,3 +74,12 @@ def test_torch_engine_checks_shapes_against_metadata(tmp_path: Path, case: str) 
     with pytest.raises(GGUFFormatError) as e:
         load_weights(path)
     assert e.value.field == field and words in str(e.value), str(e.value)
+
+
+def test_llama_cpp_names_what_it_refused(tmp_path: Path) -> None:
+    """Issue 39 #16: llama.cpp's own refusal ("Failed to load model from file") now says
+    what it refused, as llama.cpp logged it: here a layer block_count promises but lacks."""
+    path = write_random_model(tmp_path / "m.gguf", declared={"block_count": 3})
+    done = localchat("run", "-m", str(path), "--engine", "llama.cpp", "-n", "4", "hi")
+    assert_one_line_error(done, "llama.cpp could not load m.gguf: ",
+                          "tensor 'blk.2.attn_norm.weight' not found")
