@@ -212,8 +212,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 if isinstance(event, Delta):
                     if writer is None and store is not None:  # saved once a reply begins
                         writer = _begin_saving(store, conv, config, params, prompt)
-                    if writer is not None:
-                        writer.feed(event.text)
+                    if writer is not None and not _saved(writer.feed, event.text):
+                        writer = None
+                    if writer is None and store is not None:  # it failed (warned): the
+                        store.close()  # reply goes on unsaved
+                        store = None
                     if not args.json and event.text:
                         sys.stdout.write(event.text)
                         sys.stdout.flush()
@@ -221,8 +224,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     result = event
         assert result is not None
         if writer is not None:
-            writer.finish(ReplyStatus.after(result.finish_reason), result.stats.to_dict(),
-                          result.text)
+            _saved(writer.finish, ReplyStatus.after(result.finish_reason),
+                   result.stats.to_dict(), result.text)
             writer = None
         if args.json:
             out = {"text": result.text, "finish_reason": result.finish_reason,
@@ -261,14 +264,36 @@ def _open_history_or_warn():
 
 
 def _begin_saving(store, conv, config: EngineConfig, params: ReplyParams, prompt: str):
-    """Record the prompt and an empty reply that the stream fills in."""
-    from localchat.storage import ReplyWriter, title_from
+    """Record the prompt and an empty reply that the stream fills in; None (warned) when
+    the store fails."""
+    from localchat.storage import ReplyWriter, StoreError, title_from
 
     record = conversation_record(params, config)
-    if conv is None:
-        conv = store.create_conversation(title_from(prompt), model=config.model,
-                                         system_prompt=params.system, params=record)
-    store.add_message(conv.id, "user", prompt)
-    reply = store.begin_reply(conv.id, model=config.model, params=record)
+    try:
+        if conv is None:
+            conv = store.create_conversation(title_from(prompt), model=config.model,
+                                             system_prompt=params.system, params=record)
+        store.add_message(conv.id, "user", prompt)
+        reply = store.begin_reply(conv.id, model=config.model, params=record)
+    except StoreError as exc:
+        _warn_unsaved(exc)
+        return None
     return ReplyWriter(store, reply)
 
+
+def _saved(write, *args) -> bool:
+    """write(*args); a store failure mid-reply (locked too long, disk full) is one warning
+    and False: the caller stops saving, the reply goes on."""
+    from localchat.storage import StoreError
+
+    try:
+        write(*args)
+        return True
+    except StoreError as exc:
+        _warn_unsaved(exc)
+        return False
+
+
+def _warn_unsaved(exc: Exception) -> None:
+    print(f"localchat: warning: the reply is not saved to the history: {exc}",
+          file=sys.stderr, flush=True)

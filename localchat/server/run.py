@@ -13,12 +13,10 @@ import uvicorn
 from localchat.engine import open_engine
 from localchat.engine.config import EngineConfig
 from localchat.server.app import Server
+from localchat.server.connections import TimedH11Protocol
 
 GRACEFUL_SHUTDOWN_S = 5  # for responses still being sent after their jobs are cancelled
 JOIN_WORKERS_S = 10.0
-# Connections beyond the admitted requests (health probes, requests being refused):
-# past this, uvicorn itself answers 503, so a flood of idle connections cannot pile up.
-EXTRA_CONNECTIONS = 64
 
 
 class Uvicorn(uvicorn.Server):
@@ -43,7 +41,9 @@ def serve(options, config: EngineConfig, sock: socket.socket, *, loopback: bool,
         config = uvicorn.Config(app,
                                 log_level="warning", access_log=False, lifespan="on",
                                 server_header=False,
-                                limit_concurrency=options.max_queue + EXTRA_CONNECTIONS,
+                                # idle and slow sockets are closed by read deadlines, not
+                                # counted against requests (uvicorn's limit_concurrency)
+                                http=TimedH11Protocol,
                                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host

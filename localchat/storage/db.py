@@ -188,7 +188,12 @@ class Connections:
 def open_checked(path: Path, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Connections:
     """Open (creating if needed), check and migrate the database; StoreUnavailable if it
     cannot be used. The file is never deleted or rewritten when it is damaged."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # e.g. LOCALCHAT_HOME under a read-only folder, or under a file
+        raise StoreUnavailable(f"cannot create the history folder {path.parent} "
+                               f"({exc.strerror or exc}); history is off for this session",
+                               "error", path) from None
     conns = Connections(path, busy_timeout_ms)
     try:
         db = conns.get()
