@@ -79,9 +79,9 @@ class Stats:
     prefill_tok_s: float = 0.0
     decode_tok_s: float = 0.0
     elapsed_s: float = 0.0
-    kv_cache_bytes: int = 0  # KV cache in use now
+    kv_cache_bytes: int = 0  # KV the conversation holds: in use, or once done still cached for it
     kv_cache_capacity_bytes: int = 0
-    kv_cache_cached_bytes: int = 0  # not in use, but kept as reusable prefixes (evictable)
+    kv_cache_cached_bytes: int = 0  # other KV not in use, kept as reusable prefixes (evictable)
     context_tokens: int = 0  # tokens in the context window now
     context_capacity: int = 0
     # continuous batching: times this request was preempted (its KV freed when the cache

@@ -20,10 +20,14 @@ def test_run_json_has_text_and_positive_stats():
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["text"].strip()
-    for key in ("ttft_s", "decode_tok_s", "prefill_tok_s", "kv_cache_cached_bytes",
+    for key in ("ttft_s", "decode_tok_s", "prefill_tok_s",
                 "kv_cache_capacity_bytes", "prompt_tokens", "completion_tokens"):
         assert out[key] > 0, key
-    assert out["kv_cache_bytes"] == 0  # finished: its blocks are back (the full ones cached)
+    # finished: its full blocks stay cached for the conversation, which still holds them;
+    # nothing else was ever cached in this process
+    per_token = out["kv_cache_capacity_bytes"] // out["context_capacity"]
+    assert out["kv_cache_bytes"] == out["context_tokens"] // 16 * 16 * per_token > 0
+    assert out["kv_cache_cached_bytes"] == 0
     assert out["finish_reason"] in ("stop", "length")
     assert out["engine"] == "llama.cpp" and out["model"]
     assert out["cached_tokens"] == 0
@@ -38,6 +42,8 @@ def test_run_streams_reply_only_on_stdout_and_stats_on_stderr():
     assert "eval rate" not in proc.stdout
     for field in ("time to first token", "prompt eval rate", "eval rate", "kv cache"):
         assert field in proc.stderr
+    kv_line = next(line for line in proc.stderr.splitlines() if line.startswith("kv cache:"))
+    assert not kv_line.split(":", 1)[1].strip().startswith("0 B")  # the conversation's KV
 
 
 def test_stdin_comes_first_then_the_argument():

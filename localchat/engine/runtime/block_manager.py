@@ -145,6 +145,11 @@ class BlockManager:
 
     # ---- accounting -------------------------------------------------------------------
 
+    def held(self, seq) -> tuple[int, int]:
+        """(blocks holding seq's KV: in use while it runs, its prefix still cached after; those of
+        them no sequence uses now)."""
+        return self.pool(seq).held(seq.seq_id, seq.tokens[:seq.computed])
+
     def usage(self) -> BlockUsage:
         parts = [p.usage() for p in self.pools]
         return BlockUsage(*(sum(getattr(u, f) for u in parts)
