@@ -51,7 +51,7 @@ class Entry:
     def stored(cls, m: StoredMessage) -> "Entry":
         stats = Stats(**{k: v for k, v in (m.stats or {}).items()
                          if k in Stats.__dataclass_fields__}) if m.stats else None
-        return cls(m.role, m.content, m.id, m.status, stats, siblings=m.siblings)
+        return cls(m.role, m.content, m.id, m.status, stats, m.finish_reason, siblings=m.siblings)
 
     @property
     def version(self) -> tuple[int, int] | None:
@@ -135,6 +135,7 @@ class ChatSession:
         if conv is None or stored is None:
             return False
         self.conversation = conv
+        self.db(lambda st: st.mark_opened(conversation_id))
         self.settings = replace(self.settings.with_params(conv.params),
                                 system=conv.system_prompt or None)
         self.entries = [Entry.stored(m) for m in stored if m.role != "system"]
@@ -276,7 +277,8 @@ class ChatSession:
                 writer = save(lambda w: w.feed(event.text))
             else:
                 status = ReplyStatus.after(event.finish_reason)
-                save(lambda w: w.finish(status, event.stats.to_dict(), event.text))
+                save(lambda w: w.finish(status, event.stats.to_dict(), event.text,
+                                        event.finish_reason))
             yield event
 
     def take(self, reply: Reply, event: Event) -> None:

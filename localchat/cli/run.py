@@ -199,7 +199,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         assert result is not None
         if writer is not None:
             writer.finish(ReplyStatus.after(result.finish_reason), result.stats.to_dict(),
-                          result.text)
+                          result.text, result.finish_reason)
             writer = None
         if args.json:
             out = {"text": result.text, "finish_reason": result.finish_reason,
