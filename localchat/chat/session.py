@@ -186,12 +186,14 @@ class ChatSession:
 
     # -- the user's side -------------------------------------------------------------------
 
-    def send(self, text: str) -> Reply:
-        """The user's message, then a reply to it (stored as streaming)."""
+    def send(self, text: str, typed: str | None = None) -> Reply:
+        """The user's message, then a reply to it (stored as streaming). typed: the words
+        the user typed, where text also holds attachments (a new chat is titled from them)."""
         if self.conversation is None and self.store is not None:
             s = self.settings
             self.conversation = self.db(lambda st: st.create_conversation(
-                title_from(text), model=s.model, system_prompt=s.system, params=self.params()))
+                title_from(typed or text), model=s.model, system_prompt=s.system,
+                params=self.params()))
         conv, parent = self.conversation, self._parent_id()
         db_id = self.db(lambda st: st.add_message(conv.id, "user", text, parent=parent)) \
             if conv else None
@@ -226,11 +228,14 @@ class ChatSession:
         del self.entries[index:]
 
     def switch_version(self, key: int, step: int) -> bool:
-        """Show the version `step` away from entry `key` (wrapping), with the branch
-        that follows it. False when the store gave no branch."""
+        """Show the version `step` away from entry `key`, with the branch that follows
+        it. False past the first or last version (no wrapping), or when the store gave
+        no branch."""
         index, entry = self.index(key), self.entry(key)
-        at = entry.siblings.index(entry.db_id)
-        target = entry.siblings[(at + step) % len(entry.siblings)]
+        at = entry.siblings.index(entry.db_id) + step
+        if not 0 <= at < len(entry.siblings):
+            return False
+        target = entry.siblings[at]
         cid = self.conversation.id
         branch = self.db(lambda st: st.switch_branch(cid, target))
         if branch is None:

@@ -148,8 +148,8 @@ def run_or_batch(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     settings = ChatSettings.from_args(args).with_parallel(1)  # one request: one KV slot
-    prompt = with_attachments(read_prompt(prompt_argument(args), file=args.prompt_file),
-                              getattr(args, "attach", []))
+    typed = read_prompt(prompt_argument(args), file=args.prompt_file)
+    prompt = with_attachments(typed, getattr(args, "attach", []))
     store = conv = writer = None
     earlier: list[Message] = []
     if getattr(args, "continue_last", False):
@@ -188,7 +188,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             for event in engine.generate(request, cancel):
                 if isinstance(event, Delta):
                     if writer is None and store is not None:  # saved once a reply begins
-                        writer = _begin_saving(store, conv, settings, prompt)
+                        writer = _begin_saving(store, conv, settings, prompt, typed)
                     if writer is not None:
                         writer.feed(event.text)
                     if not args.json and event.text:
@@ -237,12 +237,13 @@ def _open_history_or_warn():
         return None
 
 
-def _begin_saving(store, conv, settings: ChatSettings, prompt: str):
-    """Record the prompt and an empty reply that the stream fills in."""
+def _begin_saving(store, conv, settings: ChatSettings, prompt: str, typed: str):
+    """Record the prompt and an empty reply that the stream fills in; a new conversation
+    is titled from the typed words, not the attached files before them."""
     from localchat.storage import ReplyWriter, title_from
 
     if conv is None:
-        conv = store.create_conversation(title_from(prompt), model=settings.model,
+        conv = store.create_conversation(title_from(typed), model=settings.model,
                                          system_prompt=settings.system, params=settings.params())
     store.add_message(conv.id, "user", prompt)
     reply = store.begin_reply(conv.id, model=settings.model, params=settings.params())

@@ -302,6 +302,11 @@ def test_attach_puts_a_named_text_file_before_the_prompt_and_refuses_binaries(tm
     alone = localchat("run", "--temp", "0", "-n", "2", "--json", "What does it do?")
     assert with_file.returncode == 0, with_file.stderr
     assert json.loads(with_file.stdout)["prompt_tokens"] > json.loads(alone.stdout)["prompt_tokens"] + 10
+    from localchat.storage import ConversationStore
+
+    store = ConversationStore.open()  # the run's history: titled from the typed words
+    assert [c.title for c in store.list_conversations()] == ["What does it do?"] * 2
+    store.close()
     (tmp_path / "blob.bin").write_bytes(b"\x7fELF\x00\x01")
     assert_one_line_error(localchat("run", "--attach", str(tmp_path / "blob.bin"), "hi"),
                           "cannot attach blob.bin: it is a binary file")
