@@ -11,6 +11,7 @@ import sys
 
 import uvicorn
 
+from localchat.server import instances
 from localchat.server.app import Server
 
 GRACEFUL_SHUTDOWN_S = 5  # for responses still being sent after their jobs are cancelled
@@ -28,6 +29,9 @@ class Uvicorn(uvicorn.Server):
         self.server = server
 
     def handle_exit(self, sig: int, frame) -> None:
+        if not self.should_exit:  # the first signal: say what is being stopped
+            print(f"localchat: stopping ({self.server.jobs.in_flight()} requests in flight)",
+                  file=sys.stderr, flush=True)
         super().handle_exit(sig, frame)
         self.server.stop_soon()
 
@@ -60,9 +64,12 @@ def serve(args: argparse.Namespace, sock: socket.socket, *, loopback: bool,
         print(f"localchat: serving {engine.info.name} on http://{shown}:{port}/v1 "
               f"(engine {engine.name})", file=sys.stderr, flush=True)
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        state = instances.register(f"http://{shown}:{port}/v1", engine.info.name,
+                                   str(engine.info.path), engine.name, engine.info.n_ctx)
         try:
             Uvicorn(config, server).run(sockets=[sock])
         finally:
+            instances.unregister(state)
             signal.signal(signal.SIGTERM, previous)
     finally:
         server.jobs.cancel_all()
