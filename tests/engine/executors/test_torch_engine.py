@@ -120,3 +120,21 @@ def test_kv_memory_flag_errors_are_one_line():
     proc = localchat("run", "hi", "--engine", "torch", "--kv-memory", "1MB")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "--kv-memory" in proc.stderr
+
+
+def test_known_torch_warnings_are_hidden_and_others_still_show(torch_engine):
+    """Loading the torch engine hides torch's LeafSpec deprecation and its inductor codegen
+    note (their real texts, from torch itself); any other warning still reaches the user."""
+    import inspect
+    import warnings
+
+    import torch._inductor.codegen.cpp as inductor_cpp
+    from torch.utils._pytree import LeafSpec
+
+    note = "bf16 and fp16 are mixed in the scheduler node."
+    assert f'warnings.warn("{note}")' in inspect.getsource(inductor_cpp)  # torch's own text
+    with warnings.catch_warnings(record=True) as seen:
+        LeafSpec()  # torch warns on its own here
+        warnings.warn(note, UserWarning)
+        warnings.warn("localchat: a warning of ours", UserWarning)
+    assert [str(w.message) for w in seen] == ["localchat: a warning of ours"]
