@@ -14,7 +14,7 @@ from dataclasses import replace
 from localchat.chat.context import fit_to_context
 from localchat.cli import batch
 from localchat.cli.stdin_text import read_stdin_text
-from localchat.engine.base import Delta, Message, Request, Result, Stats
+from localchat.engine.base import BASE_MODEL_NOTE, Delta, Message, Request, Result, Stats
 from localchat.errors import UsageError
 from localchat.interrupts import ctrl_c_cancels
 from localchat.sampling_fields import SAMPLING_FIELDS
@@ -135,6 +135,9 @@ def add_parser(sub, *parents: argparse.ArgumentParser) -> None:
                      help="add PROMPT to the last conversation and reply with its history, "
                           "system prompt and sampling (flags that differ from their defaults "
                           "override them); saved to the history as it streams")
+    run.add_argument("--raw", action="store_true",
+                     help="no chat template: the prompt is tokenized as plain text and the "
+                          "model continues it (for base models; not saved to the history)")
     run.add_argument("--no-history", action="store_true",
                      help="do not save this exchange (by default each run is kept as a "
                           "conversation, so --continue and the chat UI's list find it)")
@@ -152,6 +155,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     prompt = with_attachments(typed, getattr(args, "attach", []))
     store = conv = writer = None
     earlier: list[Message] = []
+    raw = getattr(args, "raw", False)
+    if raw and (getattr(args, "continue_last", False) or args.system is not None):
+        raise UsageError("--raw sends the prompt as plain text: it does not combine with "
+                         "--continue or -sys/--system")
     if getattr(args, "continue_last", False):
         from localchat.storage import ConversationStore
 
@@ -161,7 +168,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             settings = _continue_settings(settings, conv, args)
             earlier = [Message(m.role, m.content) for m in store.messages(conv.id)
                        if m.role in ("user", "assistant") and m.content]
-    elif not getattr(args, "no_history", False):
+    elif not (getattr(args, "no_history", False) or raw):
         store = _open_history_or_warn()
     try:
         engine = settings.load_engine()
@@ -177,11 +184,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             if fit.dropped_turns:
                 print(f"localchat: {fit.dropped_note(n_ctx)}", file=sys.stderr)
             messages = list(fit.messages)
-        request = Request(
-            messages=messages,
-            sampling=settings.sampling,
-            max_tokens=settings.max_tokens,
-        )
+        if raw:
+            tokens = engine.tokenize_text(prompt)
+            if not tokens:
+                raise UsageError("the prompt has no tokens")
+            request = Request(prompt_tokens=tokens, sampling=settings.sampling,
+                              max_tokens=settings.max_tokens)
+        else:
+            if engine.info.base_model:
+                print(f"localchat: {BASE_MODEL_NOTE} (--raw sends the prompt as plain text)",
+                      file=sys.stderr)
+            request = Request(messages=messages, sampling=settings.sampling,
+                              max_tokens=settings.max_tokens)
         cancel = threading.Event()
         result = None
         with ctrl_c_cancels(cancel):
@@ -210,7 +224,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print()
         if args.verbose:
             print(f"\n{format_stats(result.stats)}\nfinish reason:        {result.finish_reason}"
-                  f"\nchat template:        {engine.info.chat_template}", file=sys.stderr)
+                  f"\nchat template:        {'none (--raw)' if raw else engine.info.chat_template}",
+                  file=sys.stderr)
         return 130 if result.finish_reason == "cancelled" else 0
     finally:
         if writer is not None:  # interrupted at once (second Ctrl+C) or failed: keep the text

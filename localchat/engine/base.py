@@ -117,6 +117,9 @@ class Result:
 Event = Union[Delta, Result]
 
 
+BASE_MODEL_NOTE = "this looks like a base model (no chat template): replies continue your text"
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """Facts about the loaded model that the UI shows and the context policy needs."""
@@ -134,6 +137,7 @@ class ModelInfo:
     kv_bytes_per_token: int
     weights_bytes: int = 0  # model weights as the engine holds them in memory
     chat_template: str = ""  # which chat template renders prompts, and where it came from
+    base_model: bool = False  # no chat template and no chat tokens in the file: replies continue text
     kernels: dict[str, str] = field(default_factory=dict)  # "ffn_down 576x1536 Q4_1" -> "int4pack"
 
     @classmethod
@@ -146,7 +150,8 @@ class ModelInfo:
             n_ctx_train=facts.context_length, n_ctx=n_ctx, n_layers=facts.n_layers,
             n_kv_heads=facts.n_kv_heads, head_dim=facts.head_dim,
             kv_bytes_per_token=kv_bytes_per_token, weights_bytes=weights_bytes,
-            chat_template=facts.chat_template_name, kernels=dict(kernels or {}),
+            chat_template=facts.chat_template_name, base_model=facts.base_model,
+            kernels=dict(kernels or {}),
         )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from localchat.engine.base import Request, SamplingParams
 from helpers.cli import assert_one_line_error, localchat
 
 
@@ -310,3 +311,27 @@ def test_attach_puts_a_named_text_file_before_the_prompt_and_refuses_binaries(tm
     (tmp_path / "blob.bin").write_bytes(b"\x7fELF\x00\x01")
     assert_one_line_error(localchat("run", "--attach", str(tmp_path / "blob.bin"), "hi"),
                           "cannot attach blob.bin: it is a binary file")
+
+
+def test_a_base_model_is_said_once_and_run_raw_continues_plain_text(tmp_path, engine):
+    """A GGUF without a chat template or chat tokens: `run` says once that it is a base model;
+    `run --raw` sends the prompt as plain tokens, as llama.cpp gets them (the reference)."""
+    from helpers.gguf_builder import base_model_copy, bundled_path
+
+    base = base_model_copy(bundled_path(), tmp_path / "base.gguf")
+    text = "The capital of France is"
+    chat = localchat("run", "-m", str(base), text, "-n", "4", "--temp", "0")
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stderr.count("this looks like a base model (no chat template): replies "
+                             "continue your text") == 1
+    raw = localchat("run", "-m", str(base), "--raw", text, "-n", "8", "--temp", "0", "--json")
+    assert raw.returncode == 0, raw.stderr
+    assert "base model" not in raw.stderr
+    out = json.loads(raw.stdout)
+    reference = engine.complete(Request(prompt_tokens=engine.tokenize_text(text),
+                                        sampling=SamplingParams(temperature=0), max_tokens=8))
+    assert out["prompt_tokens"] == len(engine.tokenize_text(text))
+    assert out["text"] == reference.text and out["text"].strip()
+    normal = localchat("run", text, "-n", "2", "--temp", "0")  # a chat model: nothing said
+    assert normal.returncode == 0 and "base model" not in normal.stderr
+    assert_one_line_error(localchat("run", "--raw", "--continue", text), "--raw")
