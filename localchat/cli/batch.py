@@ -87,12 +87,12 @@ def _stop(value) -> tuple[str, ...]:
 def parse_line(number: int, text: str, params: ReplyParams) -> Line:
     """The request one line asks for; every mistake is an error for this line only."""
     try:
-        return _parse_line(number, text, settings)
+        return _parse_line(number, text, params)
     except RecursionError:  # json.loads or the checks below, on [[[[... 5,000 deep
         return Line(number, number, error=f"line {number}: JSON nested too deeply")
 
 
-def _parse_line(number: int, text: str, settings: ChatSettings) -> Line:
+def _parse_line(number: int, text: str, params: ReplyParams) -> Line:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:

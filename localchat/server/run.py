@@ -12,6 +12,7 @@ import uvicorn
 
 from localchat.engine import open_engine
 from localchat.engine.config import EngineConfig
+from localchat.server import instances
 from localchat.server.app import Server
 from localchat.server.connections import TimedH11Protocol
 
@@ -27,6 +28,9 @@ class Uvicorn(uvicorn.Server):
         self.server = server
 
     def handle_exit(self, sig: int, frame) -> None:
+        if not self.should_exit:  # the first signal: say what is being stopped
+            print(f"localchat: stopping ({self.server.jobs.in_flight()} requests in flight)",
+                  file=sys.stderr, flush=True)
         super().handle_exit(sig, frame)
         self.server.stop_soon()
 
@@ -50,9 +54,12 @@ def serve(options, config: EngineConfig, sock: socket.socket, *, loopback: bool,
         print(f"localchat: serving {engine.info.name} on http://{shown}:{port}/v1 "
               f"(engine {engine.name})", file=sys.stderr, flush=True)
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        state = instances.register(f"http://{shown}:{port}/v1", engine.info.name,
+                                   str(engine.info.path), engine.name, engine.info.n_ctx)
         try:
             Uvicorn(config, server).run(sockets=[sock])
         finally:
+            instances.unregister(state)
             signal.signal(signal.SIGTERM, previous)
     finally:
         server.jobs.cancel_all()

@@ -63,9 +63,18 @@ class RuntimeEngine(VocabMixin, Engine):
         )
 
     def _memory(self, seq: Sequence | None) -> dict:
-        usage = self.blocks.usage().bytes(self.info.kv_bytes_per_token)
-        memory = dict(kv_cache_bytes=usage["used"], kv_cache_capacity_bytes=usage["total"],
-                      kv_cache_cached_bytes=usage["cached"], context_capacity=self.info.n_ctx,
+        """Stats' memory fields. With a request: kv_cache_bytes is what its conversation holds
+        (its blocks in use, or after the reply the ones still cached for it) and
+        kv_cache_cached_bytes the other cached prefixes; without one, the whole pool's use."""
+        usage = self.blocks.usage()
+        per_block = usage.block_size * self.info.kv_bytes_per_token
+        in_use, cached = usage.used, usage.cached
+        if seq is not None:
+            in_use, idle = self.blocks.held(seq)
+            cached -= idle
+        memory = dict(kv_cache_bytes=in_use * per_block,
+                      kv_cache_capacity_bytes=usage.total * per_block,
+                      kv_cache_cached_bytes=cached * per_block, context_capacity=self.info.n_ctx,
                       context_tokens=0, draft=None)
         if seq is not None:
             memory.update(context_tokens=seq.computed, preemptions=seq.preemptions,
