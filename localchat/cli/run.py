@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from localchat.chat.context import fit_to_context
 from localchat.cli import batch
+from localchat.cli.constraint_flags import add_constraint_flags, constraint_from_args
 from localchat.cli.stdin_text import read_stdin_text
 from localchat.engine.base import Delta, Message, Request, Result, Stats
 from localchat.errors import UsageError
@@ -127,8 +128,10 @@ def add_parser(sub, *parents: argparse.ArgumentParser) -> None:
                      help="put a text file into the prompt, named and fenced (repeatable)")
     run.add_argument("--batch", default=None, metavar="FILE.jsonl",
                      help="one request per line ('prompt' or 'messages', optional sampling "
-                          "fields and 'id'; '-' reads stdin): one JSON result per line on "
+                          "fields, 'response_format' and 'id'; '-' reads stdin): one JSON "
+                          "result per line on "
                           "stdout, in input order")
+    add_constraint_flags(run)
     run.add_argument("--verbose", action="store_true", help="stats block on stderr")
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
     run.add_argument("--continue", dest="continue_last", action="store_true",
@@ -143,11 +146,15 @@ def add_parser(sub, *parents: argparse.ArgumentParser) -> None:
 
 def run_or_batch(args: argparse.Namespace) -> int:
     """`localchat run`, or `run --batch FILE` (batch.py) when that flag is given."""
+    if args.batch is not None and constraint_from_args(args) is not None:
+        raise UsageError("-j/--json-schema, --grammar and --json-object apply to one prompt; "
+                         "with --batch give each line a 'response_format'")
     return batch.cmd_batch(args) if args.batch is not None else cmd_run(args)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     settings = ChatSettings.from_args(args).with_parallel(1)  # one request: one KV slot
+    constraint = constraint_from_args(args)  # a bad schema file: said before the model loads
     prompt = with_attachments(read_prompt(prompt_argument(args), file=args.prompt_file),
                               getattr(args, "attach", []))
     store = conv = writer = None
@@ -181,6 +188,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             messages=messages,
             sampling=settings.sampling,
             max_tokens=settings.max_tokens,
+            constraint=constraint,
         )
         cancel = threading.Event()
         result = None
