@@ -52,6 +52,9 @@ class Runner:
         self._closed = False
         self.steps = 0
         self.batch_sizes: list[int] = []  # sequences per step, for benchmarks and tests
+        # tokens a grammar forces go to the target as drafts (False: one per step like
+        # any other token, the baseline `bench --task json` compares with)
+        self.forced_drafts = True
         self.mask_s = 0.0  # time spent computing constraint masks, and the rows masked
         self.masked_rows = 0
         COMPUTE.add(self)
@@ -180,7 +183,8 @@ class Runner:
                 continue
             room = min(self.n_ctx - len(seq.tokens) - 1,
                        seq.budget - len(seq.completion) - 1, budget)
-            ff = seq.guide.forced()[:max(0, room)] if seq.guide is not None else []
+            ff = seq.guide.forced()[:max(0, room)] \
+                if seq.guide is not None and self.forced_drafts else []
             if ff:
                 budget -= len(ff)
                 forced.append((chunk, ff))

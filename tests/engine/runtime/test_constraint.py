@@ -113,3 +113,47 @@ def test_a_grammar_that_cannot_finish_in_time_ends_with_length(engine):
     assert result.finish_reason == "length"
     assert result.stats.completion_tokens == 25
     assert result.text.startswith('{"text": "')
+
+
+def _reply(engine, name: str, forced: bool, max_tokens=MAX_TOKENS):
+    prompt, schema = SCHEMAS[name]
+    engine.runner.forced_drafts = forced
+    try:
+        tokens, result = [], None
+        for event in engine.generate(ask(prompt, Constraint.json_schema(schema),
+                                         max_tokens=max_tokens)):
+            tokens += getattr(event, "token_ids", ())
+            result = event
+        return tokens, result
+    finally:
+        engine.runner.forced_drafts = True
+
+
+def test_forced_drafts_change_nothing_but_the_steps(engine):
+    """Greedy output is identical with and without the grammar's forced tokens proposed
+    as drafts; with them, fewer target passes than tokens."""
+    steps = engine.runner.steps
+    plain_tokens, plain = _reply(engine, "array_of_objects", forced=False)
+    plain_steps, steps = engine.runner.steps - steps, engine.runner.steps
+    fast_tokens, fast = _reply(engine, "array_of_objects", forced=True)
+    fast_steps = engine.runner.steps - steps
+    assert fast_tokens == plain_tokens and fast.text == plain.text
+    check_valid("array_of_objects", fast)
+    assert fast_steps < plain_steps * 0.75, (fast_steps, plain_steps)
+
+
+def test_constrained_speculation_with_a_draft_source(engine):
+    """Prompt-lookup drafts under a constraint: cut where the grammar refuses them, the
+    matcher kept in step with what is accepted; greedy output unchanged."""
+    from localchat.engine import load_engine
+
+    reference, _ = _reply(engine, "array_of_objects", forced=False)
+    speculative = load_engine("default", threads=2, ctx_size=1024, draft="ngram",
+                              num_draft_tokens=4)
+    try:
+        tokens, result = _reply(speculative, "array_of_objects", forced=False)
+        assert tokens == reference
+        check_valid("array_of_objects", result)
+        assert result.stats.draft["proposed"] > 0
+    finally:
+        speculative.close()
