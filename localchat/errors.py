@@ -14,6 +14,11 @@ class UsageError(LocalchatError):
     exit_code = 2
 
 
+class ConstraintError(UsageError):
+    """A JSON schema or grammar for structured output that cannot be used (llguidance's
+    reason)."""
+
+
 class ModelNotFoundError(LocalchatError):
     """The model file or hub reference does not exist (or is not downloaded)."""
 

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from localchat.errors import UsageError
+from localchat.errors import ConstraintError
 
 ConstraintKind = Literal["json_schema", "json_object", "lark", "gbnf"]
 KINDS = ("json_schema", "json_object", "lark", "gbnf")
@@ -26,12 +26,12 @@ class Constraint:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise UsageError(f"unknown constraint kind {self.kind!r} (one of {', '.join(KINDS)})")
+            raise ConstraintError(f"unknown constraint kind {self.kind!r} (one of {', '.join(KINDS)})")
         if len(self.text) > MAX_CONSTRAINT_CHARS:
-            raise UsageError(f"the {self.label} is {len(self.text)} characters; "
+            raise ConstraintError(f"the {self.label} is {len(self.text)} characters; "
                              f"at most {MAX_CONSTRAINT_CHARS} are accepted")
         if self.kind != "json_object" and not self.text.strip():
-            raise UsageError(f"the {self.label} is empty")
+            raise ConstraintError(f"the {self.label} is empty")
 
     @property
     def label(self) -> str:
@@ -44,17 +44,17 @@ class Constraint:
         nested deeper than MAX_SCHEMA_DEPTH (llguidance checks the rest)."""
         if isinstance(schema, str):
             if len(schema) > MAX_CONSTRAINT_CHARS:
-                raise UsageError(f"the JSON schema is {len(schema)} characters; "
+                raise ConstraintError(f"the JSON schema is {len(schema)} characters; "
                                  f"at most {MAX_CONSTRAINT_CHARS} are accepted")
             try:
                 schema = json.loads(schema)
             except (ValueError, RecursionError) as e:
-                raise UsageError(f"the JSON schema is not valid JSON: {e}") from None
+                raise ConstraintError(f"the JSON schema is not valid JSON: {e}") from None
         if not isinstance(schema, (dict, bool)):
-            raise UsageError("a JSON schema must be a JSON object (or true/false), "
+            raise ConstraintError("a JSON schema must be a JSON object (or true/false), "
                              f"not {type(schema).__name__}")
         if _depth(schema) > MAX_SCHEMA_DEPTH:
-            raise UsageError(f"the JSON schema is nested deeper than {MAX_SCHEMA_DEPTH} levels")
+            raise ConstraintError(f"the JSON schema is nested deeper than {MAX_SCHEMA_DEPTH} levels")
         return cls("json_schema", json.dumps(schema))
 
     @classmethod
@@ -79,33 +79,33 @@ def _depth(value: Any, limit: int = MAX_SCHEMA_DEPTH + 1) -> int:
 def from_response_format(value: Any, field: str = "response_format") -> Constraint | None:
     """OpenAI's response_format ({"type": "text" | "json_object" | "json_schema",
     "json_schema": {"name", "schema", "strict", "description"}}) as a Constraint (None for
-    text). UsageError naming the field for anything else."""
+    text). ConstraintError naming the field for anything else."""
     if value is None:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
-        raise UsageError(f"{field} must be an object with a 'type'")
+        raise ConstraintError(f"{field} must be an object with a 'type'")
     kind = value["type"]
     extra = sorted(set(value) - {"type", "json_schema"})
     if extra:
-        raise UsageError(f"{field}.{extra[0]} is not supported")
+        raise ConstraintError(f"{field}.{extra[0]} is not supported")
     if kind == "text":
         return None
     if kind == "json_object":
         return Constraint.json_object()
     if kind != "json_schema":
-        raise UsageError(f"{field}.type {kind!r} is not supported "
+        raise ConstraintError(f"{field}.type {kind!r} is not supported "
                          "(one of text, json_object, json_schema)")
     spec = value.get("json_schema")
     if not isinstance(spec, dict):
-        raise UsageError(f"{field}.json_schema must be an object with a 'schema'")
+        raise ConstraintError(f"{field}.json_schema must be an object with a 'schema'")
     unknown = sorted(set(spec) - {"name", "schema", "strict", "description"})
     if unknown:
-        raise UsageError(f"{field}.json_schema.{unknown[0]} is not supported")
+        raise ConstraintError(f"{field}.json_schema.{unknown[0]} is not supported")
     if "strict" in spec and spec["strict"] is not None and not isinstance(spec["strict"], bool):
-        raise UsageError(f"{field}.json_schema.strict must be true or false")
+        raise ConstraintError(f"{field}.json_schema.strict must be true or false")
     if "schema" not in spec:  # OpenAI: no schema means any JSON
         return Constraint.json_object()
     try:
         return Constraint.json_schema(spec["schema"])
-    except UsageError as e:
-        raise UsageError(f"{field}.json_schema.schema: {e}") from None
+    except ConstraintError as e:
+        raise ConstraintError(f"{field}.json_schema.schema: {e}") from None

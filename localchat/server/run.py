@@ -8,6 +8,7 @@ import argparse
 import signal
 import socket
 import sys
+from pathlib import Path
 
 import uvicorn
 
@@ -45,8 +46,11 @@ def engine_settings(args: argparse.Namespace):
 
 def serve(args: argparse.Namespace, sock: socket.socket, *, loopback: bool,
           api_key: str | None) -> int:
-    engine = engine_settings(args).load_engine()
-    server = Server(engine, max_queue=args.max_queue)
+    settings = engine_settings(args)
+    engine = settings.load_engine()
+    path = Path(engine.info.path)
+    server = Server(engine, max_queue=args.max_queue,
+                    aliases=tuple(str(a) for a in (settings.model, path.name, path.stem) if a))
     try:
         app = server.build(loopback=loopback, api_key=api_key,
                            log_requests=not getattr(args, "quiet", False))

@@ -14,7 +14,7 @@ from llguidance.numpy import (fill_next_token_bitmask_par,
                               fill_next_token_bitmask_par_with_draft_tokens)
 
 from localchat.engine.constraint import Constraint
-from localchat.errors import UsageError
+from localchat.errors import ConstraintError
 
 # bounded time and memory for any schema or grammar a request brings
 LIMITS = llguidance.LLParserLimits(verbose_errors=False)
@@ -39,7 +39,7 @@ def grammar_for(constraint: Constraint) -> str:
             return llguidance.grammar_from("gbnf", constraint.text)
         return llguidance.LLMatcher.grammar_from_lark(constraint.text)
     except ValueError as e:
-        raise UsageError(f"invalid {constraint.label}: {_one_line(str(e))}") from None
+        raise ConstraintError(f"invalid {constraint.label}: {_one_line(str(e))}") from None
 
 
 class Guide:
@@ -56,11 +56,11 @@ class Guide:
     @classmethod
     def start(cls, tokenizer: llguidance.LLTokenizer, grammar: str,
               constraint: Constraint) -> "Guide":
-        """A fresh matcher; UsageError (llguidance's reason, one line) if the grammar is
+        """A fresh matcher; ConstraintError (llguidance's reason, one line) if the grammar is
         invalid for this tokenizer."""
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=LIMITS)
         if matcher.is_error():
-            raise UsageError(f"invalid {constraint.label}: {_one_line(matcher.get_error())}")
+            raise ConstraintError(f"invalid {constraint.label}: {_one_line(matcher.get_error())}")
         return cls(matcher, tokenizer.eos_token, tokenizer.vocab_size)
 
     def forced(self) -> list[int]:
