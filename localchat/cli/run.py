@@ -15,6 +15,7 @@ from localchat.chat.context import fit_to_context
 from localchat.cli import batch
 from localchat.chat.params import ReplyParams, conversation_record
 from localchat.cli.flags import engine_config, explicit_sampling, load_for_run, reply_params
+from localchat.cli.constraint_flags import add_constraint_flags, constraint_from_args
 from localchat.cli.stdin_text import read_stdin_text
 from localchat.engine.base import BASE_MODEL_NOTE, Delta, Message, Request, Result, Stats
 from localchat.engine.config import EngineConfig
@@ -126,8 +127,10 @@ def add_parser(sub, *parents: argparse.ArgumentParser) -> None:
                      help="put a text file into the prompt, named and fenced (repeatable)")
     run.add_argument("--batch", default=None, metavar="FILE.jsonl",
                      help="one request per line ('prompt' or 'messages', optional sampling "
-                          "fields and 'id'; '-' reads stdin): one JSON result per line on "
+                          "fields, 'response_format' and 'id'; '-' reads stdin): one JSON "
+                          "result per line on "
                           "stdout, in input order")
+    add_constraint_flags(run)
     run.add_argument("--verbose", action="store_true", help="stats block on stderr")
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
     run.add_argument("--continue", dest="continue_last", action="store_true",
@@ -146,6 +149,9 @@ def add_parser(sub, *parents: argparse.ArgumentParser) -> None:
 def run_or_batch(args: argparse.Namespace) -> int:
     """`localchat run`, `run --batch FILE` (batch.py), or `run MODEL` on a terminal with no
     prompt: the chat with that model."""
+    if args.batch is not None and constraint_from_args(args) is not None:
+        raise UsageError("-j/--json-schema, --grammar and --json-object apply to one prompt; "
+                         "with --batch give each line a 'response_format'")
     if take_model_word(args) and prompt_argument(args) is None and args.prompt_file is None \
             and args.batch is None and sys.stdin.isatty():
         from localchat.cli.flags import with_parallel
@@ -178,6 +184,7 @@ def take_model_word(args: argparse.Namespace) -> bool:
 def cmd_run(args: argparse.Namespace) -> int:
     config = engine_config(args, parallel=args.parallel or 1)  # one request: one KV slot
     params = reply_params(args)
+    constraint = constraint_from_args(args)  # a bad schema file: said before the model loads
     typed = read_prompt(prompt_argument(args), file=args.prompt_file)
     prompt = with_attachments(typed, getattr(args, "attach", []))
     store = conv = writer = None
@@ -216,12 +223,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             if not tokens:
                 raise UsageError("the prompt has no tokens")
             request = Request(prompt_tokens=tokens, sampling=params.sampling,
-                              max_tokens=params.max_tokens)
+                              max_tokens=params.max_tokens, constraint=constraint)
         else:
             if engine.info.base_model:
                 print(f"localchat: {BASE_MODEL_NOTE} (--raw sends the prompt as plain text)",
                       file=sys.stderr)
-            request = params.request(messages)
+            request = params.request(messages, constraint=constraint)
         cancel = threading.Event()
         result = None
         with ctrl_c_cancels(cancel):

@@ -9,6 +9,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Iterator, Literal, Sequence, Union
 
+from localchat.engine.constraint import Constraint
 from localchat.errors import UsageError
 from localchat.message import Message, Role  # noqa: F401 -- part of the engine interface
 from localchat.sampling_fields import FIELD, check_sampling
@@ -48,6 +49,9 @@ class Request:
     # the prompt ends with it after the template's generation prompt, and only what
     # follows is generated and returned.
     assistant_prefix: str = ""
+    # what the reply must look like (a JSON schema, any JSON object, a grammar); the
+    # runtime masks sampling by it and ends the reply when it is complete
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if not self.messages and not self.prompt_tokens:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import socket
 import sys
+from pathlib import Path
 
 import uvicorn
 
@@ -39,7 +40,9 @@ def serve(options, config: EngineConfig, sock: socket.socket, *, loopback: bool,
           api_key: str | None) -> int:
     """options: ServeOptions (server/__init__.py)."""
     engine = open_engine(config)
-    server = Server(engine, max_queue=options.max_queue)
+    path = Path(engine.info.path)
+    server = Server(engine, max_queue=options.max_queue,
+                    aliases=tuple(str(a) for a in (config.model, path.name, path.stem) if a))
     try:
         app = server.build(loopback=loopback, api_key=api_key, log_requests=not options.quiet)
         config = uvicorn.Config(app,
