@@ -207,6 +207,10 @@ class ChatApp(ControlsMixin, App):
                 yield PromptInput(id="prompt", show_line_numbers=False, placeholder=EMPTY_HINT)
         yield Footer()
 
+    def show_constraint(self) -> None:
+        """The gauge says `json` while this conversation's replies are constrained."""
+        self.query_one(GaugeBar).constrained = self.params.constraint is not None
+
     def show_system_prompt(self) -> None:
         """The system prompt, on one line above the chat (hidden when there is none)."""
         line = self.query_one("#system-line", Static)
@@ -216,6 +220,7 @@ class ChatApp(ControlsMixin, App):
 
     async def on_mount(self) -> None:
         self.show_system_prompt()
+        self.show_constraint()
         self.query_one("#chat").anchor()
         self.query_one(PromptInput).focus()
         if self.keymap_problem:

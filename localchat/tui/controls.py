@@ -9,7 +9,8 @@ from dataclasses import replace
 from textual.actions import SkipAction
 
 from localchat.chat.attachments import read_attachment
-from localchat.chat.commands import Command, apply_set, export_args, parse_command, parse_set, unescape
+from localchat.chat.commands import (Command, apply_set, export_args, parse_command, parse_json,
+                                     parse_set, unescape)
 from localchat.chat.context import prompt_budget
 from localchat.chat.reasoning import split_reply, without_reasoning
 from localchat.chat.session import Entry
@@ -74,6 +75,12 @@ class ControlsMixin:
             self.session.set_params(replace(self.params, sampling=sampling,
                                             max_tokens=max_tokens))
             self.info(f"{field} = {'default' if value is None else value}")
+        elif name == "json":
+            constraint = parse_json(arg)
+            self.session.set_params(replace(self.params, constraint=constraint))
+            self.show_constraint()
+            self.info("replies are free text" if constraint is None else
+                      f"replies follow the {constraint.label}")
         elif name == "model":
             if not arg:
                 self.action_pick_model()

@@ -481,3 +481,35 @@ async def test_a_fork_keeps_its_mark_in_the_sidebar_and_an_attachment_is_not_the
         assert all(cell_len(text) <= item.size.width for text, item in zip(shown, items))
         assert len(shown) == 2 and shown[0] != shown[1]  # the fork and its original
         assert shown[0].endswith("(fork)") and "…" in shown[0]
+
+
+async def test_json_command_constrains_this_conversations_replies_and_is_stored(engine, tmp_path):
+    """/json SCHEMA_FILE: the next replies validate against the schema, the gauge says json,
+    the conversation keeps it when reopened; /json off frees them; a new chat has none."""
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+              "required": ["city"], "additionalProperties": False}
+    (tmp_path / "city.json").write_text(json.dumps(schema))
+    app = make_app(engine, max_tokens=40)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, f"/json {tmp_path / 'city.json'}")
+        assert app.params.constraint is not None and app.query_one(GaugeBar).constrained
+        assert "json" in str(app.query_one(GaugeBar).render())
+        await chat(pilot, "Which city is the capital of France?")
+        reply = app.entries[-1]
+        jsonschema.validate(json.loads(reply.content), schema)
+        assert reply.finish_reason == "stop"
+        cid = app.conversation.id
+        assert app.store.get_conversation(cid).params["constraint"]["kind"] == "json_schema"
+        await app.conversations.new()
+        assert app.params.constraint is None and not app.query_one(GaugeBar).constrained
+        assert await app.open_conversation(cid)
+        assert app.params.constraint is not None and app.query_one(GaugeBar).constrained
+        await send(pilot, "/json off")
+        assert app.params.constraint is None
+        await send(pilot, "/json /no/such/schema.json")
+        assert "cannot read it" in app.last_error
