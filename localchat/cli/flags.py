@@ -191,3 +191,17 @@ def quality_flags(p: argparse.ArgumentParser) -> None:
                    help="draft/target cost ratio for the predicted speedup (default: %(default)s)")
     g.add_argument("--gamma", type=int, default=4, metavar="G",
                    help="draft tokens per step for the predicted speedup (default: %(default)s)")
+
+
+def quality_protocol(args):
+    """The measurement protocol quality_flags() describe (a quantize.quality.Protocol)."""
+    from quantize.quality import Protocol
+
+    window = args.window
+    stride = args.stride or window // 2
+    if args.tokens < 16 or window < 32:
+        raise UsageError("--tokens must be at least 16 and --window at least 32")
+    if not 0 < args.cost_ratio or args.gamma < 1:
+        raise UsageError("--cost-ratio must be positive and --gamma at least 1")
+    text = args.text or "pydoc_data.topics (Python's documentation)"
+    return Protocol(args.tokens, window, stride, text, args.gamma, args.cost_ratio)

@@ -346,6 +346,29 @@ def cached_gguf_files() -> list[tuple[str, Path]]:
     return out
 
 
+def remove_cached(path: Path) -> int:
+    """Delete a cached GGUF (every shard of a split set) from each snapshot that holds it,
+    with the blobs no other snapshot links; returns the bytes freed."""
+    parts = path.parts
+    if "snapshots" not in parts:
+        raise ValueError(f"{path} is not in the hub cache")
+    i = len(parts) - 1 - parts[::-1].index("snapshots")
+    repo_dir, name = Path(*parts[:i]), "/".join(parts[i + 2:])
+    split = _SPLIT.search(name)
+    names = ({n for n in _cached_files(repo_dir) if _SPLIT.sub("", n) == _SPLIT.sub("", name)}
+             if split else {name})
+    links = [snap / n for snap in _snapshots(repo_dir) for n in names
+             if (snap / n).is_symlink() or (snap / n).is_file()]
+    sizes = {link.resolve(): link.stat().st_size for link in links if link.exists()}
+    for link in links:
+        link.unlink()
+    still_linked = {p.resolve() for snap in _snapshots(repo_dir) for p in snap.rglob("*")
+                    if p.is_symlink()}
+    for blob in set(sizes) - still_linked:
+        blob.unlink(missing_ok=True)  # a snapshot's plain file is gone already
+    return sum(size for blob, size in sizes.items() if blob not in still_linked)
+
+
 def cached_spec(repo_id: str, path: Path) -> str:
     """The SPEC that names a cached file: `OWNER/REPO:FILE` with FILE relative to its snapshot."""
     parts = path.parts

@@ -79,7 +79,13 @@ def _v3(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX messages_by_parent ON messages(conversation_id, parent_id)")
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3]
+def _v4(db: sqlite3.Connection) -> None:
+    # When each conversation was last opened (created, or shown from the list): --continue
+    # goes back to the one on screen at quit, not the one written last.
+    db.execute("ALTER TABLE conversations ADD COLUMN opened REAL")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

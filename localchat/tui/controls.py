@@ -49,9 +49,10 @@ class ControlsMixin:
             self.show_editing_title()
         blocks = [a.as_message() for a in self.attachments]
         self.attachments = []
-        text = "\n\n".join([*blocks, unescape(text)])
+        typed = unescape(text)
+        text = "\n\n".join([*blocks, typed])
         self._select(None)
-        await self.start_reply(self.session.send(text) if editing is None else
+        await self.start_reply(self.session.send(text, typed) if editing is None else
                                self.session.edit(self.session.entries[editing].key, text))
 
     async def run_command(self, command: Command, typed: str = "") -> None:
@@ -335,11 +336,32 @@ class ControlsMixin:
             self.error("this message has one version: regenerating (Ctrl+R) or editing a "
                         "message adds another (Alt+Up selects an earlier one)")
             return
+        at, count = entry.siblings.index(entry.db_id) + 1, len(entry.siblings)
+        if not 1 <= at + step <= count:  # the ends stop: no wrapping round
+            self.error(f"this is the {'first' if step < 0 else 'last'} version ({at} of {count})")
+            return
         if not self.session.switch_version(entry.key, step):
             return
         await self.query_one(ChatLog).show(self.session.entries)
+        self.show_branch_context()
         if self.selected is not None:
             self._select(index)
+
+    def show_branch_context(self) -> None:
+        """The ctx gauge after a branch switch: the tokens of the branch now on screen (its
+        last reply's context, else its prompt's tokens), not the last generated reply's."""
+        gauges = self.query_one(GaugeBar)
+        if gauges.stats is None:
+            return
+        last = next((e.stats for e in reversed(self.session.entries) if e.stats is not None
+                     and e.stats.context_tokens), None)
+        if last is not None:
+            tokens = last.context_tokens
+        elif self.engine is not None and self.session.entries:
+            tokens = self.engine.count_prompt_tokens(self.session.history)
+        else:
+            tokens = 0
+        gauges.stats = replace(gauges.stats, context_tokens=tokens)
 
     async def action_fork(self) -> None:
         """/fork: a new conversation holding a copy of the branch on screen."""

@@ -11,8 +11,9 @@ import torch
 from localchat.engine.base import Message, Request, SamplingParams
 from localchat.engine.executors.torch.hf_weights import load_hf_weights
 from localchat.engine.executors.torch.model import KVStore, LlamaModel
-from localchat.engine.executors.torch.nf4 import NF4_LEVELS, NF4Linear, dequantize, load_nf4
-from quantize.nf4 import dequantize_nf4, dynamic_map, quantize_nf4
+from localchat.engine.executors.torch.qlinear import NF4Linear
+from localchat.formats.nf4 import (NF4_LEVELS, dequantize, dequantize_nf4, dynamic_map, load_nf4,
+                                   quantize_nf4)
 from quantize.nf4_hf import quantize_hf_dir_to_nf4
 
 LEVELS = torch.tensor(NF4_LEVELS)

@@ -125,7 +125,7 @@ AGREEMENT_FLOOR = {"Q4_0": 0.65, "Q8_0": 0.93, "Q4_K_M": 0.8}
 def test_written_gguf_loads_in_both_engines(tmp_path, f32_gguf, type_name):
     """From the Q4_1 source (dequantized first) through the real CLI; both engines load
     the file, reply, and agree with float32 on most next tokens."""
-    from localchat.cli.eval_agreement import llama_cpp_logits, torch_logits, varied_text_tokens
+    from quantize.agreement import llama_cpp_logits, torch_logits, varied_text_tokens
     from localchat.engine import EngineConfig, open_engine
     from localchat.models.files import validate_model_file
 
@@ -172,7 +172,7 @@ def test_int4_file_round_trip_matches_the_scheme(hf_dir, tmp_path):
     """The stored codes and scales dequantize to exactly what the int4-g64 scheme gives."""
     from safetensors import safe_open
 
-    from localchat.engine.executors.torch.intq import dequantize_int, load_int
+    from localchat.formats.intq import dequantize_int, load_int
     from quantize.int_hf import quantize_hf_dir_to_int
     from quantize.schemes import simulate
 

@@ -16,9 +16,8 @@ import torch
 from llama_cpp._internals import LlamaContext, LlamaModel
 
 from localchat.engine.base import ModelInfo
-from localchat.engine.runtime.executor_api import Chunk, Executor
 from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary, llama_log_mark, load_error
-from localchat.engine.runtime.executor_api import BLOCK_SIZE, KVLayout
+from localchat.engine.runtime.executor_api import BLOCK_SIZE, Chunk, Executor, KVLayout
 from localchat.errors import EngineError
 from localchat.models.facts import GGUFFacts
 from localchat.units import refuse_beyond_available

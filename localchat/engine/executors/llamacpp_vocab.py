@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
+import warnings
 from typing import Sequence
 
 import llama_cpp
@@ -114,6 +115,19 @@ class LlamaCppVocabulary:
 
     def detokenize(self, token: int) -> bytes:
         return token_piece(self.model, token)
+
+    def constraint_tokenizer(self):
+        """llguidance's tokenizer over this vocabulary (about a second: keep it), every
+        end-of-generation token an end, the end-of-turn one first."""
+        from llguidance.llamacpp import lltokenizer_from_vocab  # only constrained requests need it
+
+        vocab = self.model.vocab
+        ends = [t for t in range(llama_cpp.llama_vocab_n_tokens(vocab)) if self.is_end_of_generation(t)]
+        first = [t for t in (llama_cpp.llama_vocab_eot(vocab), llama_cpp.llama_vocab_eos(vocab))
+                 if t in ends][:1]
+        with warnings.catch_warnings():  # it asks llama_token_get_attr, deprecated, per token
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return lltokenizer_from_vocab(vocab, eos_token=first + [t for t in ends if t not in first])
 
     def is_end_of_generation(self, token: int) -> bool:
         eog = self._eog.get(token)

@@ -13,7 +13,8 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from localchat.engine.executors.torch import gguf_blocks, kernels, q4q8, qlinear
+from localchat.engine.executors.torch import kernels, q4q8, qlinear
+from localchat.formats import gguf_blocks
 from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix, candidates
 
 ROWS, COLS = 96, 256

@@ -21,7 +21,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def varied_tokens(engine):
-    from localchat.cli.eval_agreement import varied_text_tokens
+    from quantize.agreement import varied_text_tokens
 
     return varied_text_tokens(engine, 100)
 

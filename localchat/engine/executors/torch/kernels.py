@@ -42,7 +42,7 @@ class SourceMatrix:
     bits: float  # bits per weight in the file (a kernel below them would lose precision)
     int4: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None  # q, scale, zero, group
     int8: tuple[torch.Tensor, torch.Tensor] | None = None  # codes [N, K], per-row scales [N]
-    # the file's blocks as gguf_blocks.py unpacks them, for the q4q8 family of kernels
+    # the file's blocks as formats/gguf_blocks.py unpacks them, for the q4q8 family of kernels
     q4_blocks: tuple | None = None  # Q4_0/Q4_1/Q4_K: q 0..15, scale, minimum [N, K/32], sup
     q5_blocks: tuple | None = None  # Q5_0/Q5_1/Q5_K: q 0..31, d, minimum (None: Q5_0's q − 16), sup
     q8_blocks: tuple[torch.Tensor, torch.Tensor] | None = None  # Q8_0, Q5_0: codes, f16 d [N, K/32]

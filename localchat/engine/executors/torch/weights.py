@@ -14,10 +14,10 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
 from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix
-from localchat.engine.executors.torch.gguf_blocks import dequantized_q4, kernel_forms
 from localchat.engine.executors.torch.qlinear import RowStack
 from localchat.errors import EngineError
 from localchat.engine.choice import TORCH_ARCHITECTURES
+from localchat.formats.gguf_blocks import dequantize_tensor, dequantized_q4, kernel_forms
 from localchat.models.gguf_checks import check_layer_shapes, check_model_metadata
 from localchat.models.gguf_reader import read_gguf
 
@@ -188,13 +188,8 @@ def load_weights(path: Path, device: torch.device = torch.device("cpu"),
         return dequantized(name).to(device)
 
     def dequantized(name: str) -> torch.Tensor:
-        t, raw = tensors[name], gguf_file.tensor_data(name)
-        shape = tuple(reversed(t.shape))  # ggml lists the fastest dimension first
-        if t.ggml_type == Q.F32:
-            arr = np.frombuffer(raw, dtype=np.float32).copy()
-        else:
-            arr = dequantize(raw.reshape(shape[:-1] + (-1,)), t.ggml_type).astype(np.float32)
-        return torch.from_numpy(arr.reshape(shape))
+        return dequantize_tensor(gguf_file.tensor_data(name), tensors[name].ggml_type,
+                                 tensors[name].shape)
 
     def source(names: tuple[str, ...]) -> SourceMatrix:
         """Matrices stacked by rows (fused q/k/v, gate/up) as the kernel chooser sees them."""

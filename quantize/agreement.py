@@ -1,11 +1,10 @@
-"""`localchat eval --agreement`: does the torch engine compute what llama.cpp computes on one
-GGUF? Top-1 agreement, largest logit difference and greedy continuations, repeated on the
+"""Does the torch engine compute what llama.cpp computes on one GGUF (`localchat eval
+--agreement`)? Top-1 agreement, largest logit difference and greedy continuations, repeated on the
 float32 dequantization to tell arithmetic apart from activation rounding."""
 
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -185,17 +184,3 @@ def measure_agreement(path: str | Path, *, positions: int = 1100, threads: int =
             _compare(f"torch {facts.quant_type}", "torch F32", ours_q, ours_f),
         ]
     return report
-
-
-def cmd_eval(args) -> int:
-    from localchat.errors import UsageError
-    from localchat.models.specs import resolve_model
-
-    if not args.agreement:
-        raise UsageError("say what to evaluate: --agreement")
-    if args.positions < 16:
-        raise UsageError(f"--positions must be at least 16, got {args.positions}")
-    report = measure_agreement(resolve_model(args.model), positions=args.positions,
-                               threads=args.threads or os.cpu_count() or 2, with_float32=not args.no_float32)
-    print(report.to_json() if args.json else report.table())
-    return 0
