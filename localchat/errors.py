@@ -14,6 +14,15 @@ class UsageError(LocalchatError):
     exit_code = 2
 
 
+class ConfigError(UsageError):
+    """A setting's value is refused. `setting` names it as the engine's config does
+    (ctx_size); front ends say it their way (the CLI as -c/--ctx-size). str(): 'setting problem'."""
+
+    def __init__(self, setting: str, problem: str) -> None:
+        super().__init__(f"{setting} {problem}")
+        self.setting, self.problem = setting, problem
+
+
 class ModelNotFoundError(LocalchatError):
     """The model file or hub reference does not exist (or is not downloaded)."""
 

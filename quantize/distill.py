@@ -80,7 +80,7 @@ def agreement(student: Student, examples: list[Example]) -> float:
 def file_agreement(draft: Path, examples: list[Example], threads: int | None) -> float:
     """agreement() of the written draft file as llama.cpp runs it (which also proves
     that llama.cpp loads it)."""
-    from localchat.engine.executors.base import Chunk
+    from localchat.engine.runtime.executor_api import Chunk
     from localchat.engine.executors.llamacpp import LlamaCppExecutor
     from localchat.models.files import validate_model_file
 

@@ -12,7 +12,7 @@ from typing import Callable, Iterable
 import torch
 
 from localchat.engine.base import Message
-from localchat.engine.executors.base import Chunk
+from localchat.engine.runtime.executor_api import Chunk
 from localchat.storage.conversations import ConversationStore
 
 TOP_K = 32

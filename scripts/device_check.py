@@ -318,13 +318,13 @@ def check_batching(engine, plan, rng) -> None:
     prompts = [system + [int(t) for t in rng.integers(3, VOCAB, 8)] for _ in range(n)]
     picked = sorted({0, n // 2, n - 1})
     alone = {i: generate(engine, prompts[i], gen) for i in picked}
-    steps = len(engine.runner.batch_sizes)
+    before = engine.runner.steps_by_batch_size.copy()
     runs, _ = together(engine, prompts, gen)
     same = all(runs[i][0] == alone[i][0] for i in picked)
     first = alone[0][1].stats.cached_tokens
     later = [alone[i][1].stats.cached_tokens for i in picked[1:]] + \
         [r.stats.cached_tokens for _, r in runs]
-    batch = max(engine.runner.batch_sizes[steps:])
+    batch = max(engine.runner.steps_by_batch_size - before)
     report["batching"] = {"requests": n, "shared_prefix": len(system), "gen": gen,
                           "compared": picked, "batched_equals_alone": same,
                           "first_cached_tokens": first, "cached_tokens": later,

@@ -10,7 +10,8 @@ import threading
 import time
 
 from localchat.engine.base import Message, Request, SamplingParams
-from localchat.settings import ChatSettings
+from localchat.engine import open_engine
+from localchat.engine.config import NO_DRAFT, EngineConfig
 
 GEN_TOKENS = 64
 PROMPT = ("Request {i}: write a long, detailed essay about the history of the number {i}, "
@@ -63,7 +64,7 @@ def run_sequential(engine, requests: list[Request]) -> dict:
     return _summary(total, time.perf_counter() - start, latencies)
 
 
-def bench_concurrency(settings: ChatSettings, levels: list[int]) -> dict:
+def bench_concurrency(config: EngineConfig, levels: list[int]) -> dict:
     """{"N": {mode: {...}}} for each mode in MODES."""
     from dataclasses import replace
 
@@ -71,7 +72,8 @@ def bench_concurrency(settings: ChatSettings, levels: list[int]) -> dict:
     runs = (("torch", "torch", run_concurrent), ("llama.cpp", "llama.cpp", run_concurrent),
             ("llama.cpp", "llama.cpp one at a time", run_sequential))
     for name, mode, runner in runs:
-        engine = replace(settings, engine=name, draft=None, parallel=max(levels)).load_engine()
+        engine = open_engine(replace(config, engine=name, draft=NO_DRAFT, num_draft_tokens=None,
+                                     parallel=max(levels)))
         try:
             engine.complete(Request(messages=[Message("user", "Hi")], sampling=GREEDY,
                                     max_tokens=4))

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import statistics
 import sys
+from dataclasses import replace
 
 from localchat.engine.base import Message, Request, SamplingParams
-from localchat.settings import ChatSettings
+from localchat.engine import open_engine
+from localchat.engine.config import NO_DRAFT, EngineConfig
 
 PASSAGE = (
     "The river ran quietly past the old mill, where the miller's daughter sat every evening "
@@ -81,14 +83,14 @@ def _task(plain, drafted, prompts, gen_tokens: int) -> dict:
     }
 
 
-def bench_speculative(settings: ChatSettings, gen_tokens: int) -> dict:
+def bench_speculative(config: EngineConfig, gen_tokens: int) -> dict:
     """The target loaded twice (plain, and with the draft), each prompt run on both; speedup
     is the median of the per-prompt ratios. Top-level figures are the chat task's."""
-    plain = settings.with_draft(None, None).load_engine()
+    plain = open_engine(replace(config, draft=NO_DRAFT, num_draft_tokens=None))
     try:
-        drafted = settings.load_engine()
+        drafted = open_engine(config)
         try:
-            source = getattr(getattr(drafted, "draft", None), "source", settings.draft)
+            source = getattr(getattr(drafted, "draft", None), "source", config.draft.label())
             print(f"benchmarking draft {source} against no draft…", file=sys.stderr)
             warm = Request(messages=[Message("user", "Hi")], sampling=GREEDY, max_tokens=4)
             plain.complete(warm)
@@ -100,5 +102,5 @@ def bench_speculative(settings: ChatSettings, gen_tokens: int) -> dict:
     finally:
         plain.close()
     head = {k: v for k, v in tasks["chat"].items() if k != "per_prompt"}
-    return {"draft": settings.draft, "source": source, "engine": settings.engine,
+    return {"draft": config.draft.record(), "source": source, "engine": config.engine,
             "gen_tokens": gen_tokens, **head, "tasks": tasks}

@@ -7,10 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from localchat.bench.engine import CHAT_TURNS, bench_engine
 from localchat.errors import UsageError
-from localchat.settings import ChatSettings
+from localchat.cli.flags import engine_config, load_for_run
+from localchat.engine.config import NO_DRAFT
 from localchat.units import human_bytes
 
 
@@ -41,11 +43,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         levels = parse_levels(args.concurrency)
     report: dict = {"model": None, "threads": args.threads, "prompt_tokens": args.prompt_tokens,
                     "gen_tokens": args.gen_tokens, "repeats": args.repeats, "engines": {}}
-    draft = None if args.no_draft else (args.draft_model or args.draft)
+    config = engine_config(args)
     for name in engines:
-        settings = ChatSettings(model=args.model, engine=name, ctx_size=args.ctx_size,
-                                threads=args.threads)
-        engine = settings.load_engine()
+        engine = load_for_run(replace(config, engine=name, draft=NO_DRAFT, num_draft_tokens=None,
+                                      parallel=None))
         try:
             report["model"] = f"{engine.info.name} ({engine.info.quant_type})"
             print(f"benchmarking {name}…", file=sys.stderr)
@@ -63,18 +64,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     limit.close()
         finally:
             engine.close()
-    if draft is not None:  # beside `engines`: the first engine with and without the draft
+    if args.draft_model or args.draft:  # beside `engines`: the first engine with and without it
         from localchat.bench.speculative import bench_speculative
 
-        settings = ChatSettings(model=args.model, engine=engines[0], ctx_size=args.ctx_size,
-                                threads=args.threads, draft=draft,
-                                num_draft_tokens=args.num_draft_tokens)
-        report["speculative"] = bench_speculative(settings, args.gen_tokens)
+        report["speculative"] = bench_speculative(replace(config, engine=engines[0]),
+                                                  args.gen_tokens)
     if levels is not None:
         from localchat.bench.concurrency import bench_concurrency, knees
 
-        settings = ChatSettings(model=args.model, ctx_size=args.ctx_size, threads=args.threads)
-        report["concurrency"] = bench_concurrency(settings, levels)
+        report["concurrency"] = bench_concurrency(config, levels)
         report["concurrency_knee"] = knees(report["concurrency"])
     if args.json:
         print(json.dumps(report))

@@ -25,6 +25,9 @@ def add_parser(sub, model: argparse.ArgumentParser) -> None:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    from localchat.server import cmd_serve  # the ASGI stack loads only here
+    from localchat.cli.flags import engine_config
+    from localchat.server import ServeOptions, cmd_serve  # the ASGI stack loads only later
 
-    return cmd_serve(args)
+    options = ServeOptions(host=args.host, port=args.port, api_key=args.api_key,
+                           max_queue=args.max_queue, quiet=args.quiet)
+    return cmd_serve(options, engine_config(args))

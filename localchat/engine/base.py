@@ -10,19 +10,13 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Iterator, Literal, Sequence, Union
 
 from localchat.errors import UsageError
+from localchat.message import Message, Role  # noqa: F401 -- part of the engine interface
 from localchat.sampling_fields import FIELD, check_sampling
 
 if TYPE_CHECKING:  # no import at run time: base.py stays free of file-format code
     from localchat.models.facts import GGUFFacts
 
-Role = Literal["system", "user", "assistant"]
 FinishReason = Literal["stop", "length", "cancelled"]
-
-
-@dataclass(frozen=True)
-class Message:
-    role: Role
-    content: str
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,14 @@ exits 130, SIGTERM 0."""
 
 from __future__ import annotations
 
-import argparse
 import signal
 import socket
 import sys
 
 import uvicorn
 
+from localchat.engine import open_engine
+from localchat.engine.config import EngineConfig
 from localchat.server.app import Server
 
 GRACEFUL_SHUTDOWN_S = 5  # for responses still being sent after their jobs are cancelled
@@ -32,28 +33,17 @@ class Uvicorn(uvicorn.Server):
         self.server.stop_soon()
 
 
-def engine_settings(args: argparse.Namespace):
-    """ChatSettings from the serve flags: the sampling flags it lacks (requests bring
-    their own) take their defaults, and --api-key is this server's, not an endpoint's."""
-    from localchat.cli.flags import sampling_defaults
-    from localchat.settings import ChatSettings
-
-    defaults = sampling_defaults()
-    return ChatSettings.from_args(argparse.Namespace(
-        **{**defaults, **vars(args), "endpoint": None, "api_key": None}))
-
-
-def serve(args: argparse.Namespace, sock: socket.socket, *, loopback: bool,
+def serve(options, config: EngineConfig, sock: socket.socket, *, loopback: bool,
           api_key: str | None) -> int:
-    engine = engine_settings(args).load_engine()
-    server = Server(engine, max_queue=args.max_queue)
+    """options: ServeOptions (server/__init__.py)."""
+    engine = open_engine(config)
+    server = Server(engine, max_queue=options.max_queue)
     try:
-        app = server.build(loopback=loopback, api_key=api_key,
-                           log_requests=not getattr(args, "quiet", False))
+        app = server.build(loopback=loopback, api_key=api_key, log_requests=not options.quiet)
         config = uvicorn.Config(app,
                                 log_level="warning", access_log=False, lifespan="on",
                                 server_header=False,
-                                limit_concurrency=args.max_queue + EXTRA_CONNECTIONS,
+                                limit_concurrency=options.max_queue + EXTRA_CONNECTIONS,
                                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host

@@ -68,10 +68,10 @@ class ControlsMixin:
             self._set_system(arg or None)
         elif name == "set":
             field, value = parse_set(arg)
-            sampling, max_tokens = apply_set(self.settings.sampling, self.settings.max_tokens,
+            sampling, max_tokens = apply_set(self.params.sampling, self.params.max_tokens,
                                              field, value)
-            self.settings = replace(self.settings, sampling=sampling, max_tokens=max_tokens)
-            self.session.save_settings()
+            self.session.set_params(replace(self.params, sampling=sampling,
+                                            max_tokens=max_tokens))
             self.info(f"{field} = {'default' if value is None else value}")
         elif name == "model":
             if not arg:
@@ -115,9 +115,9 @@ class ControlsMixin:
         if self.engine is not None:
             n_ctx = self.engine.info.n_ctx
             tokens = self.engine.count_prompt_tokens([Message("user", attachment.as_message())])
-            if tokens > prompt_budget(n_ctx, self.settings.max_tokens):
+            if tokens > prompt_budget(n_ctx, self.params.max_tokens):
                 raise UsageError(f"{attachment.name} is {tokens} tokens: it cannot fit in the "
-                                 f"{n_ctx}-token context with room for a reply (-c/--ctx-size)")
+                                 f"{n_ctx}-token context with room for a reply (F6 sets the context)")
             size = f"{tokens} tokens of the {n_ctx}-token context"
         else:
             size = f"{len(attachment.text)} characters"

@@ -92,6 +92,7 @@ class Conversations:
             return
         app.session.new()
         await app.reset_chat()
+        app.show_system_prompt()
         await self.refresh_sidebar()
         app.query_one(PromptInput).focus()  # even from the conversation list: type at once
 
@@ -182,6 +183,7 @@ class Conversations:
                 return
             if app.session.delete(conversation_id):
                 await app.reset_chat()
+                app.show_system_prompt()
             await self.refresh_sidebar()
 
         app.push_screen(ConfirmScreen(
@@ -204,7 +206,7 @@ class Conversations:
             data_dir() / "exports", conv, fmt)
         engine = app.engine
         info = engine.info if engine is not None else None
-        name = (f"{info.name} {info.quant_type}" if info and conv.model == app.settings.model
+        name = (f"{info.name} {info.quant_type}" if info and conv.model == app.config.model
                 and engine.name != "remote" else None)  # "default" says little
         try:
             export_conversation(target, conv, stored, fmt, name)

@@ -10,7 +10,7 @@ import pytest
 from localchat.chat.session import ChatSession
 from localchat.engine.base import Delta, Engine, SamplingParams
 from localchat.errors import LocalchatError
-from localchat.settings import ChatSettings
+from helpers.pilot import chat_config
 from localchat.storage import ConversationStore, ReplyStatus, StoreError
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -24,7 +24,7 @@ def store(tmp_path):
 
 
 def session_on(engine, store=None, max_tokens=8, errors=None) -> ChatSession:
-    return ChatSession(ChatSettings(sampling=GREEDY, max_tokens=max_tokens), store, engine,
+    return ChatSession(*chat_config(sampling=GREEDY, max_tokens=max_tokens), store, engine,
                        on_store_error=(errors.append if errors is not None else lambda e: None))
 
 
@@ -183,3 +183,25 @@ def test_fork_copies_the_branch_into_a_new_conversation(engine, store):
     assert fork is not None and fork.title == "Hi (fork)"
     assert session.open(fork.id) and [e.content for e in session.entries] == before
     assert session.conversation.id == fork.id
+
+
+def test_a_new_chat_starts_from_the_defaults_not_the_last_chats_params(engine, store):
+    """After /system and /set in one chat, a new chat (Ctrl+N, or deleting the open one)
+    replies with the defaults the app started with, as in every peer."""
+    session = session_on(engine, store)
+    defaults = session.params
+    session.send("Hi")
+    session.set_system("You are a pirate. Say arr.")
+    session.set_params(session.params.updated({"temperature": 0.2, "max_tokens": 60}))
+    pirate = session.params
+    assert (pirate.system, pirate.sampling.temperature, pirate.max_tokens) == (
+        "You are a pirate. Say arr.", 0.2, 60)
+    first = session.conversation.id
+    session.new()
+    assert session.params == defaults and session.history == []
+    request, _ = session.request(session.send("Hello"))
+    assert request.sampling == defaults.sampling and request.max_tokens == defaults.max_tokens
+    assert all(m.role != "system" for m in request.messages)
+    assert session.open(first) and session.params == pirate  # the old chat keeps its own
+    session.delete(first)
+    assert session.params == defaults

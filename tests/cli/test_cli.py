@@ -268,12 +268,12 @@ def test_a_context_beyond_the_trained_one_is_refused_before_allocating():
 @pytest.mark.parametrize("engine_name", ["llama.cpp", "torch"])
 def test_a_kv_cache_the_memory_cannot_hold_is_refused_before_allocating(monkeypatch,
                                                                          engine_name):
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
     from localchat.errors import UsageError
 
     monkeypatch.setattr("localchat.units.available_memory", lambda: 50 * 2**20)  # 50 MiB free
     with pytest.raises(UsageError, match=r"needs .* and 50\.0 MiB is available"):
-        load_engine("default", engine=engine_name, ctx_size=8192, parallel=1, threads=2)
+        open_engine(EngineConfig("default", engine=engine_name, ctx_size=8192, parallel=1, threads=2))
 
 
 def test_attached_text_feeds_prompt_lookup_drafts_and_the_stats_show_it(tmp_path):
@@ -299,3 +299,47 @@ def test_attach_puts_a_named_text_file_before_the_prompt_and_refuses_binaries(tm
     (tmp_path / "blob.bin").write_bytes(b"\x7fELF\x00\x01")
     assert_one_line_error(localchat("run", "--attach", str(tmp_path / "blob.bin"), "hi"),
                           "cannot attach blob.bin: it is a binary file")
+
+
+def test_a_model_before_the_prompt_is_taken_as_ollama_run_takes_it(tmp_path):
+    """`localchat run MODEL PROMPT`: the first word is the model when it names one."""
+    from localchat.models.specs import resolve_model
+
+    bundled = str(resolve_model("default"))
+    greedy = ("-n", "4", "--temp", "0", "--no-draft", "--no-history", "--json")
+    by_flag = localchat("run", "-m", bundled, "Say hi.", *greedy)
+    by_word = localchat("run", bundled, "Say hi.", *greedy)
+    assert by_flag.returncode == by_word.returncode == 0, by_word.stderr
+    assert json.loads(by_word.stdout)["text"] == json.loads(by_flag.stdout)["text"]
+    assert json.loads(by_word.stdout)["model_path"] == bundled
+    # a short name that is not downloaded: the hub's one-line answer, not "unrecognized"
+    offline = localchat("run", "smollm2:360m", "hi")
+    assert_one_line_error(offline, "not downloaded", "SmolLM2-360M")
+    assert "unrecognized" not in offline.stderr
+    assert_one_line_error(localchat("run", "hello", "there"), "[MODEL] PROMPT")
+    assert_one_line_error(localchat("run", "-m", bundled, "default", "hi"), "two models")
+
+
+def test_one_word_is_the_prompt_unless_it_names_a_model():
+    import argparse
+
+    from localchat.cli.run import take_model_word
+
+    def split(*words, model="default"):
+        args = argparse.Namespace(words=list(words), model=model)
+        return take_model_word(args), args.model, args.prompt
+
+    assert split("hi") == (False, "default", "hi")
+    assert split("smollm2:360m") == (True, "smollm2:360m", None)
+    assert split("default", "hi") == (True, "default", "hi")
+    assert split("What is 2/3:4?") == (False, "default", "What is 2/3:4?")
+
+
+def test_a_prompt_too_long_for_a_file_name_is_never_taken_for_a_model():
+    import argparse
+
+    from localchat.cli.run import take_model_word
+
+    for words in ("word " * 5000, "a" * 300, "two\nlines.gguf"):
+        args = argparse.Namespace(words=[words], model="default")
+        assert take_model_word(args) is False and args.prompt == words

@@ -101,11 +101,11 @@ def test_nf4_model_runs_in_the_torch_engine(nf4_dir, hf_dir):
     (wrong nibble order, wrong levels) scores near 0."""
     from pydoc_data.topics import topics
 
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
 
     torch.set_num_threads(2)
-    eng = load_engine(str(nf4_dir), engine="torch", ctx_size=512, threads=2,
-                      kv_memory=1024 * 23040)
+    eng = open_engine(EngineConfig(str(nf4_dir), engine="torch", ctx_size=512, threads=2,
+                      kv_memory=1024 * 23040))
     try:
         assert eng.info.quant_type == "NF4"
         reply = eng.complete(Request(messages=[Message("user", "What is the capital of France?")],

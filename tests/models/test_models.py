@@ -73,12 +73,12 @@ def test_local_path_resolves_and_is_remembered(tmp_path: Path, isolated: Path) -
 
 
 def test_a_model_that_validates_but_cannot_load_is_forgotten(tmp_path: Path) -> None:
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
     from localchat.errors import LocalchatError
 
     model = write_tiny_gguf(tmp_path / "tiny.gguf")  # a header without the tensors
     with pytest.raises(LocalchatError):
-        load_engine(str(model), parallel=1)
+        open_engine(EngineConfig(str(model), parallel=1))
     assert remembered_paths() == []  # `localchat models` no longer lists it
 
 

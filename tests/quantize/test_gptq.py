@@ -180,7 +180,7 @@ def test_written_directory_has_the_gptq_layout(gptq_two_layers):
 
 
 def test_written_model_loads_on_int4_kernels_and_generates(gptq_two_layers):
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
     from localchat.engine.base import Message, Request, SamplingParams
     from localchat.engine.executors.torch.hf_weights import load_hf_weights
     from localchat.engine.executors.torch.qlinear import Int4Linear
@@ -188,8 +188,8 @@ def test_written_model_loads_on_int4_kernels_and_generates(gptq_two_layers):
     w = load_hf_weights(gptq_two_layers)
     assert all(isinstance(getattr(layer, f), Int4Linear) for layer in w.layers
                for f in ("wqkv", "wo", "w_gate_up", "w_down"))
-    eng = load_engine(str(gptq_two_layers), engine="torch", ctx_size=256, threads=2,
-                      kv_memory=512 * 23040)
+    eng = open_engine(EngineConfig(str(gptq_two_layers), engine="torch", ctx_size=256, threads=2,
+                      kv_memory=512 * 23040))
     try:
         reply = eng.complete(Request(messages=[Message("user", "What is the capital of France?")],
                                      sampling=SamplingParams(temperature=0.0), max_tokens=8))

@@ -41,9 +41,9 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine():
     """The same model and settings in this process: what the server must reproduce."""
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
 
-    eng = load_engine("default", ctx_size=1024, threads=1)
+    eng = open_engine(EngineConfig("default", ctx_size=1024, threads=1))
     yield eng
     eng.close()
 

@@ -76,7 +76,7 @@ async def test_regenerating_a_selected_earlier_reply_keeps_the_later_turns(engin
         before = on_screen(app)
         await pilot.press("alt+up", "alt+up", "alt+up")  # the last reply, the fruit, the colour reply
         assert app.selected == 1 and app.entries[1].view.has_class("selected")
-        app.settings = replace(app.settings, sampling=SamplingParams(temperature=1.5, seed=7))
+        app.session.set_params(replace(app.params, sampling=SamplingParams(temperature=1.5, seed=7)))
         await pilot.press("ctrl+r")
         await settled(pilot, 2)
         assert app.selected is None and on_screen(app)[0] == before[0]

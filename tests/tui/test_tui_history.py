@@ -8,7 +8,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from localchat.settings import ChatSettings
+from helpers.pilot import chat_config
 from localchat.storage import ConversationStore
 from localchat.tui.app import ChatApp
 from localchat.tui.palette import ChatCommands
@@ -112,14 +112,14 @@ async def test_continue_flag_reopens_the_last_conversation_with_its_settings(eng
     reply = store.begin_reply(c.id)
     store.finish_reply(reply, "Hi th", status="interrupted")
     store.close()
-    app = ChatApp(ChatSettings(), engine=engine, continue_last=True)
+    app = ChatApp(*chat_config(), engine=engine, continue_last=True)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         assert app.conversation.id == c.id
         assert [(e.role, e.content, e.status) for e in app.entries] == [
             ("user", "Hello", "complete"), ("assistant", "Hi th", "interrupted")]
         assert "interrupted" in str(app.entries[1].view.status.render())
-        s = app.settings
+        s = app.params
         assert (s.system, s.sampling.top_k, s.max_tokens) == ("Be terse.", 7, 5)
         assert app.history[0].content == "Be terse."
         await pilot.press("ctrl+g")  # continue the interrupted reply
@@ -140,12 +140,12 @@ async def test_continue_loads_the_conversations_model_context_and_draft_first(tm
                                   params={"temperature": 0.0, "ctx_size": 256, "draft": "ngram"})
     store.add_message(c.id, "user", "Hello")
     store.close()
-    app = ChatApp(ChatSettings(threads=2), continue_last=True)  # loads its own engine
+    app = ChatApp(*chat_config(threads=2), continue_last=True)  # loads its own engine
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.engine is not None
                          and app.query_one(GaugeBar).state == "ready")
         assert app.engine.info.path == str(other) and app.engine.info.n_ctx == 256
-        assert (app.settings.model, app.settings.draft) == (str(other), "ngram")
+        assert (app.config.model, app.config.draft) == (str(other), "ngram")
         assert not app.query(".notice")
 
 
@@ -217,7 +217,7 @@ async def test_slash_commands_set_validate_and_report_one_line_errors(engine):
         await ready(pilot)
         prompt = app.query_one(PromptInput)
         await send(pilot, "/set temp 1.5")
-        assert app.settings.sampling.temperature == 1.5
+        assert app.params.sampling.temperature == 1.5
         for bad, needle in [("/set temp -1", "temperature"), ("/set top_p 2", "top-p"),
                             ("/set top_k x", "whole number"), ("/set bogus 1", "unknown parameter"),
                             ("/set max_tokens 0", "max_tokens"), ("/frobnicate", "unknown command")]:
@@ -225,11 +225,11 @@ async def test_slash_commands_set_validate_and_report_one_line_errors(engine):
             assert needle in app.last_error and "\n" not in app.last_error
             assert prompt.text == bad  # what was typed is back in the input
             prompt.text = ""
-        assert app.settings.sampling.temperature == 1.5 and app.entries == []
+        assert app.params.sampling.temperature == 1.5 and app.entries == []
         await send(pilot, "/set temp 0")
         await send(pilot, "/set seed 42")
         await send(pilot, "/system Answer in one word.")
-        assert app.settings.system == "Answer in one word." and app.settings.sampling.seed == 42
+        assert app.params.system == "Answer in one word." and app.params.sampling.seed == 42
         await chat(pilot, "Capital of France?")
         conv = app.store.get_conversation(app.conversation.id)
         assert conv.system_prompt == "Answer in one word." and conv.params["seed"] == 42
@@ -297,7 +297,7 @@ async def test_ctrl_n_from_the_conversation_list_puts_the_focus_in_the_input(eng
 
 
 async def test_the_system_prompt_is_shown_and_an_empty_chat_says_what_to_do(engine):
-    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=4, system="Be brief."), engine=engine)
+    app = ChatApp(*chat_config(sampling=GREEDY, max_tokens=4, system="Be brief."), engine=engine)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         line = app.query_one("#system-line")

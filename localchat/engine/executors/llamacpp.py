@@ -16,9 +16,9 @@ import torch
 from llama_cpp._internals import LlamaContext, LlamaModel
 
 from localchat.engine.base import ModelInfo
-from localchat.engine.executors.base import Chunk, Executor
+from localchat.engine.runtime.executor_api import Chunk, Executor
 from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary
-from localchat.engine.runtime.block_manager import BLOCK_SIZE, KVLayout
+from localchat.engine.runtime.executor_api import BLOCK_SIZE, KVLayout
 from localchat.errors import EngineError
 from localchat.models.facts import GGUFFacts
 from localchat.units import refuse_beyond_available

@@ -11,11 +11,11 @@ from typing import Sequence
 import llama_cpp
 from llama_cpp._internals import LlamaModel
 
-from localchat.chat.template import render_chat
+from localchat.prompt.template import render_chat
 from localchat.engine.base import Message
 
 # llama.cpp logs to stderr by default, which would scribble over the TUI. Keep its
-# log lines in memory instead (the KV-size line is read back by tests and --verbose).
+# log lines in memory instead (the KV-size line is read back by tests and verbose output).
 _LOG_LINES: list[str] = []
 _LOG_LOCK = threading.Lock()
 

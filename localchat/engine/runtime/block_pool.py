@@ -1,6 +1,7 @@
 """One pool of paged KV blocks: which blocks hold which sequence's tokens (bookkeeping only).
 Full committed blocks are shared by a collision-guarded prefix hash; rolled-back drafts are
-never hashed. A full hit recomputes its last block for logits, writing nothing (NO_SLOT)."""
+never hashed. A full hit recomputes its last block for logits, writing nothing: KV is only
+written from num_committed() on (the executor's Chunk.write_from)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from localchat.errors import ContextOverflowError
-
-NO_SLOT = -1  # slot_mapping value: the KV at this position is final, do not write it
 
 
 class KVCacheFullError(ContextOverflowError):
@@ -195,41 +194,11 @@ class BlockPool:
     def block_table(self, seq_id: int) -> list[int]:
         return list(self._seq(seq_id).table)
 
-    def tokens(self, seq_id: int) -> list[int]:
-        return list(self._seq(seq_id).tokens)
-
     def num_tokens(self, seq_id: int) -> int:
         return len(self._seq(seq_id).tokens)
 
     def num_committed(self, seq_id: int) -> int:
         return self._seq(seq_id).committed
-
-    def slot(self, seq_id: int, position: int) -> int:
-        """Physical slot (block * block_size + offset) holding the KV of position, for reading."""
-        seq = self._seq(seq_id)
-        if not 0 <= position < len(seq.tokens):
-            raise IndexError(f"position {position} outside sequence {seq_id} ({len(seq.tokens)} tokens)")
-        return seq.table[position // self.block_size] * self.block_size + position % self.block_size
-
-    def slot_mapping(self, seq_id: int, start: int, end: int) -> list[int]:
-        """Slots to write the KV of positions [start, end), NO_SLOT where it is already final.
-
-        Committed positions, including the recomputed last token of a fully cached
-        prompt, may sit in shared blocks. They must never be written.
-        """
-        seq = self._seq(seq_id)
-        out = []
-        for p in range(start, end):
-            s = self.slot(seq_id, p)
-            if p < seq.committed:
-                out.append(NO_SLOT)
-            else:
-                assert self._blocks[s // self.block_size].ref == 1, "write into a shared block"
-                out.append(s)
-        return out
-
-    def ref_count(self, block_id: int) -> int:
-        return self._blocks[block_id].ref
 
     def usage(self) -> BlockUsage:
         cached, free = len(self._evictable), len(self._free)

@@ -1,13 +1,13 @@
-"""The one thread that runs every executor's compute: one-off calls, generators advanced item by
-item, and steppers (the runners). One, because PyTorch and llama.cpp share a libgomp that
-slows every kernel once two threads have started parallel work (README: "Speed")."""
+"""The one thread that runs every executor's compute: one-off calls and steppers (the
+runners). One, because PyTorch and llama.cpp share a libgomp that slows every kernel once
+two threads have started parallel work (docs/architecture.md, "One compute thread")."""
 
 from __future__ import annotations
 
 import atexit
 import threading
 from concurrent.futures import Future
-from typing import Callable, Iterator, Protocol, TypeVar
+from typing import Callable, Protocol, TypeVar
 
 T = TypeVar("T")
 IDLE_POLL_S = 0.01  # a stepper that has work but could not run it (no free blocks yet)
@@ -43,15 +43,6 @@ class ComputeThread:
             self._start()
             self._cond.notify()
         return future.result()
-
-    def iterate(self, items: Iterator[T]) -> Iterator[T]:
-        """items, each next() run on the compute thread; closing this closes items there."""
-        done = object()
-        try:
-            while (item := self.call(next, items, done)) is not done:
-                yield item
-        finally:
-            self.call(getattr(items, "close", lambda: None))
 
     def add(self, stepper: Stepper) -> None:
         with self._cond:

@@ -12,7 +12,7 @@ from typing import Iterator
 import torch
 
 from localchat.engine.base import Engine, Event, Request
-from localchat.engine.executors.base import Executor
+from localchat.engine.runtime.executor_api import Executor
 from localchat.engine.runtime.compute_thread import COMPUTE
 from localchat.engine.runtime.runner import Runner
 from localchat.engine.runtime.sequence import Sequence

@@ -8,12 +8,13 @@ import itertools
 import queue
 import threading
 import time
+from collections import Counter
 from typing import Callable, Iterator
 
 import torch
 
 from localchat.engine.base import SamplingParams
-from localchat.engine.executors.base import Chunk, Executor
+from localchat.engine.runtime.executor_api import Chunk, Executor
 from localchat.engine.runtime.block_manager import BlockManager
 from localchat.engine.runtime.compute_thread import COMPUTE
 from localchat.engine.runtime.sampler import Row, argmax, distributions, penalized, sample
@@ -50,7 +51,8 @@ class Runner:
         self._lock = threading.Lock()
         self._closed = False
         self.steps = 0
-        self.batch_sizes: list[int] = []  # sequences per step, for benchmarks and tests
+        # steps run with each number of sequences (bounded: one key per batch size seen)
+        self.steps_by_batch_size: Counter[int] = Counter()
         COMPUTE.add(self)
 
     # ---- caller side ---------------------------------------------------------------
@@ -137,7 +139,7 @@ class Runner:
         self.scheduler.after_step(chunks)
         step_s = time.perf_counter() - t0
         self.steps += 1
-        self.batch_sizes.append(len(chunks))
+        self.steps_by_batch_size[len(chunks)] += 1
         for chunk in chunks:
             if chunk.samples:
                 self._hand_out(chunk, new_tokens[chunk.seq.seq_id])

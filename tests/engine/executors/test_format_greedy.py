@@ -60,11 +60,12 @@ def model_files(tmp_path_factory, hf_dir):
 def greedy_gaps(path: Path, monkeypatch) -> tuple[list[float], str]:
     """For each token the engine generates greedily: how far below the reference's best
     logit the reference puts it (0: the reference's own greedy token); and the reply text."""
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
 
     monkeypatch.setenv("LOCALCHAT_EAGER", "0")  # compiled, as a chat runs it
     torch.set_num_threads(2)
-    eng = load_engine(str(path), engine="torch", ctx_size=256, threads=2, kv_memory=512 * 23040)
+    eng = open_engine(EngineConfig(str(path), engine="torch", ctx_size=256, threads=2,
+                                   kv_memory=512 * 23040))
     try:
         assert eng.executor.model.describe()["generated-token layers"] == "aotinductor"
         reference = LlamaModel(eng.executor.model.w, 256, compiled=False)

@@ -81,9 +81,9 @@ def test_next_turn_reuses_the_kv_prefix(engine):
 @pytest.fixture
 def fresh_engine():
     """Loaded here, so its KV-size line is the newest in llama.cpp's bounded log."""
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
 
-    eng = load_engine("default", ctx_size=1024, threads=2)
+    eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2))
     yield eng
     eng.close()
 

@@ -101,12 +101,12 @@ def test_run_command_with_the_torch_engine():
 
 
 def test_kv_memory_budget_and_auto_engine():
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
     from localchat.errors import UsageError
 
     with pytest.raises(UsageError, match="less than the 1024-token context"):
-        load_engine("default", engine="torch", ctx_size=1024, kv_memory=1000 * 23040)
-    auto = load_engine("default", engine="auto", ctx_size=256, kv_memory=512 * 23040)
+        open_engine(EngineConfig("default", engine="torch", ctx_size=1024, kv_memory=1000 * 23040))
+    auto = open_engine(EngineConfig("default", engine="auto", ctx_size=256, kv_memory=512 * 23040))
     try:
         assert auto.name == "torch"  # SmolLM2 is a llama-architecture model
         assert auto.blocks.usage().total == 512 // 16

@@ -9,9 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from localchat.engine import load_engine
+from localchat.engine import EngineConfig, open_engine
 from localchat.engine.base import Message, Request, SamplingParams
-from localchat.engine.runtime.block_manager import BlockManager, KVLayout
+from localchat.engine.runtime.block_manager import BlockManager
+from localchat.engine.runtime.executor_api import KVLayout
 from localchat.engine.runtime.scheduler import Scheduler
 from localchat.engine.runtime.sequence import RUNNING, WAITING, Sequence
 
@@ -40,8 +41,8 @@ def _together(engine, requests: list[Request]) -> list:
 
 @pytest.fixture(scope="module")
 def batching_engine():
-    engine = load_engine("default", engine="torch", ctx_size=128, threads=2,
-                         kv_memory=8 * KV_BYTES_PER_BLOCK)  # 8 blocks: one 128-token context
+    engine = open_engine(EngineConfig("default", engine="torch", ctx_size=128, threads=2,
+                         kv_memory=8 * KV_BYTES_PER_BLOCK))  # 8 blocks: one 128-token context
     yield engine
     engine.close()
 
@@ -54,11 +55,11 @@ def alone(batching_engine):
 
 def test_concurrent_requests_give_what_each_gives_alone(batching_engine, alone):
     runner = batching_engine.runner
-    steps_before = len(runner.batch_sizes)
+    before = runner.steps_by_batch_size.copy()
     together = _together(batching_engine, [_request(*p) for p in PROMPTS])
     assert [r.text for r in together] == [r.text for r in alone]
     assert [r.finish_reason for r in together] == [r.finish_reason for r in alone]
-    assert max(runner.batch_sizes[steps_before:]) > 1  # they really ran in one batch
+    assert max(runner.steps_by_batch_size - before) > 1  # they really ran in one batch
 
 
 def test_a_cache_too_small_for_all_preempts_and_still_completes_them(batching_engine, alone):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from localchat.engine.runtime import block_pool as blocks
-from localchat.engine.runtime.block_pool import NO_SLOT, BlockPool, KVCacheFullError
+from localchat.engine.runtime.block_pool import BlockPool, KVCacheFullError
 from localchat.errors import ContextOverflowError
 
 
@@ -25,16 +25,23 @@ def committed_pool(bs: int, num_blocks: int, seq_id: int, tokens: list[int]) -> 
     return pool
 
 
+def slot(pool: BlockPool, seq_id: int, position: int) -> int:
+    """The physical slot holding a position's KV, as an executor addresses it from the
+    sequence's block table."""
+    bs = pool.block_size
+    return pool.block_table(seq_id)[position // bs] * bs + position % bs
+
+
 # ---- edge cases ----------------------------------------------------------------------
 
 def test_exact_multiple_fully_cached_shares_all_blocks_and_recomputes_the_last_block():
     pool = committed_pool(4, 8, 1, list(range(8)))
     assert pool.allocate(2, list(range(8))) == 4  # the last block runs again, never n
-    assert pool.block_table(2) == pool.block_table(1)
-    assert all(pool.ref_count(b) == 2 for b in pool.block_table(2))
-    assert pool.slot_mapping(2, 4, 8) == [NO_SLOT] * 4  # its KV is already in the shared block
+    assert pool.block_table(2) == pool.block_table(1) and pool.usage().used == 2
+    assert pool.num_committed(2) == 8  # so its KV, already in the shared block, is not written
     pool.append_token(2, 99)  # the next token goes into a new, private block
-    assert pool.block_table(2)[:2] == pool.block_table(1) and pool.ref_count(pool.block_table(2)[2]) == 1
+    assert pool.block_table(2)[:2] == pool.block_table(1)
+    assert pool.block_table(2)[2] not in pool.block_table(1) and pool.usage().used == 3
     pool.check_invariants()
 
 
@@ -72,7 +79,6 @@ def test_two_sequences_share_a_system_prompt():
     assert pool.allocate(2, system + [3]) == 8
     shared = pool.block_table(1)[:2]
     assert pool.block_table(2)[:2] == shared
-    assert [pool.ref_count(b) for b in shared] == [2, 2]
     assert pool.block_table(2)[2] != pool.block_table(1)[2]
     assert pool.usage().used == 4
     pool.check_invariants()
@@ -190,13 +196,9 @@ def test_cache_key_and_parent_change_the_hash_and_it_is_stable():
     assert h.hex() == blocks.block_hash(b"", [1, 2, 3], b"model-a/f16").hex()
 
 
-def test_usage_in_bytes_and_slots():
+def test_usage_in_bytes():
     pool = BlockPool(4, 16)
     pool.allocate(1, list(range(20)))
-    table = pool.block_table(1)
-    assert pool.slot(1, 17) == table[1] * 16 + 1
-    with pytest.raises(IndexError):
-        pool.slot(1, 20)
     assert pool.usage().bytes(100) == {"used": 3200, "cached": 0, "free": 3200, "total": 6400}
 
 
@@ -242,10 +244,14 @@ class PoolMachine(RuleBasedStateMachine):
         self.next_id = 0
 
     def write(self, sid: int, start: int, end: int) -> None:
+        """Compute positions [start, end) as an executor does: KV is written from the
+        committed length on (Chunk.write_from), never into a block another sequence holds."""
         toks = self.tokens[sid]
-        for p, s in zip(range(start, end), self.pool.slot_mapping(sid, start, end)):
-            if s != NO_SLOT:
-                self.kv[s] = tuple(toks[:p + 1])
+        others = {b for other in self.tokens if other != sid for b in self.pool.block_table(other)}
+        for p in range(max(start, self.pool.num_committed(sid)), end):
+            s = slot(self.pool, sid, p)
+            assert s // self.bs not in others, f"seq {sid} writes position {p} into a shared block"
+            self.kv[s] = tuple(toks[:p + 1])
 
     def pick(self, data: st.DataObject) -> int:
         return data.draw(st.sampled_from(sorted(self.tokens)))
@@ -350,7 +356,7 @@ class PoolMachine(RuleBasedStateMachine):
             assert self.pool.num_tokens(sid) == len(toks)
             assert self.pool.num_committed(sid) == self.committed[sid]
             for p in range(len(toks)):
-                assert self.kv.get(self.pool.slot(sid, p)) == tuple(toks[:p + 1]), (sid, p)
+                assert self.kv.get(slot(self.pool, sid, p)) == tuple(toks[:p + 1]), (sid, p)
 
 
 class CollidingPoolMachine(PoolMachine):

@@ -1,5 +1,5 @@
 """The process's one compute thread (engine/compute_thread.py): calls run there and
-return or raise here, generators advance there and are closed there, and the torch
+return or raise here, and the torch
 model computes the same bits for a token alone, batched with others, or verified as a
 draft (what continuous batching and speculation promise), on the real bundled model."""
 
@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from localchat.engine import load_engine
+from localchat.engine import EngineConfig, open_engine
 from localchat.engine.runtime.compute_thread import COMPUTE, ComputeThread
 from localchat.engine.executors.torch.model import Batch
 
@@ -23,28 +23,10 @@ def test_calls_run_on_the_compute_thread_and_raise_in_the_caller():
         compute.call(lambda: 1 / 0)
 
 
-def test_iterate_advances_there_and_closes_there():
-    compute, seen, closed = ComputeThread(), [], []
-
-    def numbers():
-        try:
-            for i in range(10):
-                seen.append(threading.current_thread().name)
-                yield i
-        finally:
-            closed.append(threading.current_thread().name)
-
-    items = compute.iterate(numbers())
-    assert [next(items) for _ in range(3)] == [0, 1, 2]
-    items.close()
-    assert set(seen) == {"torch-compute"} and closed == ["torch-compute"]
-    assert list(compute.iterate(iter([1, 2]))) == [1, 2]
-
-
 @pytest.fixture(scope="module")
 def model_and_kv():
-    engine = load_engine("default", engine="torch", ctx_size=256, threads=2,
-                         kv_memory=64 * 16 * 23040)
+    engine = open_engine(EngineConfig("default", engine="torch", ctx_size=256, threads=2,
+                         kv_memory=64 * 16 * 23040))
     yield engine.executor.model, engine.executor.kv
     engine.close()
 

@@ -13,14 +13,14 @@ from typing import Sequence
 import torch
 
 from localchat.engine.base import ModelInfo
-from localchat.engine.executors.base import Chunk, Executor
+from localchat.engine.runtime.executor_api import Chunk, Executor
 from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary
 from localchat.engine.executors.torch.device import pick_device
 from localchat.engine.executors.torch.kernels import KernelChooser
 from localchat.engine.executors.torch.model import Batch, KVStore, LlamaModel
 from localchat.engine.executors.torch.weights import ModelWeights, load_weights
-from localchat.engine.runtime.block_manager import BLOCK_SIZE, KVLayout
-from localchat.errors import UsageError
+from localchat.engine.runtime.executor_api import BLOCK_SIZE, KVLayout
+from localchat.errors import ConfigError
 from localchat.models.facts import GGUFFacts
 from localchat.paths import cache_dir
 from localchat.units import available_memory, human_bytes, refuse_beyond_available
@@ -35,15 +35,15 @@ def kv_block_bytes(config) -> int:
 
 
 def kv_blocks(config, n_ctx: int, kv_memory: int | None) -> int:
-    """Blocks the KV pool gets: the --kv-memory budget, by default 10% of available
+    """Blocks the KV pool gets: the kv_memory budget, by default 10% of available
     memory; never less than one full context window (that would fail mid-reply)."""
     per_block = kv_block_bytes(config)
     needed = math.ceil(n_ctx / BLOCK_SIZE)
     if kv_memory is not None:
         if kv_memory // per_block < needed:
-            raise UsageError(
-                f"--kv-memory {human_bytes(kv_memory)} holds {kv_memory // per_block * BLOCK_SIZE}"
-                f" tokens, less than the {n_ctx}-token context; raise it or lower -c")
+            raise ConfigError(
+                "kv_memory", f"{human_bytes(kv_memory)} holds {kv_memory // per_block * BLOCK_SIZE}"
+                f" tokens, less than the {n_ctx}-token context; raise it or lower ctx_size")
         return kv_memory // per_block
     return max(needed, available_memory() // 10 // per_block)
 

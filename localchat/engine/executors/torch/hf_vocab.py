@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from tokenizers import Tokenizer
 
-from localchat.chat.template import render_chat
+from localchat.prompt.template import render_chat
 from localchat.engine.base import Message
 from localchat.errors import EngineError
 from localchat.models.hf_files import read_json_if_present, token_text

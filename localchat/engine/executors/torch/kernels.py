@@ -279,7 +279,7 @@ class KernelChooser:
             name, layer = "f32", self._try(BY_NAME["f32"], m)
             if layer is None:
                 raise EngineError(f"no kernel here reproduces a {m.kind} matrix of shape "
-                                  f"{list(m.shape)}; use --engine llama.cpp")
+                                  f"{list(m.shape)}; use the llama.cpp engine")
         self.measured[key] = {"kernel": name, "us_at_1_plus_16_rows": timings}
         self._save(key)
         return name, layer

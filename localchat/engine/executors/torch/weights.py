@@ -13,6 +13,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
+from localchat.engine.choice import TORCH_ARCHITECTURES
 from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix
 from localchat.engine.executors.torch.qlinear import RowStack
 from localchat.errors import EngineError
@@ -20,7 +21,7 @@ from localchat.formats.gguf_blocks import dequantize_tensor, dequantized_q4, ker
 from localchat.models.gguf_checks import check_model_metadata
 from localchat.models.gguf_reader import read_gguf
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_ARCHITECTURES = TORCH_ARCHITECTURES
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 
 
@@ -70,11 +71,11 @@ class LlamaConfig:
         if arch not in SUPPORTED_ARCHITECTURES:
             raise EngineError(
                 f"the torch engine runs {', '.join(SUPPORTED_ARCHITECTURES)} models, not "
-                f"{arch!r}: use --engine llama.cpp")
+                f"{arch!r}: use the llama.cpp engine")
         scaling = meta.get(f"{arch}.rope.scaling.type", "none")
         if scaling not in ("none", "linear"):  # llama3's factors come as a tensor instead
             raise EngineError(f"the torch engine does not run {scaling!r} RoPE scaling yet: "
-                              "use --engine llama.cpp")
+                              "use the llama.cpp engine")
         factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
         n_heads = int(meta[f"{arch}.attention.head_count"])
         dim = int(meta[f"{arch}.embedding_length"])
@@ -240,7 +241,7 @@ def load_weights(path: Path, device: torch.device = torch.device("cpu"),
         return ModelWeights(config, embedding, layers, dense("output_norm.weight"), output,
                             rope_freqs)
     except KeyError as exc:
-        raise EngineError(f"{path.name} lacks tensor {exc}; use --engine llama.cpp") from None
+        raise EngineError(f"{path.name} lacks tensor {exc}; use the llama.cpp engine") from None
     finally:
         gguf_file.close()  # tensors were copied, packed or dequantized; the embedding's view
         # keeps the file mapped while the model lives

@@ -1,17 +1,46 @@
-"""What the runtime asks of an executor: forward passes over a batch of sequences, and
-the shape of its KV memory. No scheduling and no sampling happen inside an executor."""
+"""The executor contract, in one place: what the runtime asks of an executor (forward passes
+over a batch of Chunks), the shape of its KV memory (KVLayout) and its Vocabulary. No
+scheduling and no sampling happen inside an executor."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import torch
 
-from localchat.engine.base import ModelInfo
-from localchat.engine.runtime.block_manager import KVLayout
-from localchat.engine.runtime.vocab import Vocabulary
+from localchat.engine.base import Message, ModelInfo
+
+BLOCK_SIZE = 16  # tokens per KV block
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What an executor's KV memory looks like to the block manager."""
+
+    pools: int  # 1 for a shared pool; the number of slots for an exclusive layout
+    blocks_per_pool: int
+    exclusive: bool  # at most one live sequence per pool
+    cache_key: bytes  # model + KV dtype: different caches never share blocks
+    prefix_cache: bool = True  # False where the KV cannot be cut back (recurrent state)
+    block_size: int = BLOCK_SIZE
+    slot_copy: bool = False  # exclusive: the executor can copy one slot's KV into another
+
+
+class Vocabulary(Protocol):
+    def tokenize_messages(self, template: str | None, messages: Sequence[Message]) -> list[int]:
+        """Render with the template and tokenize, special tokens only where trusted."""
+
+    def tokenize_text(self, text: str) -> list[int]:
+        """Plain text to tokens, special-token look-alikes left as text."""
+
+    def detokenize(self, token: int) -> bytes:
+        """One token's bytes (possibly part of a UTF-8 character); b"" for control tokens."""
+
+    def is_end_of_generation(self, token: int) -> bool: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -44,7 +73,7 @@ class Executor(ABC):
         float32 on the CPU. Called on the compute thread only."""
 
     def memory(self) -> dict:
-        """The executor's own accounting of its KV cache (for tests and --verbose)."""
+        """The executor's own accounting of its KV cache (for tests and verbose output)."""
         return {}
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from localchat.chat.template import RenderedPrompt, Segment, render_chat
+from localchat.prompt.template import RenderedPrompt, Segment, render_chat
 from localchat.engine.base import Message
 from localchat.errors import TemplateError
 
