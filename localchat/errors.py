@@ -23,6 +23,11 @@ class ConfigError(UsageError):
         self.setting, self.problem = setting, problem
 
 
+class ConstraintError(UsageError):
+    """A JSON schema or grammar for structured output that cannot be used (llguidance's
+    reason)."""
+
+
 class ModelNotFoundError(LocalchatError):
     """The model file or hub reference does not exist (or is not downloaded)."""
 

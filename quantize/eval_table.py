@@ -5,7 +5,9 @@ weight, matrix error, perplexity, KL, top-1 agreement and α; distilled drafts b
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -45,10 +47,18 @@ def float32_weights(facts: GGUFFacts):
 
 
 def run_table(facts: GGUFFacts, protocol: Protocol, schemes=TABLE_SCHEMES,
-              text_file: str | None = None, drafts: list[GGUFFacts] = ()) -> dict:
+              text_file: str | None = None, drafts: list[GGUFFacts] = (),
+              log: Callable[[str], None] = lambda line: None) -> dict:
     """Each scheme simulated on facts' float32 weights, then each draft file (a distilled
-    student, fewer layers), scored against the float32 reference on the same text."""
+    student, fewer layers), scored against the float32 reference on the same text. `log`
+    gets a progress line after the reference and after each row."""
     torch.manual_seed(0)
+    started, n_rows = time.perf_counter(), len(schemes) + len(drafts)
+
+    def done(row: dict) -> None:
+        log(f"eval --table: {len(rows)}/{n_rows} {row['scheme']}: perplexity "
+            f"{row['perplexity']:.3f}, top-1 agreement {row['agreement']:.1%} "
+            f"({time.perf_counter() - started:.0f} s)")
     ref = float32_weights(facts)
     tokens, spans = scored_text(facts, protocol, text_file)
     target = targets(tokens, spans)
@@ -57,6 +67,8 @@ def run_table(facts: GGUFFacts, protocol: Protocol, schemes=TABLE_SCHEMES,
     reference = {"model": facts.name, "weights": f"float32 of {facts.quant_type}"} | \
         perplexity(ref_lp, target) | {k: outliers[k] for k in (
             "matrices", "max_over_std", "median_max_over_std", "outliers_6sigma", "outlier_fraction")}
+    log(f"eval --table: reference perplexity {reference['perplexity']:.3f} "
+        f"({time.perf_counter() - started:.0f} s); {n_rows} rows to go")
     rows = []
     for scheme in schemes:
         model, errors, bpw = simulated_model(ref, scheme)
@@ -66,6 +78,7 @@ def run_table(facts: GGUFFacts, protocol: Protocol, schemes=TABLE_SCHEMES,
         rows.append({"scheme": scheme, "bits_per_weight": bpw,
                      "worst_rel_error": s["worst_rel_error"], "worst_matrix": s["worst_matrix"],
                      "median_rel_error": s["median_rel_error"]} | q)
+        done(rows[-1])
         del model
     from localchat.engine.executors.torch.executor import open_weights
 
@@ -78,6 +91,7 @@ def run_table(facts: GGUFFacts, protocol: Protocol, schemes=TABLE_SCHEMES,
                                f"({draft.quant_type})", "draft": str(draft.path),
                      "bits_per_weight": None, "worst_rel_error": None, "worst_matrix": None,
                      "median_rel_error": None} | q)
+        done(rows[-1])
     return {"reference": reference, "rows": rows, "protocol": protocol.as_dict(), "note": NOTE}
 
 

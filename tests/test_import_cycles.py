@@ -259,3 +259,7 @@ def test_layer_order_sees_an_upward_import(tmp_path):
 
 def test_imports_only_run_downward():
     assert upward_imports(import_graph()) == []
+def test_formats_reach_no_engine_or_anything_above():
+    above = ("localchat.engine", "localchat.chat", "localchat.models", "localchat.prompt",
+             "localchat.tui", "localchat.cli", "localchat.server", "localchat.storage")
+    assert layer_breaches(import_graph(), "localchat.formats", above) == []

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 from localchat.engine.base import Message, Request, SamplingParams
 from localchat.engine.config import MAX_DRAFT_TOKENS, DraftChoice, EngineConfig
+from localchat.engine.constraint import Constraint
 from localchat.errors import LocalchatError
 from localchat.models.facts import MIN_CTX
 
@@ -20,19 +21,24 @@ class ReplyParams:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int | None = None  # None: until the model stops or the context is full
     system: str | None = None
+    constraint: Constraint | None = None  # what every reply must look like (/json)
 
     def system_messages(self) -> list[Message]:
         return [Message("system", self.system)] if self.system else []
 
     def request(self, messages: Sequence[Message], **options: Any) -> Request:
-        """A Request for messages with these sampling and max_tokens (options: the rest)."""
+        """A Request for messages with these sampling, max_tokens and constraint (options:
+        the rest)."""
         return Request(messages=list(messages), sampling=self.sampling,
-                       max_tokens=self.max_tokens, **options)
+                       max_tokens=self.max_tokens, constraint=self.constraint, **options)
 
     def to_record(self) -> dict:
-        """Sampling and max_tokens as the plain dict a conversation stores."""
-        return {**{k: getattr(self.sampling, k) for k in SAMPLING_KEYS},
-                "max_tokens": self.max_tokens}
+        """Sampling, max_tokens and the constraint as the plain dict a conversation stores."""
+        record = {**{k: getattr(self.sampling, k) for k in SAMPLING_KEYS},
+                  "max_tokens": self.max_tokens}
+        if self.constraint is not None:
+            record["constraint"] = {"kind": self.constraint.kind, "text": self.constraint.text}
+        return record
 
     def updated(self, changes: dict) -> "ReplyParams":
         """These params with a record's (or explicit flags') sampling and max_tokens; unknown
@@ -52,8 +58,15 @@ class ReplyParams:
                     defaults: "ReplyParams") -> "ReplyParams":
         """A stored conversation's params over `defaults` (values a damaged record holds
         are ignored)."""
-        params = defaults.updated(record if isinstance(record, dict) else {})
-        return replace(params, system=system_prompt or None)
+        record = record if isinstance(record, dict) else {}
+        stored = record.get("constraint")
+        try:
+            constraint = Constraint(stored["kind"], stored.get("text", "")) \
+                if isinstance(stored, dict) and isinstance(stored.get("text", ""), str) else None
+        except (LocalchatError, KeyError, TypeError):
+            constraint = None
+        return replace(defaults.updated(record), system=system_prompt or None,
+                       constraint=constraint)
 
 
 def conversation_record(params: ReplyParams, config: EngineConfig) -> dict:

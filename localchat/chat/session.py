@@ -52,7 +52,7 @@ class Entry:
     def stored(cls, m: StoredMessage) -> "Entry":
         stats = Stats(**{k: v for k, v in (m.stats or {}).items()
                          if k in Stats.__dataclass_fields__}) if m.stats else None
-        return cls(m.role, m.content, m.id, m.status, stats, siblings=m.siblings)
+        return cls(m.role, m.content, m.id, m.status, stats, m.finish_reason, siblings=m.siblings)
 
     @property
     def version(self) -> tuple[int, int] | None:
@@ -137,6 +137,7 @@ class ChatSession:
         if conv is None or stored is None:
             return False
         self.conversation = conv
+        self.db(lambda st: st.mark_opened(conversation_id))
         self.params = ReplyParams.from_record(conv.params, conv.system_prompt, self.defaults)
         self.entries = [Entry.stored(m) for m in stored if m.role != "system"]
         return True
@@ -189,11 +190,12 @@ class ChatSession:
 
     # -- the user's side -------------------------------------------------------------------
 
-    def send(self, text: str) -> Reply:
-        """The user's message, then a reply to it (stored as streaming)."""
+    def send(self, text: str, typed: str | None = None) -> Reply:
+        """The user's message, then a reply to it (stored as streaming). typed: the words
+        the user typed, where text also holds attachments (a new chat is titled from them)."""
         if self.conversation is None and self.store is not None:
             self.conversation = self.db(lambda st: st.create_conversation(
-                title_from(text), model=self.config.model, system_prompt=self.params.system,
+                title_from(typed or text), model=self.config.model, system_prompt=self.params.system,
                 params=self.record()))
         conv, parent = self.conversation, self._parent_id()
         db_id = self.db(lambda st: st.add_message(conv.id, "user", text, parent=parent)) \
@@ -229,11 +231,14 @@ class ChatSession:
         del self.entries[index:]
 
     def switch_version(self, key: int, step: int) -> bool:
-        """Show the version `step` away from entry `key` (wrapping), with the branch
-        that follows it. False when the store gave no branch."""
+        """Show the version `step` away from entry `key`, with the branch that follows
+        it. False past the first or last version (no wrapping), or when the store gave
+        no branch."""
         index, entry = self.index(key), self.entry(key)
-        at = entry.siblings.index(entry.db_id)
-        target = entry.siblings[(at + step) % len(entry.siblings)]
+        at = entry.siblings.index(entry.db_id) + step
+        if not 0 <= at < len(entry.siblings):
+            return False
+        target = entry.siblings[at]
         cid = self.conversation.id
         branch = self.db(lambda st: st.switch_branch(cid, target))
         if branch is None:
@@ -279,7 +284,8 @@ class ChatSession:
                 writer = save(lambda w: w.feed(event.text))
             else:
                 status = ReplyStatus.after(event.finish_reason)
-                save(lambda w: w.finish(status, event.stats.to_dict(), event.text))
+                save(lambda w: w.finish(status, event.stats.to_dict(), event.text,
+                                        event.finish_reason))
             yield event
 
     def take(self, reply: Reply, event: Event) -> None:

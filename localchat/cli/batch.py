@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable
 
 from localchat.engine.base import Message, Request, Result, SamplingParams
+from localchat.engine.constraint import from_response_format
 from localchat.errors import LocalchatError, UsageError
 from localchat.json_text import first_lone_surrogate
 from localchat.interrupts import ctrl_c_cancels
@@ -26,7 +27,7 @@ MAX_IN_FLIGHT = 32
 PARALLEL = 16  # requests computed at once by default (the llama.cpp engine's KV slots)
 
 # a line's fields: these and SAMPLING_FIELDS (with max_tokens)
-_OTHER_FIELDS = {"id", "prompt", "messages", "stop"}
+_OTHER_FIELDS = {"id", "prompt", "messages", "stop", "response_format"}
 _ROLES = ("system", "user", "assistant")
 
 
@@ -87,6 +88,13 @@ def _stop(value) -> tuple[str, ...]:
 def parse_line(number: int, text: str, params: ReplyParams) -> Line:
     """The request one line asks for; every mistake is an error for this line only."""
     try:
+        return _parse_line(number, text, params)
+    except RecursionError:  # json.loads or the checks below, on [[[[... 5,000 deep
+        return Line(number, number, error=f"line {number}: JSON nested too deeply")
+
+
+def _parse_line(number: int, text: str, params: ReplyParams) -> Line:
+    try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         return Line(number, number,
@@ -128,7 +136,9 @@ def _request(obj: dict, params: ReplyParams) -> Request:
     if "max_tokens" in obj and obj["max_tokens"] is not None:
         max_tokens = _typed(obj["max_tokens"], FIELD["max_tokens"].json_types, "max_tokens")
     stop = _stop(obj["stop"]) if "stop" in obj else ()
-    return Request(messages=messages, sampling=sampling, max_tokens=max_tokens, stop=stop)
+    constraint = from_response_format(obj.get("response_format"))
+    return Request(messages=messages, sampling=sampling, max_tokens=max_tokens, stop=stop,
+                   constraint=constraint)
 
 
 def _run_one(engine, line: Line, cancel: threading.Event) -> dict | None:

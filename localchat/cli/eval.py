@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from localchat.cli.flags import quality_flags, quality_protocol
 from localchat.errors import UsageError
@@ -66,7 +67,8 @@ def run_eval(args) -> int:
 
             kept = None if facts.path.is_dir() else kept_draft(facts)
             drafts = [] if kept is None else [resolve_model_facts(str(kept))]
-        result = run_table(facts, protocol, schemes, text_file=args.text, drafts=drafts)
+        result = run_table(facts, protocol, schemes, text_file=args.text, drafts=drafts,
+                           log=lambda line: print(line, file=sys.stderr, flush=True))
         print(json.dumps(result, indent=2) if args.json else format_table(result, protocol))
         return 0
     from quantize.eval_file import evaluate_file, format_report

@@ -128,4 +128,5 @@ def with_chat_template(facts: GGUFFacts, override: str | None) -> GGUFFacts:
 
     chosen = choose_template(facts.chat_template, facts.architecture, facts.chat_markers,
                              override)
-    return replace(facts, chat_template=chosen.source, chat_template_name=chosen.name)
+    return replace(facts, chat_template=chosen.source, chat_template_name=chosen.name,
+                   base_model=not facts.chat_template and not facts.chat_markers)

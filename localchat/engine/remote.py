@@ -136,6 +136,8 @@ class RemoteEngine(Engine):
             body["max_tokens"] = request.max_tokens
         if request.stop:
             body["stop"] = list(request.stop)
+        if request.constraint is not None:
+            body.update(_constraint_fields(request.constraint))
         if request.prompt_tokens is not None:
             return "/completions", {**body, "prompt": list(request.prompt_tokens)}
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
@@ -311,3 +313,15 @@ def _refuses_extensions(message: str) -> bool:
 
 def _int(value) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _constraint_fields(constraint) -> dict:
+    """A constraint as OpenAI's response_format; a grammar is refused (OpenAI servers
+    take none, and a field they ignored would be silently dropped)."""
+    if constraint.kind == "json_object":
+        return {"response_format": {"type": "json_object"}}
+    if constraint.kind == "json_schema":
+        return {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "reply", "schema": json.loads(constraint.text), "strict": True}}}
+    raise UsageError(f"a {constraint.label} needs a local model; an --endpoint takes "
+                     "JSON schemas only")

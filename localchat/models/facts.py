@@ -38,6 +38,7 @@ class GGUFFacts:
     eos_token: str | None
     chat_markers: tuple[str, ...] = ()  # chat-format control tokens in the vocabulary
     chat_template_name: str = "the model file's"  # where chat_template came from
+    base_model: bool = False  # the file has no chat template and no chat tokens (set with one)
 
     def kv_bytes_per_token(self, bytes_per_value: float = 2,
                            v_bytes_per_value: float | None = None) -> int:

@@ -7,18 +7,18 @@ from __future__ import annotations
 import signal
 import socket
 import sys
+from pathlib import Path
 
 import uvicorn
 
 from localchat.engine import open_engine
 from localchat.engine.config import EngineConfig
+from localchat.server import instances
 from localchat.server.app import Server
+from localchat.server.connections import TimedH11Protocol
 
 GRACEFUL_SHUTDOWN_S = 5  # for responses still being sent after their jobs are cancelled
 JOIN_WORKERS_S = 10.0
-# Connections beyond the admitted requests (health probes, requests being refused):
-# past this, uvicorn itself answers 503, so a flood of idle connections cannot pile up.
-EXTRA_CONNECTIONS = 64
 
 
 class Uvicorn(uvicorn.Server):
@@ -29,6 +29,9 @@ class Uvicorn(uvicorn.Server):
         self.server = server
 
     def handle_exit(self, sig: int, frame) -> None:
+        if not self.should_exit:  # the first signal: say what is being stopped
+            print(f"localchat: stopping ({self.server.jobs.in_flight()} requests in flight)",
+                  file=sys.stderr, flush=True)
         super().handle_exit(sig, frame)
         self.server.stop_soon()
 
@@ -37,22 +40,29 @@ def serve(options, config: EngineConfig, sock: socket.socket, *, loopback: bool,
           api_key: str | None) -> int:
     """options: ServeOptions (server/__init__.py)."""
     engine = open_engine(config)
-    server = Server(engine, max_queue=options.max_queue)
+    path = Path(engine.info.path)
+    server = Server(engine, max_queue=options.max_queue,
+                    aliases=tuple(str(a) for a in (config.model, path.name, path.stem) if a))
     try:
         app = server.build(loopback=loopback, api_key=api_key, log_requests=not options.quiet)
         config = uvicorn.Config(app,
                                 log_level="warning", access_log=False, lifespan="on",
                                 server_header=False,
-                                limit_concurrency=options.max_queue + EXTRA_CONNECTIONS,
+                                # idle and slow sockets are closed by read deadlines, not
+                                # counted against requests (uvicorn's limit_concurrency)
+                                http=TimedH11Protocol,
                                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         print(f"localchat: serving {engine.info.name} on http://{shown}:{port}/v1 "
               f"(engine {engine.name})", file=sys.stderr, flush=True)
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        state = instances.register(f"http://{shown}:{port}/v1", engine.info.name,
+                                   str(engine.info.path), engine.name, engine.info.n_ctx)
         try:
             Uvicorn(config, server).run(sockets=[sock])
         finally:
+            instances.unregister(state)
             signal.signal(signal.SIGTERM, previous)
     finally:
         server.jobs.cancel_all()

@@ -22,7 +22,7 @@ from textual.message import Message as TextualMessage
 from textual.widgets import Footer, Static
 
 from localchat.chat.session import ChatSession, Entry, Reply
-from localchat.engine.base import Delta, Engine, Message, Result
+from localchat.engine.base import BASE_MODEL_NOTE, Delta, Engine, Message, Result
 from localchat.errors import LocalchatError
 from localchat.chat.params import ReplyParams
 from localchat.engine import open_engine
@@ -149,6 +149,7 @@ class ChatApp(ControlsMixin, App):
         self._open_store = store == "open"
         self._continue_last = continue_last
         self._cancel = threading.Event()
+        self._base_models_noted: set[str] = set()  # paths already said to be base models
         self._reply: Reply | None = None  # the reply being generated
         self.keymap_file, keymap, self.keymap_problem = load_keymap()
         if keymap:
@@ -206,6 +207,10 @@ class ChatApp(ControlsMixin, App):
                 yield PromptInput(id="prompt", show_line_numbers=False, placeholder=EMPTY_HINT)
         yield Footer()
 
+    def show_constraint(self) -> None:
+        """The gauge says `json` while this conversation's replies are constrained."""
+        self.query_one(GaugeBar).constrained = self.params.constraint is not None
+
     def show_system_prompt(self) -> None:
         """The system prompt, on one line above the chat (hidden when there is none)."""
         line = self.query_one("#system-line", Static)
@@ -215,6 +220,7 @@ class ChatApp(ControlsMixin, App):
 
     async def on_mount(self) -> None:
         self.show_system_prompt()
+        self.show_constraint()
         self.query_one("#chat").anchor()
         self.query_one(PromptInput).focus()
         if self.keymap_problem:
@@ -269,6 +275,9 @@ class ChatApp(ControlsMixin, App):
                  else f"{info.quant_type} · {self.engine.name}")  # "remote · remote"
         self.query_one("#title", Static).update(
             f"localchat · {info.name} · {where} · ctx {info.n_ctx}{draft}")
+        if info.base_model and info.path not in self._base_models_noted:  # once per model
+            self._base_models_noted.add(info.path)
+            self.notice(BASE_MODEL_NOTE)
 
     # -- a reply streaming -------------------------------------------------------------
 

@@ -80,6 +80,7 @@ class Conversations:
             return False
         await app.reset_chat()
         app.show_system_prompt()
+        app.show_constraint()
         await app.query_one(ChatLog).show(app.session.entries)
         app.switcher.follow(app.conversation)
         await self.refresh_sidebar()
@@ -93,6 +94,7 @@ class Conversations:
         app.session.new()
         await app.reset_chat()
         app.show_system_prompt()
+        app.show_constraint()
         await self.refresh_sidebar()
         app.query_one(PromptInput).focus()  # even from the conversation list: type at once
 
@@ -184,6 +186,7 @@ class Conversations:
             if app.session.delete(conversation_id):
                 await app.reset_chat()
                 app.show_system_prompt()
+                app.show_constraint()
             await self.refresh_sidebar()
 
         app.push_screen(ConfirmScreen(

@@ -3,6 +3,7 @@ a few tokens so each reply is quick."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -205,3 +206,38 @@ def test_a_new_chat_starts_from_the_defaults_not_the_last_chats_params(engine, s
     assert session.open(first) and session.params == pirate  # the old chat keeps its own
     session.delete(first)
     assert session.params == defaults
+
+
+def test_a_stopped_or_cut_reply_keeps_its_reason_when_reopened_and_exported(engine, store):
+    from localchat.storage.export import to_json, to_markdown
+    from localchat.tui.chat_log import status_line
+
+    session = session_on(engine, store, max_tokens=4)
+    cut = session.run(session.send("Count from one to twenty."))  # 4 tokens: the limit
+    cancel = threading.Event()
+    stopped = session.run(session.send("And back down."), cancel,
+                          lambda e: isinstance(e, Delta) and e.text and cancel.set())
+    assert (cut.finish_reason, stopped.finish_reason) == ("length", "cancelled")
+    live = [status_line(e).split(" · ")[-1] for e in (cut, stopped)]
+    assert live == ["stopped: reached the token limit", "stopped"]
+    assert session.open(session.conversation.id)  # as after Alt+←/→ or --continue
+    reopened = [e for e in session.entries if e.role == "assistant"]
+    assert [status_line(e).split(" · ")[-1] for e in reopened] == live
+    md = to_markdown(session.conversation, stored(session))
+    assert "## Assistant (stopped: reached the token limit)\n" in md
+    assert "## Assistant (stopped)\n" in md and "interrupted" not in md
+    data = json.loads(to_json(session.conversation, stored(session)))
+    assert [m["finish_reason"] for m in data["messages"]] == [None, "length", None, "cancelled"]
+
+
+def test_continue_goes_back_to_the_conversation_last_opened_not_last_written(engine, store):
+    session = session_on(engine, store, max_tokens=2)
+    session.run(session.send("Hi"))
+    first = session.conversation
+    session.run(session.regenerate(session.entries[-1].key))
+    session.new()
+    session.run(session.send("Hello"))  # the newest conversation, written last
+    assert session.open(first.id)  # back to the first, then to its other version
+    assert session.switch_version(session.entries[-1].key, -1)
+    assert store.last_conversation().id == first.id  # what --continue opens
+    assert [m.id for m in stored(session)][-1] == session.entries[-1].db_id

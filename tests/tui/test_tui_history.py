@@ -9,6 +9,8 @@ import sqlite3
 from pathlib import Path
 
 from helpers.pilot import chat_config
+from rich.cells import cell_len
+from textual.widgets import Label
 from localchat.storage import ConversationStore
 from localchat.tui.app import ChatApp
 from localchat.tui.palette import ChatCommands
@@ -457,3 +459,57 @@ async def test_bad_keymap_is_reported_and_defaults_kept(engine):
         theme = app.theme
         await pilot.press("ctrl+t")
         assert app.theme != theme
+
+
+async def test_a_fork_keeps_its_mark_in_the_sidebar_and_an_attachment_is_not_the_title(
+        engine, tmp_path):
+    code = tmp_path / "fib.py"
+    code.write_text("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n")
+    app = make_app(engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, f"/attach {code}")
+        await chat(pilot, "What is the capital of France, and what does this file do?")
+        assert app.conversation.title.startswith("What is the capital of France")
+        await send(pilot, "/fork")
+        await wait_until(pilot, lambda: app.conversation.title.endswith("(fork)"))
+        await pilot.press("ctrl+b")
+        await pilot.pause()
+        items = list(app.query(ConversationItem))
+        shown = [str(item.query_one(Label).render()) for item in items]
+        # each title fits its row (the row cuts what does not), and the fork's mark shows
+        assert all(cell_len(text) <= item.size.width for text, item in zip(shown, items))
+        assert len(shown) == 2 and shown[0] != shown[1]  # the fork and its original
+        assert shown[0].endswith("(fork)") and "…" in shown[0]
+
+
+async def test_json_command_constrains_this_conversations_replies_and_is_stored(engine, tmp_path):
+    """/json SCHEMA_FILE: the next replies validate against the schema, the gauge says json,
+    the conversation keeps it when reopened; /json off frees them; a new chat has none."""
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+              "required": ["city"], "additionalProperties": False}
+    (tmp_path / "city.json").write_text(json.dumps(schema))
+    app = make_app(engine, max_tokens=40)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, f"/json {tmp_path / 'city.json'}")
+        assert app.params.constraint is not None and app.query_one(GaugeBar).constrained
+        assert "json" in str(app.query_one(GaugeBar).render())
+        await chat(pilot, "Which city is the capital of France?")
+        reply = app.entries[-1]
+        jsonschema.validate(json.loads(reply.content), schema)
+        assert reply.finish_reason == "stop"
+        cid = app.conversation.id
+        assert app.store.get_conversation(cid).params["constraint"]["kind"] == "json_schema"
+        await app.conversations.new()
+        assert app.params.constraint is None and not app.query_one(GaugeBar).constrained
+        assert await app.open_conversation(cid)
+        assert app.params.constraint is not None and app.query_one(GaugeBar).constrained
+        await send(pilot, "/json off")
+        assert app.params.constraint is None
+        await send(pilot, "/json /no/such/schema.json")
+        assert "cannot read it" in app.last_error

@@ -5,7 +5,6 @@ prompt and a diverging branch is copied to another slot so both stay cached."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 from localchat.engine.runtime.block_pool import BlockPool, BlockUsage
 from localchat.engine.runtime.executor_api import KVLayout
@@ -129,6 +128,11 @@ class BlockManager:
         return self.pool(seq).num_committed(seq.seq_id)
 
     # ---- accounting -------------------------------------------------------------------
+
+    def held(self, seq) -> tuple[int, int]:
+        """(blocks holding seq's KV: in use while it runs, its prefix still cached after; those of
+        them no sequence uses now)."""
+        return self.pool(seq).held(seq.seq_id, seq.tokens[:seq.computed])
 
     def usage(self) -> BlockUsage:
         parts = [p.usage() for p in self.pools]

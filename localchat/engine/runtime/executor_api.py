@@ -40,6 +40,9 @@ class Vocabulary(Protocol):
 
     def is_end_of_generation(self, token: int) -> bool: ...
 
+    def constraint_tokenizer(self) -> object:
+        """llguidance's LLTokenizer for this vocabulary (constrained decoding)."""
+
     def close(self) -> None: ...
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -26,6 +27,18 @@ from localchat.paths import cache_dir
 from localchat.units import available_memory, human_bytes, refuse_beyond_available
 
 KV_DTYPE = torch.float16  # as llama.cpp's default cache: 2 bytes per value
+# torch's own warnings that say nothing to a user (its internals' deprecations and codegen
+# notes), by category and the start of the message; any other warning still shows
+KNOWN_LIBRARY_WARNINGS = (
+    (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated"),
+    (UserWarning, r"bf16 and fp16 are mixed in the scheduler node"),
+)
+
+
+def quiet_library_warnings() -> None:
+    """Hide KNOWN_LIBRARY_WARNINGS for the rest of the process (ours and others' still show)."""
+    for category, message in KNOWN_LIBRARY_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
 
 
 def kv_block_bytes(config) -> int:
@@ -81,6 +94,7 @@ class TorchExecutor(Executor):
                  kv_memory: int | None = None, device: str | None = None,
                  compiled: bool | None = None) -> None:
         """Call on the compute thread (compute_thread.py says why). compiled: as LlamaModel's."""
+        quiet_library_warnings()
         self.facts = facts
         self.device = pick_device(device)
         torch.set_num_threads(threads or max(1, os.cpu_count() or 1))

@@ -128,6 +128,15 @@ class HFVocabulary:
                 self._bytes = table
             return self._bytes
 
+    def constraint_tokenizer(self):
+        """llguidance's tokenizer over this tokenizer.json, every end-of-generation token
+        an end (the eos text's first)."""
+        import llguidance  # only constrained requests need it
+
+        eos = self.trusted.token_to_id(self.eos_text) if self.eos_text else None
+        ends = ([eos] if eos in self.eog_ids else []) + sorted(self.eog_ids - {eos})
+        return llguidance.LLTokenizer(self.trusted.to_str(), eos_token=ends or None)
+
     def is_end_of_generation(self, token: int) -> bool:
         return token in self.eog_ids
 

@@ -18,7 +18,7 @@ from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix
 from localchat.engine.executors.torch.qlinear import RowStack
 from localchat.errors import EngineError
 from localchat.formats.gguf_blocks import dequantize_tensor, dequantized_q4, kernel_forms
-from localchat.models.gguf_checks import check_model_metadata
+from localchat.models.gguf_checks import check_layer_shapes, check_model_metadata
 from localchat.models.gguf_reader import read_gguf
 
 SUPPORTED_ARCHITECTURES = TORCH_ARCHITECTURES
@@ -178,6 +178,8 @@ def load_weights(path: Path, device: torch.device = torch.device("cpu"),
     measuring without a cache, when None)."""
     gguf_file = read_gguf(path)  # the validating reader every model path goes through
     check_model_metadata(gguf_file)
+    if gguf_file.metadata["general.architecture"] in SUPPORTED_ARCHITECTURES:
+        check_layer_shapes(gguf_file)  # as llama.cpp's loader does; others are refused next
     config = LlamaConfig.from_metadata(gguf_file.metadata)
     tensors = gguf_file.tensors
     chooser = chooser or KernelChooser(device)
