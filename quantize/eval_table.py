@@ -24,7 +24,9 @@ NOTE = ("simulated with dequantized weights: block projections quantized and deq
 
 def scored_text(facts: GGUFFacts, protocol, text_file: str | None):
     """The evaluation text's token ids (by this model's vocabulary) and scoring windows."""
-    vocab = vocabulary(facts)
+    from localchat.engine.executors.torch.executor import open_vocabulary
+
+    vocab = open_vocabulary(facts.path)
     try:
         spans = windows(protocol.tokens, protocol.window, protocol.stride)
         return text_tokens(vocab, spans[-1][1], text_file), spans
@@ -32,29 +34,16 @@ def scored_text(facts: GGUFFacts, protocol, text_file: str | None):
         vocab.close()
 
 
-def vocabulary(facts: GGUFFacts):
-    if facts.path.is_dir():
-        from localchat.engine.executors.torch.hf_vocab import HFVocabulary
-
-        return HFVocabulary(facts.path)
-    from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary
-
-    return LlamaCppVocabulary.vocab_only(str(facts.path))
-
-
 def float32_weights(facts: GGUFFacts):
     """The model's weights as float32 DenseLinear layers (exact dequantization)."""
-    from localchat.engine.executors.torch.hf_weights import load_hf_weights
-    from localchat.engine.executors.torch.weights import load_weights
+    from localchat.engine.executors.torch.executor import open_weights
 
-    if facts.path.is_dir():
-        return load_hf_weights(facts.path)
-    if facts.quant_type == "F32":
-        return load_weights(facts.path)
+    if facts.path.is_dir() or facts.quant_type == "F32":
+        return open_weights(facts.path)
     from quantize.gguf_convert import dequantize_gguf
 
     with tempfile.TemporaryDirectory(prefix="localchat-eval-") as tmp:
-        return load_weights(dequantize_gguf(facts.path, Path(tmp) / "float32.gguf"))
+        return open_weights(dequantize_gguf(facts.path, Path(tmp) / "float32.gguf"))
 
 
 def run_table(facts: GGUFFacts, protocol: Protocol, schemes=TABLE_SCHEMES,
@@ -91,12 +80,12 @@ def run_table(facts: GGUFFacts, protocol: Protocol, schemes=TABLE_SCHEMES,
                      "median_rel_error": s["median_rel_error"]} | q)
         done(rows[-1])
         del model
-    from localchat.engine.executors.torch.weights import load_weights
+    from localchat.engine.executors.torch.executor import open_weights
 
     for draft in drafts:
         if draft.vocab_size != facts.vocab_size:
             raise UsageError(f"the draft {draft.name} has another vocabulary than {facts.name}")
-        q = compare(ref_lp, scored_logprobs(load_weights(draft.path), tokens, spans), target,
+        q = compare(ref_lp, scored_logprobs(open_weights(draft.path), tokens, spans), target,
                     gamma=protocol.gamma, cost_ratio=protocol.cost_ratio)
         rows.append({"scheme": f"draft: {draft.n_layers} of {facts.n_layers} layers "
                                f"({draft.quant_type})", "draft": str(draft.path),

@@ -111,9 +111,9 @@ def gptq_matrices(keys, get: Callable[[str], torch.Tensor | None], config: GPTQC
 
 def pack_v1(r, bits: int = 4) -> dict[str, torch.Tensor]:
     """r's codes [rows, cols], zeros and scales [groups, rows] and g_idx (quantize/gptq.py's
-    GPTQResult) as AutoGPTQ's v1 tensors: qweight int32 [cols·bits/32, rows] (column-major packing,
-    lowest bits first), qzeros int32 [groups, rows·bits/32] holding zero − 1, scales
-    float16 [groups, rows], g_idx int32 [cols]."""
+    GPTQResult) as AutoGPTQ's v1 tensors: qweight int32 [cols·bits/32, rows] (column-major
+    packing, lowest bits first), qzeros int32 [groups, rows·bits/32] holding zero − 1,
+    scales float16 [groups, rows], g_idx int32 [cols]."""
     per = 32 // bits
 
     def pack(x: torch.Tensor) -> torch.Tensor:  # pack along dim 0

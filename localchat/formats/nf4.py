@@ -23,6 +23,7 @@ NF4_LEVELS = (
 )
 QUANT_STATE_KEY = "quant_state.bitsandbytes__nf4"
 NF4_SUFFIXES = ("absmax", "quant_map", "nested_absmax", "nested_quant_map", QUANT_STATE_KEY)
+NESTED_BLOCKSIZE = 256  # absmax values per double-quantization block
 
 
 def nf4_table() -> torch.Tensor:
@@ -143,9 +144,6 @@ def stack_nf4(matrices: list[NF4Matrix]) -> NF4Matrix:
             raise EngineError("NF4 matrices to fuse differ in width, block size or levels")
     return NF4Matrix(torch.cat([m.codes for m in matrices]),
                      torch.cat([m.absmax for m in matrices]), first.levels, first.blocksize)
-
-
-NESTED_BLOCKSIZE = 256
 
 
 def dynamic_map(signed: bool = True, max_exponent_bits: int = 7, total_bits: int = 8) -> torch.Tensor:

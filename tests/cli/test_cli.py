@@ -229,7 +229,7 @@ def test_bench_concurrency_levels_are_checked():
 
 
 def test_knee_is_where_throughput_stops_growing_but_latency_does_not():
-    from localchat.cli.bench_concurrency import knee
+    from localchat.bench.concurrency import knee
 
     def row(tok_s, p50):
         return {"torch": {"aggregate_tok_s": tok_s, "p50_latency_s": p50}}

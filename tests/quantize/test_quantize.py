@@ -125,8 +125,8 @@ AGREEMENT_FLOOR = {"Q4_0": 0.65, "Q8_0": 0.93, "Q4_K_M": 0.8}
 def test_written_gguf_loads_in_both_engines(tmp_path, f32_gguf, type_name):
     """From the Q4_1 source (dequantized first) through the real CLI; both engines load
     the file, reply, and agree with float32 on most next tokens."""
-    from quantize.agreement import llama_cpp_logits, torch_logits, varied_text_tokens
     from localchat.engine import EngineConfig, open_engine
+    from quantize.agreement import llama_cpp_logits, torch_logits, varied_text_tokens
     from localchat.models.files import validate_model_file
 
     out = tmp_path / f"model-{type_name}.gguf"

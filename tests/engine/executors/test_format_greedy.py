@@ -64,7 +64,8 @@ def greedy_gaps(path: Path, monkeypatch) -> tuple[list[float], str]:
 
     monkeypatch.setenv("LOCALCHAT_EAGER", "0")  # compiled, as a chat runs it
     torch.set_num_threads(2)
-    eng = open_engine(EngineConfig(str(path), engine="torch", ctx_size=256, threads=2, kv_memory=512 * 23040))
+    eng = open_engine(EngineConfig(str(path), engine="torch", ctx_size=256, threads=2,
+                                   kv_memory=512 * 23040))
     try:
         assert eng.executor.model.describe()["generated-token layers"] == "aotinductor"
         reference = LlamaModel(eng.executor.model.w, 256, compiled=False)

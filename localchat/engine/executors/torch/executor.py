@@ -8,6 +8,7 @@ import hashlib
 import math
 import os
 import warnings
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -18,7 +19,7 @@ from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary
 from localchat.engine.executors.torch.device import pick_device
 from localchat.engine.executors.torch.kernels import KernelChooser
 from localchat.engine.executors.torch.model import Batch, KVStore, LlamaModel
-from localchat.engine.executors.torch.weights import load_weights
+from localchat.engine.executors.torch.weights import ModelWeights, load_weights
 from localchat.engine.runtime.executor_api import BLOCK_SIZE, KVLayout
 from localchat.errors import ConfigError
 from localchat.models.facts import GGUFFacts
@@ -60,16 +61,30 @@ def kv_blocks(config, n_ctx: int, kv_memory: int | None) -> int:
     return max(needed, available_memory() // 10 // per_block)
 
 
+def open_weights(path, device: torch.device = torch.device("cpu"),
+                 chooser: KernelChooser | None = None) -> ModelWeights:
+    """The weights of a GGUF file or a Hugging Face directory, on `device` (a directory is
+    built on the CPU and moved)."""
+    if Path(path).is_dir():
+        from localchat.engine.executors.torch.hf_weights import load_hf_weights
+
+        return load_hf_weights(Path(path), chooser).to(device)
+    return load_weights(Path(path), device, chooser)
+
+
+def open_vocabulary(path):
+    """The vocabulary of a GGUF file (llama.cpp's own) or a Hugging Face directory."""
+    if Path(path).is_dir():
+        from localchat.engine.executors.torch.hf_vocab import HFVocabulary
+
+        return HFVocabulary(Path(path))
+    return LlamaCppVocabulary.vocab_only(str(path))
+
+
 def open_model(facts: GGUFFacts, device: torch.device = torch.device("cpu"),
                chooser: KernelChooser | None = None):
     """(weights on `device`, vocabulary) for a GGUF file or a Hugging Face directory."""
-    if facts.path.is_dir():
-        from localchat.engine.executors.torch.hf_vocab import HFVocabulary
-        from localchat.engine.executors.torch.hf_weights import load_hf_weights
-
-        return load_hf_weights(facts.path, chooser).to(device), HFVocabulary(facts.path)
-    return (load_weights(facts.path, device, chooser),
-            LlamaCppVocabulary.vocab_only(str(facts.path)))
+    return open_weights(facts.path, device, chooser), open_vocabulary(facts.path)
 
 
 class TorchExecutor(Executor):

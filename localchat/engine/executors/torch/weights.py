@@ -13,10 +13,10 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
+from localchat.engine.choice import TORCH_ARCHITECTURES
 from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix
 from localchat.engine.executors.torch.qlinear import RowStack
 from localchat.errors import EngineError
-from localchat.engine.choice import TORCH_ARCHITECTURES
 from localchat.formats.gguf_blocks import dequantize_tensor, dequantized_q4, kernel_forms
 from localchat.models.gguf_checks import check_layer_shapes, check_model_metadata
 from localchat.models.gguf_reader import read_gguf

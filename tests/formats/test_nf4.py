@@ -1,5 +1,6 @@
-"""NF4 in bitsandbytes' layout: the quantizer's layout and error, NF4Linear, and a whole
-NF4 model (the bundled one, exported and quantized) in the torch engine."""
+"""NF4 in bitsandbytes' layout (localchat/formats/nf4.py): the quantizer's layout and error,
+NF4Linear, and a whole NF4 model (the bundled one, exported and quantized) in the torch
+engine."""
 
 from __future__ import annotations
 
