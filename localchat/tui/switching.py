@@ -112,7 +112,8 @@ class EngineSwitcher:
                            "model: use /model NAME with a model it serves")
             return
         path = engine.info.path if engine is not None else None
-        self.app.push_screen(ModelPickerScreen(s.model, s.draft, s.ctx_size, path), self._picked)
+        self.app.push_screen(ModelPickerScreen(s.model, s.draft, s.ctx_size, path, s.engine,
+                                               s.parallel or 1), self._picked)
 
     def _picked(self, choice: Choice | None) -> None:
         if choice is None:
