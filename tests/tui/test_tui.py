@@ -200,3 +200,18 @@ async def test_a_reply_keeps_its_single_line_breaks():
         await pilot.pause()
         paragraphs = [p._content.plain for p in app.query(MarkdownParagraph)]
         assert paragraphs == ["Here:\nimport os\nprint(os.getcwd())", "Done.\nBye."]
+
+
+async def test_a_base_model_is_said_once_in_the_chat(tmp_path):
+    """A GGUF with no chat template and no chat tokens: one notice when it loads."""
+    from helpers.gguf_builder import base_model_copy, bundled_path
+
+    base = base_model_copy(bundled_path(), tmp_path / "base.gguf")
+    app = ChatApp(ChatSettings(model=str(base), ctx_size=256, threads=1))
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready", timeout=120)
+        app.show_engine()  # shown again (as after a reload): still said once
+        await pilot.pause()
+        notices = [str(n.render()) for n in app.query(".notice")]
+        assert sum("this looks like a base model (no chat template): replies continue "
+                   "your text" in n for n in notices) == 1, notices
