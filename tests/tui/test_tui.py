@@ -33,8 +33,10 @@ async def test_send_message_streams_reply_and_gauges_move(engine):
         assert len(set(streaming)) >= 3, "gauges did not update while tokens streamed"
         assert streaming == sorted(streaming)
         s = gauges.stats
-        # finished: its KV is cached for the next turn, not in use
-        assert s.ttft_s > 0 and s.kv_cache_cached_bytes > 0 and s.context_tokens > 0
+        # finished: its KV stays cached for the next turn, and the gauge counts it as the
+        # conversation's (its full blocks)
+        assert s.ttft_s > 0 and s.context_tokens > 0
+        assert s.kv_cache_bytes == s.context_tokens // 16 * 16 * engine.info.kv_bytes_per_token
         rendered = str(gauges.render())
         assert "TTFT" in rendered and "tok/s" in rendered and f"/{engine.info.n_ctx}" in rendered
         assert app.query_one(PromptInput).text == ""  # input cleared after sending
