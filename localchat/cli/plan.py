@@ -8,7 +8,7 @@ import json
 
 from localchat.errors import UsageError
 from localchat.models.facts import DEFAULT_CTX
-from localchat.models.planner import build_plan, model_size
+from localchat.models.planner import PROJECTIONS_ONLY, build_plan, model_size
 from localchat.models.specs import resolve_model_facts
 from localchat.units import human_bytes, machine_memory, parse_memory
 
@@ -17,7 +17,9 @@ def format_plan(plan: dict) -> str:
     lines = [f"{plan['model']} ({plan['quant']}): {plan['params'] / 1e6:.0f}M parameters, "
              f"weights {human_bytes(plan['weights_bytes'])}",
              "weights if quantized as: " + ", ".join(
-                 f"{q} {human_bytes(b)}" for q, b in plan["weights_bytes_by_quant"].items()),
+                 f"{q} {human_bytes(b)}" + (" (embeddings and norms kept F32)"
+                                            if q in PROJECTIONS_ONLY else "")
+                 for q, b in plan["weights_bytes_by_quant"].items()),
              "KV per token: " + ", ".join(
                  f"{k} {human_bytes(b)}" for k, b in plan["kv_bytes_per_token"].items()),
              "",

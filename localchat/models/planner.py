@@ -18,19 +18,53 @@ KV_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0/f16": (34 / 32 + 2) / 2, "q8
                       "q4_0": 18 / 32}
 
 
+# formats `quantize` writes as a directory: only the block projections are quantized; the
+# embeddings, norms and output matrix stay float32 (as transformers + bitsandbytes keep them)
+PROJECTIONS_ONLY = ("NF4",)
+
+
 @dataclass(frozen=True)
 class ModelSize:
     weights_bytes: int  # as stored in the file
     n_params: int
     facts: GGUFFacts
+    float_params: int | None = None  # outside the block projections (None: not known)
 
     def kv_bytes_per_token(self, kv_type: str = "f16") -> int:
         return self.facts.kv_bytes_per_token(KV_BYTES_PER_VALUE[kv_type])
 
     def weights_bytes_as(self, quant: str) -> int:
+        """The weights' bytes in `quant`, as `quantize` writes them (PROJECTIONS_ONLY
+        formats keep the rest float32)."""
         if quant == self.facts.quant_type:
             return self.weights_bytes
+        if quant in PROJECTIONS_ONLY and self.float_params is not None:
+            projections = self.n_params - self.float_params
+            return round(projections * BITS_PER_WEIGHT[quant] / 8) + 4 * self.float_params
         return round(self.n_params * BITS_PER_WEIGHT[quant] / 8)
+
+
+CACHE_TYPE_BYTES = {"f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32}  # llama.cpp's -ctk/-ctv, per value
+
+
+def default_cache_types(facts: GGUFFacts, on_cpu: bool = True) -> tuple[str, str]:
+    """llama.cpp's K and V cache types: on the CPU the pair that keeps batching exact
+    (executors/llamacpp.py says why), q8_0 K + f16 V, or f16 K + bf16 V where rows do not
+    split into 32-value q8_0 blocks; on a GPU llama.cpp's default f16 for both."""
+    if not on_cpu:
+        return "f16", "f16"
+    return ("q8_0", "f16") if facts.head_dim % 32 == 0 else ("f16", "bf16")
+
+
+def engine_kv_bytes_per_token(facts: GGUFFacts, engine: str = "llama.cpp",
+                              cache_types: tuple[str, str] | None = None) -> int:
+    """KV bytes one token costs as `engine` keeps it (llama.cpp: cache_types, by default
+    default_cache_types on the CPU; torch: f16): the one figure the engines' gauges, the
+    model picker and `plan` share."""
+    if engine == "torch":
+        return facts.kv_bytes_per_token(KV_BYTES_PER_VALUE["f16"])
+    k_type, v_type = cache_types or default_cache_types(facts)
+    return facts.kv_bytes_per_token(CACHE_TYPE_BYTES[k_type], CACHE_TYPE_BYTES[v_type])
 
 
 def model_size(facts: GGUFFacts) -> ModelSize:
@@ -39,8 +73,11 @@ def model_size(facts: GGUFFacts) -> ModelSize:
 
         return ModelSize(*tensor_totals(facts.path), facts)
     with read_gguf(facts.path) as f:
-        tensors = list(f.tensors.values())
-    return ModelSize(sum(t.n_bytes for t in tensors), sum(t.n_elements for t in tensors), facts)
+        tensors = list(f.tensors.items())
+    float_params = sum(t.n_elements for name, t in tensors
+                       if not (name.startswith("blk.") and len(t.shape) >= 2))
+    return ModelSize(sum(t.n_bytes for _, t in tensors), sum(t.n_elements for _, t in tensors),
+                     facts, float_params)
 
 
 def context_that_fits(size: ModelSize, memory: int, kv_type: str) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from localchat.atomic import atomic_write_text
 from localchat.paths import data_dir
+from localchat.storage.conversations import pid_alive
 
 
 def servers_dir() -> Path:
@@ -44,20 +45,9 @@ def running_servers() -> list[dict]:
             pid = int(state["pid"])
         except (OSError, ValueError, TypeError, KeyError):
             state, pid = None, 0
-        if state is None or path.stem != str(pid) or not _alive(pid):
+        if state is None or path.stem != str(pid) or not pid_alive(pid):
             path.unlink(missing_ok=True)
             continue
         found.append(state)
     return sorted(found, key=lambda s: s.get("started", 0))
 
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True

@@ -96,7 +96,8 @@ def _load(text: str | None):
         return None
 
 
-def _pid_alive(pid: int | None) -> bool:
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process with this id runs now (this one always does)."""
     if not pid:
         return False
     if pid == os.getpid():
@@ -405,7 +406,7 @@ class ConversationStore:
         rows = self._db.execute(
             "SELECT id, writer_pid FROM messages WHERE status = ?",
             (ReplyStatus.STREAMING,)).fetchall()
-        dead = [r["id"] for r in rows if not _pid_alive(r["writer_pid"])]
+        dead = [r["id"] for r in rows if not pid_alive(r["writer_pid"])]
         if dead:
             with transaction(self._db) as db:
                 db.executemany("UPDATE messages SET status = ?, writer_pid = NULL "

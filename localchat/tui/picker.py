@@ -4,7 +4,7 @@ or None for off) and loads nothing itself."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rich.text import Text
 from textual import work
@@ -16,7 +16,7 @@ from textual.widgets import DataTable, Static
 
 from localchat.errors import LocalchatError
 from localchat.models.facts import load_context
-from localchat.models.planner import context_that_fits, model_size
+from localchat.models.planner import engine_kv_bytes_per_token, model_size
 from localchat.models.specs import ModelEntry, list_models
 from localchat.units import available_memory, human_bytes
 
@@ -30,16 +30,23 @@ class ModelRow:
     entry: ModelEntry
     ctx: int = 0  # the context it would load with now
     weights_bytes: int = 0
-    kv_bytes_per_token: int = 0
+    kv_bytes_per_token: int = 0  # as the engine keeps it (planner.engine_kv_bytes_per_token)
     fits: bool | None = None
     problem: str | None = None
+    slots: int = 1  # contexts the engine keeps KV for (the chat's --parallel)
+
+    @property
+    def kv_bytes(self) -> int:
+        """The KV cache it would load with: what the gauge's capacity then reads."""
+        return self.ctx * self.slots * self.kv_bytes_per_token
 
     @property
     def needs_bytes(self) -> int:
-        return self.weights_bytes + self.ctx * self.kv_bytes_per_token
+        return self.weights_bytes + self.kv_bytes
 
 
-def model_row(entry: ModelEntry, ctx_size: int | None, memory: int) -> ModelRow:
+def model_row(entry: ModelEntry, ctx_size: int | None, memory: int,
+              engine: str = "llama.cpp", slots: int = 1) -> ModelRow:
     if entry.facts is None:
         return ModelRow(entry, problem=entry.error)
     ctx = load_context(ctx_size, entry.facts.context_length)
@@ -47,15 +54,17 @@ def model_row(entry: ModelEntry, ctx_size: int | None, memory: int) -> ModelRow:
         size = model_size(entry.facts)
     except (LocalchatError, OSError, ValueError) as exc:
         return ModelRow(entry, ctx, problem=str(exc))
-    return ModelRow(entry, ctx, size.weights_bytes, size.kv_bytes_per_token("f16"),
-                    fits=context_that_fits(size, memory, "f16") >= ctx)
+    row = ModelRow(entry, ctx, size.weights_bytes,
+                   engine_kv_bytes_per_token(entry.facts, engine), slots=slots)
+    return replace(row, fits=row.needs_bytes <= memory)
 
 
-def model_rows(ctx_size: int | None, memory: int | None = None) -> tuple[list[ModelRow], int]:
+def model_rows(ctx_size: int | None, memory: int | None = None, engine: str = "llama.cpp",
+               slots: int = 1) -> tuple[list[ModelRow], int]:
     """Every known model as a row, and the memory they were judged against (available
     now: the current model stays loaded until its replacement is ready)."""
     memory = available_memory() if memory is None else memory
-    return [model_row(e, ctx_size, memory) for e in list_models()], memory
+    return [model_row(e, ctx_size, memory, engine, slots) for e in list_models()], memory
 
 
 def _name(entry: ModelEntry) -> str:
@@ -78,9 +87,11 @@ class ModelPickerScreen(ModalScreen["Choice | None"]):
     ]
 
     def __init__(self, model: str, draft: str | None, ctx_size: int | None,
-                 current_path: str | None = None) -> None:
+                 current_path: str | None = None, engine: str = "llama.cpp",
+                 slots: int = 1) -> None:
         super().__init__(classes="modal")
         self.model, self.draft, self.ctx_size = model, draft, ctx_size
+        self.engine, self.slots = engine, slots
         self.current_path = current_path
         self.rows: list[ModelRow] = []
         self.memory = 0
@@ -103,7 +114,7 @@ class ModelPickerScreen(ModalScreen["Choice | None"]):
 
     @work(thread=True, exclusive=True)
     def _read_models(self) -> None:
-        rows, memory = model_rows(self.ctx_size)
+        rows, memory = model_rows(self.ctx_size, engine=self.engine, slots=self.slots)
         self.app.call_from_thread(self.show_rows, rows, memory)
 
     def _is_current(self, row: ModelRow) -> bool:
@@ -143,7 +154,7 @@ class ModelPickerScreen(ModalScreen["Choice | None"]):
             where = row.entry.source if row.entry.source != "local" else str(row.entry.path)
             text = (f"{f.name} · {f.architecture} · {where} · at ctx {row.ctx}: "
                     f"weights {human_bytes(row.weights_bytes)} + KV "
-                    f"{human_bytes(row.ctx * row.kv_bytes_per_token)} = "
+                    f"{human_bytes(row.kv_bytes)} = "
                     f"{human_bytes(row.needs_bytes)}, {verdict} in "
                     f"{human_bytes(self.memory)} available")
         self.query_one("#model-detail", Static).update(text)

@@ -89,8 +89,10 @@ class EngineSwitcher:
                            "model: use /model NAME with a model it serves")
             return
         path = engine.info.path if engine is not None else None
-        self.app.push_screen(ModelPickerScreen(s.model, s.draft.record(), s.ctx_size, path),
-                             self._picked)
+        self.app.push_screen(ModelPickerScreen(
+            s.model, s.draft.record(), s.ctx_size, path,
+            engine.name if engine is not None else (s.engine or "llama.cpp"),
+            s.parallel or kv_slots(engine)), self._picked)
 
     def _picked(self, choice: Choice | None) -> None:
         if choice is None:
@@ -196,3 +198,12 @@ class EngineSwitcher:
         gauges.state = "ready"
         app.info(f"loaded {message.what}: ctx {app.engine.info.n_ctx}, draft "
                  f"{s.draft.label()}")
+
+
+def kv_slots(engine) -> int:
+    """The contexts a loaded llama.cpp engine keeps KV for (its --parallel slots, as its
+    gauge's capacity counts them); 1 for any other engine."""
+    if engine is None or engine.name != "llama.cpp":
+        return 1
+    info = engine.info
+    return max(1, engine.memory()["kv_cache_capacity_bytes"] // (info.n_ctx * info.kv_bytes_per_token))

@@ -124,3 +124,14 @@ def test_nf4_model_runs_in_the_torch_engine(nf4_dir, hf_dir):
     print(f"NF4 (double-quant) vs float32 top-1 agreement: {agreement:.3f} over {n} positions; "
           f"weights {nf4.nbytes() / 2**20:.0f} MiB vs {f32.nbytes() / 2**20:.0f} MiB")
     assert n == 200 and agreement >= 0.65
+
+
+def test_plan_predicts_the_nf4_directory_quantize_writes(nf4_dir):
+    """`plan`'s NF4 figure counts what the directory holds: NF4 block projections beside
+    float32 embeddings and norms (it said 66 MiB for a 165 MiB directory before)."""
+    from localchat.models.planner import model_size
+    from localchat.models.specs import resolve_model_facts
+
+    predicted = model_size(resolve_model_facts("default")).weights_bytes_as("NF4")
+    written = sum(p.stat().st_size for p in nf4_dir.glob("*.safetensors"))
+    assert abs(predicted - written) < 0.02 * written, (predicted, written)

@@ -33,8 +33,10 @@ async def test_send_message_streams_reply_and_gauges_move(engine):
         assert len(set(streaming)) >= 3, "gauges did not update while tokens streamed"
         assert streaming == sorted(streaming)
         s = gauges.stats
-        # finished: its KV is cached for the next turn, not in use
-        assert s.ttft_s > 0 and s.kv_cache_cached_bytes > 0 and s.context_tokens > 0
+        # finished: its KV stays cached for the next turn, and the gauge counts it as the
+        # conversation's (its full blocks)
+        assert s.ttft_s > 0 and s.context_tokens > 0
+        assert s.kv_cache_bytes == s.context_tokens // 16 * 16 * engine.info.kv_bytes_per_token
         rendered = str(gauges.render())
         assert "TTFT" in rendered and "tok/s" in rendered and f"/{engine.info.n_ctx}" in rendered
         assert app.query_one(PromptInput).text == ""  # input cleared after sending
@@ -200,3 +202,18 @@ async def test_a_reply_keeps_its_single_line_breaks():
         await pilot.pause()
         paragraphs = [p._content.plain for p in app.query(MarkdownParagraph)]
         assert paragraphs == ["Here:\nimport os\nprint(os.getcwd())", "Done.\nBye."]
+
+
+async def test_a_base_model_is_said_once_in_the_chat(tmp_path):
+    """A GGUF with no chat template and no chat tokens: one notice when it loads."""
+    from helpers.gguf_builder import base_model_copy, bundled_path
+
+    base = base_model_copy(bundled_path(), tmp_path / "base.gguf")
+    app = ChatApp(*chat_config(model=str(base), ctx_size=256, threads=1))
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready", timeout=120)
+        app.show_engine()  # shown again (as after a reload): still said once
+        await pilot.pause()
+        notices = [str(n.render()) for n in app.query(".notice")]
+        assert sum("this looks like a base model (no chat template): replies continue "
+                   "your text" in n for n in notices) == 1, notices

@@ -211,10 +211,13 @@ async def test_model_picker_lists_models_and_switches_model_and_draft_live(local
         assert specs[0] == "default" and str(local_copy) in specs
         bundled = picker.rows[0]
         assert bundled.fits is True and bundled.ctx == 256
-        assert bundled.kv_bytes_per_token == 23040  # SmolLM2: 30 layers, 3 KV heads, 64 dims
+        # SmolLM2: 30 layers, 3 KV heads, 64 dims, as the llama.cpp engine keeps them on the
+        # CPU (K q8_0, V f16), for each of the chat's KV slots: the gauge's capacity
+        assert bundled.kv_bytes_per_token == 17640 == app.engine.info.kv_bytes_per_token
+        assert bundled.kv_bytes == app.engine.memory()["kv_cache_capacity_bytes"]
         table = picker.query_one(DataTable)
         assert [str(c) for c in table.get_row_at(0)][2:] == [
-            "Q4_1", "93.8 MiB", "8192", "22.5 KiB", "yes"]
+            "Q4_1", "93.8 MiB", "8192", "17.2 KiB", "yes"]
         detail = str(picker.query_one("#model-detail").render())
         assert "at ctx 256" in detail and "fits in" in detail
 
@@ -283,14 +286,22 @@ async def test_a_model_that_fails_to_load_keeps_the_old_one(engine, tmp_path):
         await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
 
 
-def test_picker_rows_use_plan_arithmetic():
+def test_picker_rows_size_weights_and_kv_as_the_loaded_engines_hold_them(engine, torch_engine):
+    """The picker's figures are the gauge's: the weights the engine holds, and a KV cache of
+    the engine's own type (llama.cpp on the CPU: q8_0 K + f16 V) for each of its slots."""
     from localchat.models.specs import list_models
 
     entry = next(e for e in list_models() if e.spec == "default")
     assert load_context(None, 8192) == 4096 and load_context(0, 8192) == 8192
-    row = model_row(entry, None, memory=10 * 2**30)
-    assert row.fits and row.ctx == 4096 and row.needs_bytes == row.weights_bytes + 4096 * 23040
-    assert model_row(entry, 8192, memory=row.weights_bytes + 8191 * 23040).fits is False
+    slots = engine.executor.layout.pools
+    row = model_row(entry, engine.info.n_ctx, 10 * 2**30, "llama.cpp", slots)
+    assert row.weights_bytes == engine.info.weights_bytes
+    assert row.kv_bytes == engine.memory()["kv_cache_capacity_bytes"]
+    assert row.fits and row.needs_bytes == row.weights_bytes + row.kv_bytes
+    torch_row = model_row(entry, torch_engine.info.n_ctx, 10 * 2**30, "torch")
+    assert torch_row.kv_bytes_per_token == torch_engine.info.kv_bytes_per_token
+    assert model_row(entry, 8192, row.needs_bytes - 1, "llama.cpp", slots).fits is False
+    assert model_row(entry, None, 10 * 2**30).ctx == 4096
 
 
 # -- gauges ------------------------------------------------------------------------------

@@ -20,10 +20,10 @@ from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary, llama_
 from localchat.engine.runtime.executor_api import BLOCK_SIZE, Chunk, Executor, KVLayout
 from localchat.errors import EngineError
 from localchat.models.facts import GGUFFacts
+from localchat.models.planner import default_cache_types, engine_kv_bytes_per_token
 from localchat.units import refuse_beyond_available
 
 GGML_TYPE_BF16 = 30  # ggml.h (llama-cpp-python names no constant for it)
-Q8_0_BLOCK, Q8_0_BYTES = 32, 34  # values per q8_0 block, and its bytes
 SLOT_ROUND = 256  # llama.cpp sizes each stream in multiples of 256 cells
 MAX_BATCH = 1024  # tokens per llama_decode call; larger forwards are split
 DEFAULT_PARALLEL = 4
@@ -47,22 +47,8 @@ class _Batch:
             seq_id=self._seq_ptrs, logits=_ptr(self.logits, ctypes.c_int8))
 
 
-CACHE_TYPES = {"f16": (llama_cpp.GGML_TYPE_F16, 2.0), "bf16": (GGML_TYPE_BF16, 2.0),
-               "q8_0": (llama_cpp.GGML_TYPE_Q8_0, Q8_0_BYTES / Q8_0_BLOCK)}  # bytes per value
-
-
-def default_cache_types(facts: GGUFFacts, on_cpu: bool) -> tuple[str, str]:
-    """K and V cache types: on the CPU the pair that keeps batching exact (see the module
-    docstring), q8_0 K + f16 V, or f16 K + bf16 V where rows do not split into q8_0
-    blocks; on a GPU llama.cpp's default f16 for both."""
-    if not on_cpu:
-        return "f16", "f16"
-    return ("q8_0", "f16") if facts.head_dim % Q8_0_BLOCK == 0 else ("f16", "bf16")
-
-
-def kv_bytes_per_token(facts: GGUFFacts, cache_types: tuple[str, str]) -> int:
-    k_type, v_type = cache_types
-    return facts.kv_bytes_per_token(CACHE_TYPES[k_type][1], CACHE_TYPES[v_type][1])
+CACHE_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "bf16": GGML_TYPE_BF16,
+               "q8_0": llama_cpp.GGML_TYPE_Q8_0}  # their bytes per value: models/planner.py
 
 
 def _ptr(array: np.ndarray, ctype):
@@ -102,8 +88,8 @@ class LlamaCppExecutor(Executor):
             else llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO)
         defaults = default_cache_types(facts, on_cpu)
         self.cache_types = tuple(t or d for t, d in zip(cache_types, defaults))
-        params.type_k, params.type_v = (CACHE_TYPES[t][0] for t in self.cache_types)
-        kv_bytes = kv_bytes_per_token(facts, self.cache_types)
+        params.type_k, params.type_v = (CACHE_TYPES[t] for t in self.cache_types)
+        kv_bytes = engine_kv_bytes_per_token(facts, "llama.cpp", self.cache_types)
         if on_cpu:
             refuse_beyond_available(
                 facts.file_size + kv_bytes * parallel * slot_cells,
