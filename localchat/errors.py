@@ -14,6 +14,20 @@ class UsageError(LocalchatError):
     exit_code = 2
 
 
+class ConfigError(UsageError):
+    """A setting's value is refused. `setting` names it as the engine's config does
+    (ctx_size); front ends say it their way (the CLI as -c/--ctx-size). str(): 'setting problem'."""
+
+    def __init__(self, setting: str, problem: str) -> None:
+        super().__init__(f"{setting} {problem}")
+        self.setting, self.problem = setting, problem
+
+
+class ConstraintError(UsageError):
+    """A JSON schema or grammar for structured output that cannot be used (llguidance's
+    reason)."""
+
+
 class ModelNotFoundError(LocalchatError):
     """The model file or hub reference does not exist (or is not downloaded)."""
 

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from localchat.errors import UsageError
 
 
+MAX_SEED = 2**64 - 1  # what the engines' generators take (the server folds its seeds instead)
+
+
 @dataclass(frozen=True)
 class Range:
     """Allowed values: lo (or above lo, when lo_open) up to hi (below hi when hi is inf)."""
@@ -27,7 +30,8 @@ class Range:
         if self.hi == math.inf:
             finite = " and finite" if kind is float else ""
             return f"{'>' if self.lo_open else '>='} {self.lo:g}{finite}"
-        return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}]"
+        show = (lambda v: str(int(v))) if kind is int else (lambda v: f"{v:g}")
+        return f"in {'(' if self.lo_open else '['}{show(self.lo)}, {show(self.hi)}]"
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
                   "most tokens to generate (default: until done or context end)",
                   ("max_tokens", "max-tokens"), "empty: until done", nullable=True,
                   in_sampling=False, unlisted_set_names=("n",), metavar="N"),
-    SamplingField("seed", int, None, "seed", Range(0),
+    SamplingField("seed", int, None, "seed", Range(0, MAX_SEED),
                   ("-s", "--seed"), "seed", "sampling seed (default: random)",
                   ("seed",), "empty: random", nullable=True),
 )

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from localchat.errors import UsageError
-from quantize.distill_data import Example, chat_prompts, teacher_labels, teacher_replies
+from quantize.distill_data import (Example, chat_prompts, conversation_messages, teacher_labels,
+                                   teacher_replies)
 from quantize.progress import Progress
 from quantize.safe_output import atomic_output_file
 from quantize.student import Student, default_layers, student_from_target, write_student_gguf
@@ -79,7 +80,7 @@ def agreement(student: Student, examples: list[Example]) -> float:
 def file_agreement(draft: Path, examples: list[Example], threads: int | None) -> float:
     """agreement() of the written draft file as llama.cpp runs it (which also proves
     that llama.cpp loads it)."""
-    from localchat.engine.executors.base import Chunk
+    from localchat.engine.runtime.executor_api import Chunk
     from localchat.engine.executors.llamacpp import LlamaCppExecutor
     from localchat.models.files import validate_model_file
 
@@ -149,8 +150,6 @@ def _extra_sequences(executor, facts, options: DistillOptions) -> list[list[int]
             raise UsageError(f"cannot read --text {options.text_file}: {e}") from None
         sequences.append(executor.vocab.tokenize_text(text))
     if options.history:
-        from quantize.distill_history import conversation_messages
-
         for messages in conversation_messages():
             sequences.append(executor.vocab.tokenize_messages(facts.chat_template, messages))
     return sequences

@@ -12,7 +12,8 @@ from typing import Callable, Iterable
 import torch
 
 from localchat.engine.base import Message
-from localchat.engine.executors.base import Chunk
+from localchat.engine.runtime.executor_api import Chunk
+from localchat.storage.conversations import ConversationStore
 
 TOP_K = 32
 TEMPLATES = (
@@ -141,3 +142,20 @@ def teacher_labels(executor, sequences: Iterable[list[int]], budget_tokens: int,
             collected += len(piece)
             on_tokens(len(piece))
     return out
+
+
+def conversation_messages(limit: int = 500) -> list[list[Message]]:
+    """Each stored conversation's current branch (system prompt first), newest first;
+    empty and unfinished replies are left out."""
+    store = ConversationStore.open()
+    try:
+        out = []
+        for conversation in store.list_conversations()[:limit]:
+            messages = [Message("system", conversation.system_prompt)] if conversation.system_prompt else []
+            messages += [Message(m.role, m.content) for m in store.messages(conversation.id)
+                         if m.role in ("user", "assistant") and m.content]
+            if any(m.role == "assistant" for m in messages):
+                out.append(messages)
+        return out
+    finally:
+        store.close()

@@ -14,21 +14,16 @@ from quantize.matrix_stats import matrix_error, summarize
 from quantize.quality import Protocol, compare, perplexity, scored_logprobs, targets
 
 
-def _engine_weights(facts: GGUFFacts):
-    from localchat.engine.executors.torch.hf_weights import load_hf_weights
-    from localchat.engine.executors.torch.weights import load_weights
-
-    return load_hf_weights(facts.path) if facts.path.is_dir() else load_weights(facts.path)
-
-
 def evaluate_file(facts: GGUFFacts, protocol: Protocol, reference: GGUFFacts | None = None,
                   text_file: str | None = None) -> dict:
+    from localchat.engine.executors.torch.executor import open_weights
+
     if reference is not None and reference.vocab_size != facts.vocab_size:
         raise UsageError(f"{facts.name} and the reference {reference.name} have different "
                          f"vocabularies ({facts.vocab_size} vs {reference.vocab_size} tokens)")
     tokens, spans = scored_text(reference or facts, protocol, text_file)
     target = targets(tokens, spans)
-    model_lp = scored_logprobs(_engine_weights(facts), tokens, spans)
+    model_lp = scored_logprobs(open_weights(facts.path), tokens, spans)
     matrices, bits = projection_matrices(facts)
     result = {"model": str(facts.path), "quant_type": facts.quant_type,
               "file_size": facts.file_size, "bits_per_weight": bits,

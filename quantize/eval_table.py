@@ -5,7 +5,9 @@ weight, matrix error, perplexity, KL, top-1 agreement and α; distilled drafts b
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -22,7 +24,9 @@ NOTE = ("simulated with dequantized weights: block projections quantized and deq
 
 def scored_text(facts: GGUFFacts, protocol, text_file: str | None):
     """The evaluation text's token ids (by this model's vocabulary) and scoring windows."""
-    vocab = vocabulary(facts)
+    from localchat.engine.executors.torch.executor import open_vocabulary
+
+    vocab = open_vocabulary(facts.path)
     try:
         spans = windows(protocol.tokens, protocol.window, protocol.stride)
         return text_tokens(vocab, spans[-1][1], text_file), spans
@@ -30,36 +34,31 @@ def scored_text(facts: GGUFFacts, protocol, text_file: str | None):
         vocab.close()
 
 
-def vocabulary(facts: GGUFFacts):
-    if facts.path.is_dir():
-        from localchat.engine.executors.torch.hf_vocab import HFVocabulary
-
-        return HFVocabulary(facts.path)
-    from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary
-
-    return LlamaCppVocabulary.vocab_only(str(facts.path))
-
-
 def float32_weights(facts: GGUFFacts):
     """The model's weights as float32 DenseLinear layers (exact dequantization)."""
-    from localchat.engine.executors.torch.hf_weights import load_hf_weights
-    from localchat.engine.executors.torch.weights import load_weights
+    from localchat.engine.executors.torch.executor import open_weights
 
-    if facts.path.is_dir():
-        return load_hf_weights(facts.path)
-    if facts.quant_type == "F32":
-        return load_weights(facts.path)
+    if facts.path.is_dir() or facts.quant_type == "F32":
+        return open_weights(facts.path)
     from quantize.gguf_convert import dequantize_gguf
 
     with tempfile.TemporaryDirectory(prefix="localchat-eval-") as tmp:
-        return load_weights(dequantize_gguf(facts.path, Path(tmp) / "float32.gguf"))
+        return open_weights(dequantize_gguf(facts.path, Path(tmp) / "float32.gguf"))
 
 
 def run_table(facts: GGUFFacts, protocol: Protocol, schemes=TABLE_SCHEMES,
-              text_file: str | None = None, drafts: list[GGUFFacts] = ()) -> dict:
+              text_file: str | None = None, drafts: list[GGUFFacts] = (),
+              log: Callable[[str], None] = lambda line: None) -> dict:
     """Each scheme simulated on facts' float32 weights, then each draft file (a distilled
-    student, fewer layers), scored against the float32 reference on the same text."""
+    student, fewer layers), scored against the float32 reference on the same text. `log`
+    gets a progress line after the reference and after each row."""
     torch.manual_seed(0)
+    started, n_rows = time.perf_counter(), len(schemes) + len(drafts)
+
+    def done(row: dict) -> None:
+        log(f"eval --table: {len(rows)}/{n_rows} {row['scheme']}: perplexity "
+            f"{row['perplexity']:.3f}, top-1 agreement {row['agreement']:.1%} "
+            f"({time.perf_counter() - started:.0f} s)")
     ref = float32_weights(facts)
     tokens, spans = scored_text(facts, protocol, text_file)
     target = targets(tokens, spans)
@@ -68,6 +67,8 @@ def run_table(facts: GGUFFacts, protocol: Protocol, schemes=TABLE_SCHEMES,
     reference = {"model": facts.name, "weights": f"float32 of {facts.quant_type}"} | \
         perplexity(ref_lp, target) | {k: outliers[k] for k in (
             "matrices", "max_over_std", "median_max_over_std", "outliers_6sigma", "outlier_fraction")}
+    log(f"eval --table: reference perplexity {reference['perplexity']:.3f} "
+        f"({time.perf_counter() - started:.0f} s); {n_rows} rows to go")
     rows = []
     for scheme in schemes:
         model, errors, bpw = simulated_model(ref, scheme)
@@ -77,18 +78,20 @@ def run_table(facts: GGUFFacts, protocol: Protocol, schemes=TABLE_SCHEMES,
         rows.append({"scheme": scheme, "bits_per_weight": bpw,
                      "worst_rel_error": s["worst_rel_error"], "worst_matrix": s["worst_matrix"],
                      "median_rel_error": s["median_rel_error"]} | q)
+        done(rows[-1])
         del model
-    from localchat.engine.executors.torch.weights import load_weights
+    from localchat.engine.executors.torch.executor import open_weights
 
     for draft in drafts:
         if draft.vocab_size != facts.vocab_size:
             raise UsageError(f"the draft {draft.name} has another vocabulary than {facts.name}")
-        q = compare(ref_lp, scored_logprobs(load_weights(draft.path), tokens, spans), target,
+        q = compare(ref_lp, scored_logprobs(open_weights(draft.path), tokens, spans), target,
                     gamma=protocol.gamma, cost_ratio=protocol.cost_ratio)
         rows.append({"scheme": f"draft: {draft.n_layers} of {facts.n_layers} layers "
                                f"({draft.quant_type})", "draft": str(draft.path),
                      "bits_per_weight": None, "worst_rel_error": None, "worst_matrix": None,
                      "median_rel_error": None} | q)
+        done(rows[-1])
     return {"reference": reference, "rows": rows, "protocol": protocol.as_dict(), "note": NOTE}
 
 

@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
-from gguf import GGMLQuantizationType as Q
-from gguf.quants import dequantize
 
 from localchat.engine.executors.torch.weights import LlamaConfig
 from localchat.atomic import atomic_directory
 from localchat.errors import ModelFormatError, UsageError
+from localchat.formats.gguf_blocks import dequantize_tensor
 from localchat.models.gguf_checks import check_model_metadata
 from localchat.models.gguf_reader import GGUFFile, read_gguf
 from quantize.hf_tokenizer import build_tokenizer, tokenizer_config
@@ -61,13 +59,8 @@ def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def gguf_tensor(g: GGUFFile, name: str) -> torch.Tensor:
     """Any GGUF tensor as float32, in PyTorch's [rows, cols] order."""
-    t, raw = g.tensors[name], g.tensor_data(name)
-    shape = tuple(reversed(t.shape))  # ggml lists the fastest dimension first
-    if t.ggml_type == Q.F32:
-        arr = np.frombuffer(raw, dtype=np.float32).copy()
-    else:
-        arr = dequantize(raw.reshape(shape[:-1] + (-1,)), t.ggml_type).astype(np.float32)
-    return torch.from_numpy(arr.reshape(shape))
+    t = g.tensors[name]
+    return dequantize_tensor(g.tensor_data(name), t.ggml_type, t.shape)
 
 
 def hf_config(config: LlamaConfig, meta: dict, tied: bool, dtype: torch.dtype) -> dict:

@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from localchat.engine.executors.torch.gptq_weights import dequantize_gptq, gptq_config, gptq_matrices
-from localchat.engine.executors.torch.intq import QUANT_METHOD, SCALE_SUFFIX, dequantize_int, load_int
-from localchat.engine.executors.torch.nf4 import QUANT_STATE_KEY, dequantize, load_nf4
+from localchat.formats.gptq import dequantize_gptq, gptq_config, gptq_matrices
+from localchat.formats.intq import QUANT_METHOD, SCALE_SUFFIX, dequantize_int, load_int
+from localchat.formats.nf4 import QUANT_STATE_KEY, dequantize, load_nf4
 from localchat.models.facts import GGUFFacts
 from localchat.models.gguf_reader import read_gguf
 from localchat.models.hf_files import read_json, safetensors_files

@@ -4,7 +4,6 @@ tensors are written one at a time, so memory stays at one tensor."""
 
 from __future__ import annotations
 
-import ctypes
 import tempfile
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from gguf.quants import dequantize, quant_shape_to_byte_shape, quantize
 from localchat.errors import EngineError, UsageError
 from localchat.models.files import validate_model_file
 from quantize.gguf_convert import _copy_metadata, dequantize_gguf
+from quantize.llama_cpp_process import quantize_in_child
 from quantize.progress import Progress
 from quantize.safe_output import atomic_output_file
 
@@ -103,19 +103,11 @@ def write_plain(src: Path, out: Path, type_name: str, threads: int | None = None
 def write_llama_cpp(src: Path, out: Path, type_name: str, threads: int | None = None) -> Path:
     """llama.cpp's quantizer, which wants F32/F16 input: a float32 copy is written
     beside `out` first (and removed afterwards, whatever happens)."""
-    import llama_cpp
-
-    from localchat.engine.executors import llamacpp_vocab  # noqa: F401  (keeps llama.cpp's log off the terminal)
-
     validate_model_file(src)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".localchat-quantize-") as tmp:
         f32 = dequantize_gguf(src, Path(tmp) / "float32.gguf")
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = int(LLAMA_CPP_TYPES[type_name])
-        params.nthread = threads or 0
         bar = Progress(f"quantizing to {type_name} (llama.cpp)", 1)
-        rc = llama_cpp.llama_model_quantize(str(f32).encode(), str(out).encode(),
-                                            ctypes.byref(params))
+        rc = quantize_in_child(f32, out, int(LLAMA_CPP_TYPES[type_name]), threads or 0)
         bar.advance()
         bar.close()
     if rc != 0:

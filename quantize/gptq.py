@@ -1,6 +1,6 @@
 """GPTQ (Frantar et al., 2022) for one weight matrix: columns quantized in order, each one's
 error spread over the rest through the inverse Hessian; act-order with static groups, so
-g_idx stays col // group_size. pack_v1() writes AutoGPTQ's v1 layout."""
+g_idx stays col // group_size. formats/gptq.py's pack_v1() writes AutoGPTQ's v1 layout."""
 
 from __future__ import annotations
 
@@ -139,19 +139,3 @@ def split_rows(r: GPTQResult, sizes: list[int]) -> list[GPTQResult]:
                               r.g_idx.clone(), r.damp))
         start += n
     return out
-
-
-def pack_v1(r: GPTQResult, bits: int = 4) -> dict[str, torch.Tensor]:
-    """AutoGPTQ's v1 tensors: qweight int32 [cols·bits/32, rows] (column-major packing,
-    lowest bits first), qzeros int32 [groups, rows·bits/32] holding zero − 1, scales
-    float16 [groups, rows], g_idx int32 [cols]."""
-    per = 32 // bits
-
-    def pack(x: torch.Tensor) -> torch.Tensor:  # pack along dim 0
-        x = x.to(torch.int64).reshape(-1, per, *x.shape[1:])
-        shifts = (torch.arange(per) * bits).reshape(1, per, *([1] * (x.dim() - 2)))
-        return ((x << shifts).sum(dim=1) & 0xFFFFFFFF).to(torch.uint32).view(torch.int32)
-
-    return {"qweight": pack(r.codes.t().contiguous()),
-            "qzeros": pack((r.zeros - 1).t().contiguous() & (2 ** bits - 1)).t().contiguous(),
-            "scales": r.scales.half(), "g_idx": r.g_idx}

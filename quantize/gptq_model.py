@@ -14,7 +14,8 @@ from safetensors import safe_open
 
 from localchat.errors import UsageError
 from localchat.models.hf_files import read_json, safetensors_files
-from quantize.gptq import GPTQResult, gptq_quantize, pack_v1, split_rows
+from localchat.formats.gptq import pack_v1
+from quantize.gptq import GPTQResult, gptq_quantize, split_rows
 from quantize.hf_rewrite import rewrite_projections
 from quantize.progress import Progress
 

@@ -1,5 +1,5 @@
 """A Hugging Face directory -> INT8 (per row) or INT4 (per group) safetensors (symmetric
-absmax, float32 scales) in the layout engine/executors/torch/intq.py loads; the layout is
+absmax, float32 scales) in the layout localchat/formats/intq.py describes; the layout is
 in docs/design-notes.md."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from localchat.engine.executors.torch.intq import QUANT_METHOD, SCALE_SUFFIX, pack_int4
+from localchat.formats.intq import QUANT_METHOD, SCALE_SUFFIX, pack_int4
 from localchat.errors import UsageError
 from quantize.hf_rewrite import rewrite_projections
 from quantize.schemes import rtn_quantize

@@ -9,7 +9,7 @@ import torch
 
 from localchat.models.hf_files import read_json
 from quantize.hf_rewrite import rewrite_projections
-from quantize.nf4 import quantize_nf4
+from localchat.formats.nf4 import quantize_nf4
 
 
 def quantization_config(double_quant: bool, compute_dtype: str) -> dict:

@@ -73,7 +73,7 @@ def simulate(scheme: str, w: torch.Tensor) -> tuple[torch.Tensor, float]:
         group = granularity if isinstance(granularity, int) else None
         return rtn_dequantize(codes, scales, group), bits + SCALE_BITS * scales.numel() / w.numel()
     if scheme == "nf4":
-        from quantize.nf4 import dequantize_nf4, quantize_nf4
+        from localchat.formats.nf4 import dequantize_nf4, quantize_nf4
 
         parts = quantize_nf4(w)
         return dequantize_nf4(parts), 4 + SCALE_BITS * parts["weight.absmax"].numel() / w.numel()

@@ -36,9 +36,9 @@ def _isolated_home(tmp_path, monkeypatch):
 
 def _loaded(**options):
     """A session-long engine on the bundled SmolLM2-135M Q4_1, closed at the end."""
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
 
-    eng = load_engine("default", threads=2, **options)
+    eng = open_engine(EngineConfig("default", threads=2, **options))
     yield eng
     eng.close()
 

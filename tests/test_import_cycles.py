@@ -116,16 +116,23 @@ def test_the_graph_sees_function_level_and_relative_imports(tmp_path):
     assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.a"]
 
 
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    """A package at root holding files ({relative path: source}), each folder a package."""
+    for relative, source in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(source)
+    for folder in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        if not (folder / "__init__.py").exists():
+            (folder / "__init__.py").write_text("")
+    return root
+
+
 def test_layer_breaches_are_found_through_other_modules_and_packages(tmp_path):
-    pkg = tmp_path / "pkg"
-    for folder in ("models", "engine", "util"):
-        (pkg / folder).mkdir(parents=True)
-        (pkg / folder / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "models" / "a.py").write_text("from pkg.util import b\n")
-    (pkg / "util" / "b.py").write_text("def f():\n    from ..engine import c\n")
-    (pkg / "engine" / "c.py").write_text("")
-    (pkg / "util" / "__init__.py").write_text("import pkg.engine\n")
+    pkg = write_package(tmp_path / "pkg", {
+        "models/a.py": "from pkg.util import b\n",
+        "util/b.py": "def f():\n    from ..engine import c\n",
+        "engine/c.py": "",
+        "util/__init__.py": "import pkg.engine\n"})
     graph = import_graph(pkg)
     assert layer_breaches(graph, "pkg.models", ("pkg.engine",)) == [
         "pkg.models.a -> pkg.util.b -> pkg.util -> pkg.engine",
@@ -201,3 +208,58 @@ def test_private_reach_sees_a_mixin_calling_another_modules_private(tmp_path):
 
 def test_no_module_uses_another_modules_private_attributes():
     assert private_reach() == {}
+
+
+# Layers, lowest first: a module may import its own layer and those below, never above.
+# Top-level modules (errors, message, units, ...) are the bottom; __main__ is the entry point.
+LAYERS = (
+    ("prompt", "formats"),
+    ("models", "storage"),
+    ("engine",),
+    ("bench", "chat"),
+    ("tui", "server"),
+    ("cli",),
+    ("__main__",),
+)
+
+
+def layer_of(module: str) -> int:
+    """0 for localchat's top-level modules, else 1 + the index of the package's layer."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return 0
+    for i, packages in enumerate(LAYERS):
+        if parts[1] in packages:
+            return i + 1
+    return 0
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a module to one in a higher layer (and tui <-> server, which sit
+    side by side and must not know each other)."""
+    found = []
+    for module, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            side_by_side = (layer_of(dep) == layer_of(module) and dep.split(".")[1:2]
+                            != module.split(".")[1:2] and layer_of(module) == 5)
+            if layer_of(dep) > layer_of(module) or side_by_side:
+                found.append(f"{module} -> {dep}")
+    return found
+
+
+def test_layer_order_sees_an_upward_import(tmp_path):
+    pkg = write_package(tmp_path / "localchat", {
+        "models/a.py": "def f():\n    from localchat.engine import b\n",
+        "engine/b.py": "from localchat.models import a\n",
+        "server/c.py": "from localchat.cli import d\n",
+        "cli/d.py": "from localchat.server import c\n"})
+    assert upward_imports(import_graph(pkg)) == ["localchat.models.a -> localchat.engine.b",
+                                                 "localchat.server.c -> localchat.cli.d"]
+
+
+def test_imports_only_run_downward():
+    assert upward_imports(import_graph()) == []
+def test_formats_reach_no_engine_or_anything_above():
+    above = ("localchat.engine", "localchat.chat", "localchat.models", "localchat.prompt",
+             "localchat.tui", "localchat.cli", "localchat.server", "localchat.storage")
+    assert layer_breaches(import_graph(), "localchat.formats", above) == []

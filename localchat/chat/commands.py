@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "help": ("", "this list of commands and keys"),
     "system": ("TEXT", "set this conversation's system prompt (no TEXT: clear it)"),
     "set": ("NAME VALUE", f"{', '.join(_SET_NAMES)} (`none` clears {_CLEARED})"),
+    "json": ("[SCHEMA_FILE|off]", "replies in this conversation are JSON (matching the schema "
+                                  "in SCHEMA_FILE; no file: any JSON object; off: free text)"),
     "model": ("[SPEC]", "switch to model SPEC (default, a .gguf path, OWNER/REPO:QUANT); "
                         "no SPEC: the model picker"),
     "regen": ("", "generate the selected (or last) reply again; the old one stays a version"),
@@ -106,3 +108,26 @@ def export_args(arg: str) -> tuple[str, str | None]:
     if fmt not in ("md", "json"):
         raise UsageError(f"export format is md or json, not {parts[0]!r}")
     return fmt, (parts[1].strip() if len(parts) > 1 else None)
+
+
+def parse_json(arg: str):
+    """/json's constraint: any JSON object (no argument), the schema in a file, or None
+    (off). UsageError or ConstraintError in one line for a file that cannot be used."""
+    from pathlib import Path
+
+    from localchat.engine.constraint import MAX_CONSTRAINT_CHARS, Constraint
+
+    if not arg:
+        return Constraint.json_object()
+    if arg.lower() in ("off", "none"):
+        return None
+    path = Path(arg).expanduser()
+    try:
+        if path.stat().st_size > MAX_CONSTRAINT_CHARS:
+            raise UsageError(f"{arg}: larger than {MAX_CONSTRAINT_CHARS} characters")
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{arg}: not UTF-8 text") from None
+    except OSError as exc:
+        raise UsageError(f"{arg}: cannot read it ({exc.strerror or exc})") from None
+    return Constraint.json_schema(text)

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, TypeVar
 
 from localchat.chat.context import FitResult, fit_to_context
+from localchat.chat.params import ReplyParams, config_from_record, conversation_record
 from localchat.chat.reasoning import without_reasoning
 from localchat.chat.runs import Run, add_run
 from localchat.engine.base import Delta, Engine, Event, Message, Request, Stats
+from localchat.engine.config import EngineConfig
 from localchat.errors import LocalchatError
-from localchat.settings import ChatSettings
 from localchat.storage import (
     Conversation,
     ConversationStore,
@@ -51,7 +52,7 @@ class Entry:
     def stored(cls, m: StoredMessage) -> "Entry":
         stats = Stats(**{k: v for k, v in (m.stats or {}).items()
                          if k in Stats.__dataclass_fields__}) if m.stats else None
-        return cls(m.role, m.content, m.id, m.status, stats, siblings=m.siblings)
+        return cls(m.role, m.content, m.id, m.status, stats, m.finish_reason, siblings=m.siblings)
 
     @property
     def version(self) -> tuple[int, int] | None:
@@ -73,13 +74,16 @@ class Reply:
 
 
 class ChatSession:
-    """The conversation on screen and its store. A failing store call goes to
-    on_store_error (with the error's text) and the chat goes on in memory."""
+    """The conversation on screen and its store. config: what the engine runs; params: what
+    this conversation's replies use (a new conversation starts from `defaults`). A failing
+    store call goes to on_store_error (with the error's text) and the chat goes on in memory."""
 
-    def __init__(self, settings: ChatSettings, store: ConversationStore | None = None,
-                 engine: Engine | None = None,
+    def __init__(self, config: EngineConfig, defaults: ReplyParams | None = None,
+                 store: ConversationStore | None = None, engine: Engine | None = None,
                  on_store_error: Callable[[str], None] = lambda error: None) -> None:
-        self.settings, self.store, self.engine = settings, store, engine
+        self.config, self.store, self.engine = config, store, engine
+        self.defaults = defaults or ReplyParams()
+        self.params = self.defaults
         self.on_store_error = on_store_error
         self.conversation: Conversation | None = None  # once the first message is saved
         self.entries: list[Entry] = []
@@ -90,7 +94,7 @@ class ChatSession:
     def history(self) -> list[Message]:
         """What the model sees: the system prompt, then every entry (earlier replies
         without their reasoning)."""
-        return list(self.settings.system_messages()) + [
+        return list(self.params.system_messages()) + [
             Message(e.role, without_reasoning(e.content) if e.role == "assistant" else e.content)
             for e in self.entries]
 
@@ -100,17 +104,13 @@ class ChatSession:
     def entry(self, key: int) -> Entry:
         return self.entries[self.index(key)]
 
-    def params(self) -> dict:
-        """What a conversation and each reply store: sampling, max_tokens, and the context
-        size and draft it runs with where they were chosen (a reopened chat restores them)."""
-        s = self.settings
-        params = s.params()
-        if s.ctx_size is not None:
-            params["ctx_size"] = s.ctx_size
-        if s.draft is not None:
-            params["draft"] = s.draft
-            params["num_draft_tokens"] = s.num_draft_tokens
-        return params
+    def record(self) -> dict:
+        """What the conversation and each reply store (chat/params.py)."""
+        return conversation_record(self.params, self.config)
+
+    def stored_config(self, conv: Conversation) -> EngineConfig:
+        """The engine config a stored conversation ran with (model, context size, draft)."""
+        return config_from_record(self.config, conv.params, conv.model)
 
     def db(self, fn: Callable[[ConversationStore], T]) -> T | None:
         """fn(store); None without a store or when it fails (reported to on_store_error)."""
@@ -125,8 +125,10 @@ class ChatSession:
     # -- conversations -------------------------------------------------------------------
 
     def new(self) -> None:
-        """An empty chat, not yet in the history (the first message stores it)."""
+        """An empty chat, not yet in the history (the first message stores it), with the
+        default params (the flags'), not the previous chat's."""
         self.entries, self.conversation = [], None
+        self.params = self.defaults
 
     def open(self, conversation_id: int) -> bool:
         """Show a stored conversation's branch, with its sampling and system prompt."""
@@ -135,8 +137,8 @@ class ChatSession:
         if conv is None or stored is None:
             return False
         self.conversation = conv
-        self.settings = replace(self.settings.with_params(conv.params),
-                                system=conv.system_prompt or None)
+        self.db(lambda st: st.mark_opened(conversation_id))
+        self.params = ReplyParams.from_record(conv.params, conv.system_prompt, self.defaults)
         self.entries = [Entry.stored(m) for m in stored if m.role != "system"]
         return True
 
@@ -161,36 +163,40 @@ class ChatSession:
         return False
 
     def set_system(self, text: str | None) -> None:
-        self.settings = replace(self.settings, system=text)
+        self.params = replace(self.params, system=text)
         if self.conversation is not None:
             cid = self.conversation.id
             self.db(lambda st: st.update_settings(cid, system_prompt=text))
 
+    def set_params(self, params: ReplyParams) -> None:
+        """This conversation's params from now on (stored with it)."""
+        self.params = params
+        self.save_settings()
+
     def save_settings(self) -> None:
         """Store the sampling, max_tokens, context size and draft in use."""
         if self.conversation is not None:
-            cid, params = self.conversation.id, self.params()
-            self.db(lambda st: st.update_settings(cid, params=params))
+            cid, record = self.conversation.id, self.record()
+            self.db(lambda st: st.update_settings(cid, params=record))
 
-    def use_engine(self, engine: Engine, settings: ChatSettings) -> None:
-        """A newly loaded engine, with the model, context size and draft it runs."""
-        model_changed = settings.model != self.settings.model
-        self.engine = engine
-        self.settings = replace(self.settings, model=settings.model, ctx_size=settings.ctx_size,
-                                draft=settings.draft, num_draft_tokens=settings.num_draft_tokens)
+    def use_engine(self, engine: Engine, config: EngineConfig) -> None:
+        """A newly loaded engine, with the config (model, context size, draft) it runs."""
+        model_changed = config.model != self.config.model
+        self.engine, self.config = engine, config
         if self.conversation is not None and model_changed:
             cid = self.conversation.id
-            self.db(lambda st: st.update_settings(cid, model=settings.model))
+            self.db(lambda st: st.update_settings(cid, model=config.model))
         self.save_settings()
 
     # -- the user's side -------------------------------------------------------------------
 
-    def send(self, text: str) -> Reply:
-        """The user's message, then a reply to it (stored as streaming)."""
+    def send(self, text: str, typed: str | None = None) -> Reply:
+        """The user's message, then a reply to it (stored as streaming). typed: the words
+        the user typed, where text also holds attachments (a new chat is titled from them)."""
         if self.conversation is None and self.store is not None:
-            s = self.settings
             self.conversation = self.db(lambda st: st.create_conversation(
-                title_from(text), model=s.model, system_prompt=s.system, params=self.params()))
+                title_from(typed or text), model=self.config.model, system_prompt=self.params.system,
+                params=self.record()))
         conv, parent = self.conversation, self._parent_id()
         db_id = self.db(lambda st: st.add_message(conv.id, "user", text, parent=parent)) \
             if conv else None
@@ -225,11 +231,14 @@ class ChatSession:
         del self.entries[index:]
 
     def switch_version(self, key: int, step: int) -> bool:
-        """Show the version `step` away from entry `key` (wrapping), with the branch
-        that follows it. False when the store gave no branch."""
+        """Show the version `step` away from entry `key`, with the branch that follows
+        it. False past the first or last version (no wrapping), or when the store gave
+        no branch."""
         index, entry = self.index(key), self.entry(key)
-        at = entry.siblings.index(entry.db_id)
-        target = entry.siblings[(at + step) % len(entry.siblings)]
+        at = entry.siblings.index(entry.db_id) + step
+        if not 0 <= at < len(entry.siblings):
+            return False
+        target = entry.siblings[at]
         cid = self.conversation.id
         branch = self.db(lambda st: st.switch_branch(cid, target))
         if branch is None:
@@ -245,12 +254,11 @@ class ChatSession:
         engine = self.engine
         if engine is None:
             raise LocalchatError("no model is loaded")
-        prefix, s = reply.prefix, self.settings
+        prefix, params = reply.prefix, self.params
         counted = (lambda ms: engine.count_prompt_tokens(list(ms) + [Message("assistant", prefix)])) \
             if prefix else engine.count_prompt_tokens
-        fit = fit_to_context(reply.history, counted, engine.info.n_ctx, s.max_tokens)
-        return Request(messages=fit.messages, sampling=s.sampling, max_tokens=s.max_tokens,
-                       assistant_prefix=prefix), fit
+        fit = fit_to_context(reply.history, counted, engine.info.n_ctx, params.max_tokens)
+        return params.request(fit.messages, assistant_prefix=prefix), fit
 
     def generate(self, reply: Reply, request: Request, cancel: threading.Event | None = None,
                  on_store_error: Callable[[str], None] | None = None) -> Iterator[Event]:
@@ -276,7 +284,8 @@ class ChatSession:
                 writer = save(lambda w: w.feed(event.text))
             else:
                 status = ReplyStatus.after(event.finish_reason)
-                save(lambda w: w.finish(status, event.stats.to_dict(), event.text))
+                save(lambda w: w.finish(status, event.stats.to_dict(), event.text,
+                                        event.finish_reason))
             yield event
 
     def take(self, reply: Reply, event: Event) -> None:
@@ -349,11 +358,11 @@ class ChatSession:
 
     def _new_reply(self) -> Reply:
         entry = Entry("assistant", "", runs=[])
-        conv, s = self.conversation, self.settings
+        conv = self.conversation
         if conv is not None:
-            parent = self._parent_id()
+            parent, model, record = self._parent_id(), self.config.model, self.record()
             entry.db_id = self.db(lambda st: st.begin_reply(
-                conv.id, parent=parent, model=s.model, params=self.params()))
+                conv.id, parent=parent, model=model, params=record))
         self._append(entry)
         return self._reply(entry)
 

@@ -11,8 +11,8 @@ from localchat import __version__
 from localchat.cli import bench, distill, models, plan, run, serve
 from localchat.cli import eval as eval_command
 from localchat.cli import quantize as quantize_command
-from localchat.cli.flags import endpoint_flags, model_flags, sampling_flags
-from localchat.errors import LocalchatError
+from localchat.cli.flags import endpoint_flags, flag_error, model_flags, sampling_flags
+from localchat.errors import ConfigError, LocalchatError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -50,9 +50,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     handler = getattr(args, "handler", None)
     if handler is not None:
         return handler(args)
+    from localchat.cli.flags import engine_config, reply_params, with_parallel
     from localchat.tui.app import run_tui
 
-    return run_tui(args)
+    # two KV slots: the chat, and the one before it stays cached when you switch back
+    return run_tui(with_parallel(engine_config(args), 2), reply_params(args),
+                   continue_last=args.continue_last)
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -69,7 +72,10 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     try:
-        return _dispatch(args)
+        try:
+            return _dispatch(args)
+        except ConfigError as exc:  # a setting's error, said with the flag that sets it
+            raise flag_error(exc) from None
     except LocalchatError as exc:
         print(f"localchat: error: {exc}", file=sys.stderr)
         return exc.exit_code

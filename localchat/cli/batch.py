@@ -14,18 +14,20 @@ from dataclasses import dataclass, replace
 from typing import Iterable
 
 from localchat.engine.base import Message, Request, Result, SamplingParams
+from localchat.engine.constraint import from_response_format
 from localchat.errors import LocalchatError, UsageError
 from localchat.json_text import first_lone_surrogate
 from localchat.interrupts import ctrl_c_cancels
 from localchat.cli.stdin_text import read_stdin_text
 from localchat.sampling_fields import FIELD, SAMPLING_PARAMS
-from localchat.settings import ChatSettings
+from localchat.chat.params import ReplyParams
+from localchat.cli.flags import engine_config, load_for_run, reply_params, with_parallel
 
 MAX_IN_FLIGHT = 32
 PARALLEL = 16  # requests computed at once by default (the llama.cpp engine's KV slots)
 
 # a line's fields: these and SAMPLING_FIELDS (with max_tokens)
-_OTHER_FIELDS = {"id", "prompt", "messages", "stop"}
+_OTHER_FIELDS = {"id", "prompt", "messages", "stop", "response_format"}
 _ROLES = ("system", "user", "assistant")
 
 
@@ -83,8 +85,15 @@ def _stop(value) -> tuple[str, ...]:
     return tuple(value)
 
 
-def parse_line(number: int, text: str, settings: ChatSettings) -> Line:
+def parse_line(number: int, text: str, params: ReplyParams) -> Line:
     """The request one line asks for; every mistake is an error for this line only."""
+    try:
+        return _parse_line(number, text, params)
+    except RecursionError:  # json.loads or the checks below, on [[[[... 5,000 deep
+        return Line(number, number, error=f"line {number}: JSON nested too deeply")
+
+
+def _parse_line(number: int, text: str, params: ReplyParams) -> Line:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -101,12 +110,12 @@ def parse_line(number: int, text: str, settings: ChatSettings) -> Line:
                     error=f"line {number}: {bad} is not valid Unicode (bytes that are not "
                     "UTF-8, or a lone UTF-16 surrogate)")
     try:
-        return Line(number, line_id, request=_request(obj, settings))
+        return Line(number, line_id, request=_request(obj, params))
     except LocalchatError as exc:
         return Line(number, line_id, error=f"line {number}: {exc}")
 
 
-def _request(obj: dict, settings: ChatSettings) -> Request:
+def _request(obj: dict, params: ReplyParams) -> Request:
     unknown = sorted(set(obj) - _OTHER_FIELDS - set(FIELD))
     if unknown:
         allowed = ", ".join(sorted(_OTHER_FIELDS | set(FIELD)))
@@ -116,18 +125,20 @@ def _request(obj: dict, settings: ChatSettings) -> Request:
     if "prompt" in obj:
         if not isinstance(obj["prompt"], str) or not obj["prompt"].strip():
             raise UsageError("prompt must be a non-empty string")
-        messages = settings.system_messages() + [Message("user", obj["prompt"])]
+        messages = params.system_messages() + [Message("user", obj["prompt"])]
     else:
         messages = _messages(obj["messages"])
     overrides = {f.name: None if f.nullable and obj[f.name] is None
                  else _typed(obj[f.name], f.json_types, f.name)
                  for f in SAMPLING_PARAMS if f.name in obj}
-    sampling: SamplingParams = replace(settings.sampling, **overrides)  # UsageError if invalid
-    max_tokens = settings.max_tokens
+    sampling: SamplingParams = replace(params.sampling, **overrides)  # UsageError if invalid
+    max_tokens = params.max_tokens
     if "max_tokens" in obj and obj["max_tokens"] is not None:
         max_tokens = _typed(obj["max_tokens"], FIELD["max_tokens"].json_types, "max_tokens")
     stop = _stop(obj["stop"]) if "stop" in obj else ()
-    return Request(messages=messages, sampling=sampling, max_tokens=max_tokens, stop=stop)
+    constraint = from_response_format(obj.get("response_format"))
+    return Request(messages=messages, sampling=sampling, max_tokens=max_tokens, stop=stop,
+                   constraint=constraint)
 
 
 def _run_one(engine, line: Line, cancel: threading.Event) -> dict | None:
@@ -154,14 +165,14 @@ def cmd_batch(args: argparse.Namespace) -> int:
                          "or --attach")
     if getattr(args, "continue_last", False):
         raise UsageError("--batch cannot be combined with --continue")
-    settings = ChatSettings.from_args(args)
-    lines = [parse_line(n, text, settings) for n, text in read_lines(args.batch)]
-    settings = settings.with_parallel(max(1, min(PARALLEL, len(lines))))
+    params = reply_params(args)
+    lines = [parse_line(n, text, params) for n, text in read_lines(args.batch)]
+    config = with_parallel(engine_config(args), max(1, min(PARALLEL, len(lines))))
     if not any(line.request for line in lines):
         for line in lines:
             _write({"id": line.id, "error": line.error})
         return 1 if lines else 0
-    engine = settings.load_engine()
+    engine = load_for_run(config, verbose=args.verbose)
     try:
         return _run_all(engine, lines, verbose=args.verbose)
     finally:

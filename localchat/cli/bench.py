@@ -6,73 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
+from dataclasses import replace
 
-from localchat.engine.base import Message, Request, SamplingParams
+from localchat.bench.engine import CHAT_TURNS, bench_engine
 from localchat.errors import UsageError
-from localchat.settings import ChatSettings
+from localchat.cli.flags import engine_config, load_for_run
+from localchat.engine.config import NO_DRAFT
 from localchat.units import human_bytes
-
-BENCH_TEXT = (
-    "The history of computing is a story of machines that remember. Early calculators "
-    "kept a handful of digits in gears; later machines kept programs in delay lines, "
-    "drums and magnetic cores. Each step made memory larger, faster and cheaper. "
-)
-CHAT_TURNS = 8
-CHAT_REPLY_TOKENS = 32  # at most; fewer when -g asks for fewer
-GREEDY = SamplingParams(temperature=0.0)
-
-
-def _prompt_tokens(engine, n: int, variant: int) -> list[int]:
-    return engine.tokenize_text(f"{variant}: " + BENCH_TEXT * (n // 30 + 2))[:n]
-
-
-def _spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def _chat_ttfts(engine, reply_tokens: int) -> tuple[float, float]:
-    """TTFT of the first and the eighth turn of one chat (earlier turns stay cached)."""
-    history = [Message("system", "You are a helpful assistant.")]
-    ttfts = []
-    for turn in range(CHAT_TURNS):
-        history.append(Message("user", f"Tell me fact number {turn + 1} about the sea."))
-        result = engine.complete(Request(messages=history, sampling=GREEDY,
-                                         max_tokens=reply_tokens))
-        history.append(Message("assistant", result.text))
-        ttfts.append(result.stats.ttft_s)
-    return ttfts[0], ttfts[-1]
-
-
-def bench_engine(engine, prompt_len: int, gen_len: int, repeats: int,
-                 after_each=None) -> dict:
-    """after_each(prompt tokens), if given, runs after every repeat (the kernel limit's
-    bare loop, interleaved so both see the same machine: it is shared and noisy)."""
-    for warm_up in (16, prompt_len):  # first-call allocations; torch compiles per shape kind
-        engine.complete(Request(prompt_tokens=_prompt_tokens(engine, warm_up, -1),
-                                sampling=GREEDY, max_tokens=4))
-    runs = []
-    for i in range(repeats):
-        prompt = _prompt_tokens(engine, prompt_len, i)
-        runs.append(engine.complete(Request(prompt_tokens=prompt, sampling=GREEDY,
-                                            max_tokens=gen_len)).stats)
-        if after_each is not None:
-            after_each(prompt)
-    turn1, turn8 = _chat_ttfts(engine, min(CHAT_REPLY_TOKENS, gen_len))
-    prefill = _spread([s.prefill_tok_s for s in runs])
-    decode = _spread([s.decode_tok_s for s in runs])
-    ttft = _spread([s.ttft_s for s in runs])
-    return {
-        "prefill_tok_s": prefill["median"], "decode_tok_s": decode["median"],
-        "ttft_s": ttft["median"], "ttft_turn1_s": turn1, "ttft_turn8_s": turn8,
-        "weights_bytes": engine.info.weights_bytes,
-        "kv_bytes_per_token": engine.info.kv_bytes_per_token,
-        "kernels": engine.info.kernels,
-        "spread": {"prefill_tok_s": prefill, "decode_tok_s": decode, "ttft_s": ttft},
-        "gen_tokens": [s.completion_tokens for s in runs],
-        "cached_tokens": [s.cached_tokens for s in runs],
-    }
 
 
 def add_parser(sub, model: argparse.ArgumentParser) -> None:
@@ -102,11 +43,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         levels = parse_levels(args.concurrency)
     report: dict = {"model": None, "threads": args.threads, "prompt_tokens": args.prompt_tokens,
                     "gen_tokens": args.gen_tokens, "repeats": args.repeats, "engines": {}}
-    draft = None if args.no_draft else (args.draft_model or args.draft)
+    config = engine_config(args)
     for name in engines:
-        settings = ChatSettings(model=args.model, engine=name, ctx_size=args.ctx_size,
-                                threads=args.threads)
-        engine = settings.load_engine()
+        engine = load_for_run(replace(config, engine=name, draft=NO_DRAFT, num_draft_tokens=None,
+                                      parallel=None))
         try:
             report["model"] = f"{engine.info.name} ({engine.info.quant_type})"
             print(f"benchmarking {name}…", file=sys.stderr)
@@ -124,18 +64,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     limit.close()
         finally:
             engine.close()
-    if draft is not None:  # beside `engines`: the first engine with and without the draft
-        from localchat.cli.bench_speculative import bench_speculative
+    if args.draft_model or args.draft:  # beside `engines`: the first engine with and without it
+        from localchat.bench.speculative import bench_speculative
 
-        settings = ChatSettings(model=args.model, engine=engines[0], ctx_size=args.ctx_size,
-                                threads=args.threads, draft=draft,
-                                num_draft_tokens=args.num_draft_tokens)
-        report["speculative"] = bench_speculative(settings, args.gen_tokens)
+        report["speculative"] = bench_speculative(replace(config, engine=engines[0]),
+                                                  args.gen_tokens)
     if levels is not None:
-        from localchat.cli.bench_concurrency import bench_concurrency, knees
+        from localchat.bench.concurrency import bench_concurrency, knees
 
-        settings = ChatSettings(model=args.model, ctx_size=args.ctx_size, threads=args.threads)
-        report["concurrency"] = bench_concurrency(settings, levels)
+        report["concurrency"] = bench_concurrency(config, levels)
         report["concurrency_knee"] = knees(report["concurrency"])
     if args.json:
         print(json.dumps(report))
@@ -158,7 +95,7 @@ class KernelLimit:
     engine's repeats), then the 16 chat prompts of the concurrency bench."""
 
     def __init__(self, engine, args: argparse.Namespace) -> None:
-        from localchat.cli.bench_kernel import BareLoop
+        from localchat.bench.kernel import BareLoop
 
         self.engine, self.args = engine, args
         self.loop = BareLoop(engine.facts, n_ctx=engine.info.n_ctx, threads=args.threads,
@@ -168,7 +105,7 @@ class KernelLimit:
         self.loop.single(prompt, self.args.gen_tokens)
 
     def report(self) -> dict:
-        from localchat.cli.bench_concurrency import GEN_TOKENS, chat_requests
+        from localchat.bench.concurrency import GEN_TOKENS, chat_requests
 
         batch = [self.engine.tokenize_messages(r.messages)
                  for r in chat_requests(16, offset=16000)]

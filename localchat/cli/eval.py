@@ -1,9 +1,14 @@
-"""`localchat eval`'s flags; it runs in the top-level quantize/ package
-(quantize/commands.py), and --agreement in eval_agreement.py."""
+"""`localchat eval`: its flags and the command; the measuring is the top-level quantize/
+package (eval_file, eval_table, agreement), imported only when it runs."""
 
 from __future__ import annotations
 
-from localchat.cli.flags import quality_flags
+import json
+import os
+import sys
+
+from localchat.cli.flags import quality_flags, quality_protocol
+from localchat.errors import UsageError
 
 
 def add_parser(sub) -> None:
@@ -37,6 +42,51 @@ def add_parser(sub) -> None:
 
 
 def run_eval(args) -> int:
-    from quantize.commands import cmd_eval  # torch and the quantize package load only here
+    import torch
 
-    return cmd_eval(args)
+    from localchat.models.specs import resolve_model_facts
+
+    if args.drafts is not None and not args.table:
+        raise UsageError("--drafts adds rows to --table")
+    if args.agreement and (args.table or args.reference):
+        raise UsageError("--agreement compares engines; it does not combine with --table or --reference")
+    if args.agreement:
+        return _agreement(args)
+    torch.set_num_threads(args.threads or os.cpu_count() or 2)
+    protocol = quality_protocol(args)
+    facts = resolve_model_facts(args.model)
+    if args.table:
+        from quantize.eval_table import format_table, run_table
+        from quantize.schemes import TABLE_SCHEMES
+
+        schemes = tuple(s.strip() for s in args.schemes.split(",")) if args.schemes else TABLE_SCHEMES
+        if args.drafts is not None:
+            drafts = [resolve_model_facts(d.strip()) for d in args.drafts.split(",") if d.strip()]
+        else:
+            from localchat.models.drafts import kept_draft
+
+            kept = None if facts.path.is_dir() else kept_draft(facts)
+            drafts = [] if kept is None else [resolve_model_facts(str(kept))]
+        result = run_table(facts, protocol, schemes, text_file=args.text, drafts=drafts,
+                           log=lambda line: print(line, file=sys.stderr, flush=True))
+        print(json.dumps(result, indent=2) if args.json else format_table(result, protocol))
+        return 0
+    from quantize.eval_file import evaluate_file, format_report
+
+    reference = resolve_model_facts(args.reference) if args.reference else None
+    report = evaluate_file(facts, protocol, reference=reference, text_file=args.text)
+    print(json.dumps(report, indent=2) if args.json else format_report(report, protocol))
+    return 0
+
+
+def _agreement(args) -> int:
+    from localchat.models.specs import resolve_model
+    from quantize.agreement import measure_agreement
+
+    if args.positions < 16:
+        raise UsageError(f"--positions must be at least 16, got {args.positions}")
+    report = measure_agreement(resolve_model(args.model), positions=args.positions,
+                               threads=args.threads or os.cpu_count() or 2,
+                               with_float32=not args.no_float32)
+    print(report.to_json() if args.json else report.table())
+    return 0

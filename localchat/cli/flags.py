@@ -1,11 +1,95 @@
 """The flag groups that several commands share: model, remote endpoint, sampling and
-quality measurement. Sampling flags come from SAMPLING_FIELDS."""
+quality measurement (sampling flags come from SAMPLING_FIELDS); and the one conversion of
+parsed flags into an EngineConfig and ReplyParams, with the flag each setting is given by."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from dataclasses import replace
 
-from localchat.sampling_fields import SAMPLING_FIELDS
+from localchat.chat.params import ReplyParams
+from localchat.engine import choose, open_engine
+from localchat.engine.base import Engine, SamplingParams
+from localchat.engine.config import DraftChoice, EngineConfig
+from localchat.errors import ConfigError, UsageError
+from localchat.sampling_fields import SAMPLING_FIELDS, SAMPLING_PARAMS
+from localchat.units import parse_memory
+
+# How each EngineConfig setting is spelled on the command line (errors name the flag).
+SETTING_FLAGS = {
+    "model": "-m/--model", "engine": "--engine", "ctx_size": "-c/--ctx-size",
+    "threads": "-t/--threads", "device": "--device", "gpu_layers": "-ngl/--n-gpu-layers",
+    "kv_memory": "--kv-memory", "parallel": "-np/--parallel",
+    "cache_type_k": "-ctk/--cache-type-k", "cache_type_v": "-ctv/--cache-type-v",
+    "draft": "--draft-model", "num_draft_tokens": "--num-draft-tokens",
+    "chat_template": "--chat-template", "endpoint": "--endpoint", "api_key": "--api-key",
+    "timeout": "--timeout",
+}
+
+
+def flag_error(exc: ConfigError) -> UsageError:
+    """The config's error as the command line says it: the flag, then the problem."""
+    return UsageError(f"{SETTING_FLAGS.get(exc.setting, exc.setting)} {exc.problem}")
+
+
+def engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
+    """The EngineConfig the model flags (and endpoint flags, where the command has them)
+    ask for; overrides replace single settings (e.g. parallel for one request)."""
+    values = dict(
+        model=args.model, engine=args.engine, ctx_size=args.ctx_size, threads=args.threads,
+        device=args.device, gpu_layers=getattr(args, "gpu_layers", None),
+        kv_memory=parse_memory(args.kv_memory) if args.kv_memory else None,
+        parallel=getattr(args, "parallel", None),
+        cache_type_k=getattr(args, "cache_type_k", None),
+        cache_type_v=getattr(args, "cache_type_v", None),
+        draft=draft_choice(args), num_draft_tokens=args.num_draft_tokens,
+        chat_template=getattr(args, "chat_template", None),
+        endpoint=getattr(args, "endpoint", None))
+    if values["endpoint"] is not None:
+        values.update(api_key=getattr(args, "api_key", None), timeout=getattr(args, "timeout", None))
+    elif getattr(args, "timeout", None) is not None:
+        values["timeout"] = args.timeout  # refused by the config: it needs an endpoint
+    return EngineConfig(**{**values, **overrides})
+
+
+def load_for_run(config: EngineConfig, *, verbose: bool = False) -> Engine:
+    """The engine for a command: the plan's notes (threads capped, ...) on stderr, and with
+    --verbose which engine runs the file and why."""
+    plan = choose(config)
+    for note in plan.notes:
+        print(f"localchat: note: {note}", file=sys.stderr)
+    if verbose and plan.facts is not None:
+        why = "as asked" if config.engine is not None else "chosen for the file"
+        print(f"localchat: engine {plan.engine} ({why})", file=sys.stderr)
+    return open_engine(config, plan)
+
+
+def draft_choice(args: argparse.Namespace) -> DraftChoice:
+    """--no-draft, --draft-model SPEC, --draft auto|ngram; auto when none is given."""
+    if args.no_draft:
+        return DraftChoice("none")
+    if args.draft_model:
+        return DraftChoice("model", args.draft_model)
+    return DraftChoice(args.draft or "auto")
+
+
+def reply_params(args: argparse.Namespace) -> ReplyParams:
+    """The ReplyParams the sampling flags and -sys ask for."""
+    return ReplyParams(SamplingParams(**{f.name: getattr(args, f.dest) for f in SAMPLING_PARAMS}),
+                       max_tokens=args.max_tokens, system=args.system)
+
+
+def explicit_sampling(args: argparse.Namespace) -> dict:
+    """Sampling flags whose value differs from the flag's default (they override what a
+    continued conversation stored)."""
+    return {f.name: getattr(args, f.dest) for f in SAMPLING_FIELDS
+            if getattr(args, f.dest) != f.default}
+
+
+def with_parallel(config: EngineConfig, default: int) -> EngineConfig:
+    """config with `default` requests at once unless -np/--parallel said."""
+    return config if config.parallel is not None else replace(config, parallel=default)
 
 
 def model_flags() -> argparse.ArgumentParser:
@@ -15,11 +99,12 @@ def model_flags() -> argparse.ArgumentParser:
     g.add_argument("-m", "--model", default="default", metavar="SPEC",
                    help="'default' (bundled SmolLM2-135M), a .gguf path, or OWNER/REPO:FILE.gguf "
                         "or OWNER/REPO:QUANT on Hugging Face (default: %(default)s)")
-    g.add_argument("--engine", default="llama.cpp", choices=["llama.cpp", "torch", "auto"],
+    g.add_argument("--engine", default=None, choices=["llama.cpp", "torch", "auto"],
                    help="executor under localchat's runtime: llama.cpp's kernels (every GGUF "
                         "architecture), localchat's torch model (Llama-family GGUF, NF4, "
                         "INT8/INT4, GPTQ, Hugging Face directories), or auto (torch where it "
-                        "supports the model) (default: %(default)s)")
+                        "supports the model) (default: from the file: llama.cpp for a GGUF, "
+                        "torch for a Hugging Face directory)")
     g.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
                    help="context window in tokens (default: min(model's, 4096); 0 = model's)")
     g.add_argument("-t", "--threads", type=int, default=None, metavar="N",
@@ -91,11 +176,6 @@ def sampling_flags() -> argparse.ArgumentParser:
     return p
 
 
-def sampling_defaults() -> dict:
-    """{dest: default} of every sampling_flags() flag, for commands that lack them."""
-    return vars(sampling_flags().parse_args([]))
-
-
 def quality_flags(p: argparse.ArgumentParser) -> None:
     """Adds eval's and quantize --report's measurement flags to p."""
     g = p.add_argument_group("quality measurement")
@@ -111,3 +191,17 @@ def quality_flags(p: argparse.ArgumentParser) -> None:
                    help="draft/target cost ratio for the predicted speedup (default: %(default)s)")
     g.add_argument("--gamma", type=int, default=4, metavar="G",
                    help="draft tokens per step for the predicted speedup (default: %(default)s)")
+
+
+def quality_protocol(args):
+    """The measurement protocol quality_flags() describe (a quantize.quality.Protocol)."""
+    from quantize.quality import Protocol
+
+    window = args.window
+    stride = args.stride or window // 2
+    if args.tokens < 16 or window < 32:
+        raise UsageError("--tokens must be at least 16 and --window at least 32")
+    if not 0 < args.cost_ratio or args.gamma < 1:
+        raise UsageError("--cost-ratio must be positive and --gamma at least 1")
+    text = args.text or "pydoc_data.topics (Python's documentation)"
+    return Protocol(args.tokens, window, stride, text, args.gamma, args.cost_ratio)

@@ -13,12 +13,14 @@ from dataclasses import replace
 
 from localchat.chat.context import fit_to_context
 from localchat.cli import batch
+from localchat.chat.params import ReplyParams, conversation_record
+from localchat.cli.flags import engine_config, explicit_sampling, load_for_run, reply_params
+from localchat.cli.constraint_flags import add_constraint_flags, constraint_from_args
 from localchat.cli.stdin_text import read_stdin_text
-from localchat.engine.base import Delta, Message, Request, Result, Stats
+from localchat.engine.base import BASE_MODEL_NOTE, Delta, Message, Request, Result, Stats
+from localchat.engine.config import EngineConfig
 from localchat.errors import UsageError
 from localchat.interrupts import ctrl_c_cancels
-from localchat.sampling_fields import SAMPLING_FIELDS
-from localchat.settings import ChatSettings
 from localchat.storage.reply_status import ReplyStatus
 from localchat.units import human_bytes
 
@@ -100,25 +102,23 @@ def format_stats(stats: Stats) -> str:
     return "\n".join(f"{name + ':':<22}{value}" for name, value in rows)
 
 
-def explicit_params(args: argparse.Namespace) -> dict:
-    """Sampling flags whose value differs from the flag's default: with --continue these
-    override what the conversation stored."""
-    return {f.name: getattr(args, f.dest) for f in SAMPLING_FIELDS
-            if getattr(args, f.dest) != f.default}
-
-
-def _continue_settings(settings: ChatSettings, conv, args: argparse.Namespace) -> ChatSettings:
-    merged = settings.with_params(conv.params).with_params(explicit_params(args))
-    system = args.system if args.system is not None else conv.system_prompt
-    return replace(merged, system=system or None)
+def continued_params(params: ReplyParams, conv, args: argparse.Namespace) -> ReplyParams:
+    """A continued conversation's stored params, with the flags given explicitly over them."""
+    stored = ReplyParams.from_record(conv.params, conv.system_prompt, params)
+    system = args.system if args.system is not None else stored.system
+    return replace(stored.updated(explicit_sampling(args)), system=system or None)
 
 
 def add_parser(sub, *parents: argparse.ArgumentParser) -> None:
     run = sub.add_parser("run", parents=list(parents),
                          help="one-shot prompt, reply on stdout",
                          description="Print the model's reply to PROMPT (and/or stdin) on stdout.")
-    run.add_argument("prompt", nargs="?", default=None,
-                     help="the prompt; '-' or piped stdin supplies it (stdin first, then this)")
+    run.add_argument("words", nargs="*", default=[], metavar="[MODEL] PROMPT",
+                     help="the prompt; '-' or piped stdin supplies it (stdin first, then this). "
+                          "A first word that names a model (a short name like smollm2:360m, a "
+                          ".gguf path, a model directory, OWNER/REPO:QUANT) is the model, as "
+                          "with `ollama run MODEL PROMPT`; a model and no prompt on a terminal "
+                          "opens the chat with it"),
     run.add_argument("-p", "--prompt", dest="prompt_flag", default=None, metavar="TEXT",
                      help="the prompt, as a flag (llama.cpp's spelling of PROMPT)")
     run.add_argument("-f", "--file", dest="prompt_file", default=None, metavar="FILE",
@@ -127,14 +127,19 @@ def add_parser(sub, *parents: argparse.ArgumentParser) -> None:
                      help="put a text file into the prompt, named and fenced (repeatable)")
     run.add_argument("--batch", default=None, metavar="FILE.jsonl",
                      help="one request per line ('prompt' or 'messages', optional sampling "
-                          "fields and 'id'; '-' reads stdin): one JSON result per line on "
+                          "fields, 'response_format' and 'id'; '-' reads stdin): one JSON "
+                          "result per line on "
                           "stdout, in input order")
+    add_constraint_flags(run)
     run.add_argument("--verbose", action="store_true", help="stats block on stderr")
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
     run.add_argument("--continue", dest="continue_last", action="store_true",
                      help="add PROMPT to the last conversation and reply with its history, "
                           "system prompt and sampling (flags that differ from their defaults "
                           "override them); saved to the history as it streams")
+    run.add_argument("--raw", action="store_true",
+                     help="no chat template: the prompt is tokenized as plain text and the "
+                          "model continues it (for base models; not saved to the history)")
     run.add_argument("--no-history", action="store_true",
                      help="do not save this exchange (by default each run is kept as a "
                           "conversation, so --continue and the chat UI's list find it)")
@@ -142,55 +147,100 @@ def add_parser(sub, *parents: argparse.ArgumentParser) -> None:
 
 
 def run_or_batch(args: argparse.Namespace) -> int:
-    """`localchat run`, or `run --batch FILE` (batch.py) when that flag is given."""
+    """`localchat run`, `run --batch FILE` (batch.py), or `run MODEL` on a terminal with no
+    prompt: the chat with that model."""
+    if args.batch is not None and constraint_from_args(args) is not None:
+        raise UsageError("-j/--json-schema, --grammar and --json-object apply to one prompt; "
+                         "with --batch give each line a 'response_format'")
+    if take_model_word(args) and prompt_argument(args) is None and args.prompt_file is None \
+            and args.batch is None and sys.stdin.isatty():
+        from localchat.cli.flags import with_parallel
+        from localchat.tui.app import run_tui
+
+        return run_tui(with_parallel(engine_config(args), 2), reply_params(args),
+                       continue_last=args.continue_last)
     return batch.cmd_batch(args) if args.batch is not None else cmd_run(args)
 
 
+def take_model_word(args: argparse.Namespace) -> bool:
+    """Split the positional words into [MODEL] PROMPT (args.model, args.prompt); True when
+    the first word was taken as the model."""
+    from localchat.models.specs import DEFAULT_SPEC, names_a_model
+
+    words = list(args.words)
+    if len(words) > 2 or (len(words) == 2 and not names_a_model(words[0])):
+        raise UsageError(f"give the prompt as one argument (quote it): {' '.join(words[:3])!r}"
+                         " is more than [MODEL] PROMPT")
+    model_word = bool(words) and (len(words) == 2 or (
+        names_a_model(words[0]) and (args.model == DEFAULT_SPEC or words[0] == args.model)))
+    if model_word:
+        if args.model not in (DEFAULT_SPEC, words[0]):
+            raise UsageError(f"two models: {words[0]} and -m {args.model}; give one")
+        args.model = words.pop(0)
+    args.prompt = words[0] if words else None
+    return model_word
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    settings = ChatSettings.from_args(args).with_parallel(1)  # one request: one KV slot
-    prompt = with_attachments(read_prompt(prompt_argument(args), file=args.prompt_file),
-                              getattr(args, "attach", []))
+    config = engine_config(args, parallel=args.parallel or 1)  # one request: one KV slot
+    params = reply_params(args)
+    constraint = constraint_from_args(args)  # a bad schema file: said before the model loads
+    typed = read_prompt(prompt_argument(args), file=args.prompt_file)
+    prompt = with_attachments(typed, getattr(args, "attach", []))
     store = conv = writer = None
     earlier: list[Message] = []
+    raw = getattr(args, "raw", False)
+    if raw and (getattr(args, "continue_last", False) or args.system is not None):
+        raise UsageError("--raw sends the prompt as plain text: it does not combine with "
+                         "--continue or -sys/--system")
     if getattr(args, "continue_last", False):
         from localchat.storage import ConversationStore
 
         store = ConversationStore.open()  # damaged or locked: a one-line error, exit 1
         conv = store.last_conversation()
         if conv is not None:
-            settings = _continue_settings(settings, conv, args)
+            params = continued_params(params, conv, args)
             earlier = [Message(m.role, m.content) for m in store.messages(conv.id)
                        if m.role in ("user", "assistant") and m.content]
-    elif not getattr(args, "no_history", False):
+    elif not (getattr(args, "no_history", False) or raw):
         store = _open_history_or_warn()
     try:
-        engine = settings.load_engine()
+        engine = load_for_run(config, verbose=args.verbose)
     except BaseException:
         if store is not None:
             store.close()
         raise
     try:
-        messages = settings.system_messages() + earlier + [Message("user", prompt)]
+        messages = params.system_messages() + earlier + [Message("user", prompt)]
         if earlier:  # --continue: the history that fits
             n_ctx = engine.info.n_ctx
-            fit = fit_to_context(messages, engine.count_prompt_tokens, n_ctx, settings.max_tokens)
+            fit = fit_to_context(messages, engine.count_prompt_tokens, n_ctx, params.max_tokens)
             if fit.dropped_turns:
                 print(f"localchat: {fit.dropped_note(n_ctx)}", file=sys.stderr)
             messages = list(fit.messages)
-        request = Request(
-            messages=messages,
-            sampling=settings.sampling,
-            max_tokens=settings.max_tokens,
-        )
+        if raw:
+            tokens = engine.tokenize_text(prompt)
+            if not tokens:
+                raise UsageError("the prompt has no tokens")
+            request = Request(prompt_tokens=tokens, sampling=params.sampling,
+                              max_tokens=params.max_tokens, constraint=constraint)
+        else:
+            if engine.info.base_model:
+                print(f"localchat: {BASE_MODEL_NOTE} (--raw sends the prompt as plain text)",
+                      file=sys.stderr)
+            request = params.request(messages, constraint=constraint)
         cancel = threading.Event()
         result = None
         with ctrl_c_cancels(cancel):
             for event in engine.generate(request, cancel):
                 if isinstance(event, Delta):
                     if writer is None and store is not None:  # saved once a reply begins
-                        writer = _begin_saving(store, conv, settings, prompt)
-                    if writer is not None:
-                        writer.feed(event.text)
+                        writer = _begin_saving(store, conv, config, params, prompt, typed)
+                    if writer is not None and not _saved(writer.feed, event.text):
+                        writer = None
+                    if writer is None and store is not None:  # it failed (warned): the
+                        store.close()  # reply goes on unsaved
+                        store = None
                     if not args.json and event.text:
                         sys.stdout.write(event.text)
                         sys.stdout.flush()
@@ -198,8 +248,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     result = event
         assert result is not None
         if writer is not None:
-            writer.finish(ReplyStatus.after(result.finish_reason), result.stats.to_dict(),
-                          result.text)
+            _saved(writer.finish, ReplyStatus.after(result.finish_reason),
+                   result.stats.to_dict(), result.text, result.finish_reason)
             writer = None
         if args.json:
             out = {"text": result.text, "finish_reason": result.finish_reason,
@@ -210,7 +260,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print()
         if args.verbose:
             print(f"\n{format_stats(result.stats)}\nfinish reason:        {result.finish_reason}"
-                  f"\nchat template:        {engine.info.chat_template}", file=sys.stderr)
+                  f"\nchat template:        {'none (--raw)' if raw else engine.info.chat_template}",
+                  file=sys.stderr)
         return 130 if result.finish_reason == "cancelled" else 0
     finally:
         if writer is not None:  # interrupted at once (second Ctrl+C) or failed: keep the text
@@ -237,13 +288,39 @@ def _open_history_or_warn():
         return None
 
 
-def _begin_saving(store, conv, settings: ChatSettings, prompt: str):
-    """Record the prompt and an empty reply that the stream fills in."""
-    from localchat.storage import ReplyWriter, title_from
+def _begin_saving(store, conv, config: EngineConfig, params: ReplyParams, prompt: str,
+                  typed: str):
+    """Record the prompt and an empty reply that the stream fills in; a new conversation
+    is titled from the typed words, not the attached files before them. None (warned) when
+    the store fails."""
+    from localchat.storage import ReplyWriter, StoreError, title_from
 
-    if conv is None:
-        conv = store.create_conversation(title_from(prompt), model=settings.model,
-                                         system_prompt=settings.system, params=settings.params())
-    store.add_message(conv.id, "user", prompt)
-    reply = store.begin_reply(conv.id, model=settings.model, params=settings.params())
+    record = conversation_record(params, config)
+    try:
+        if conv is None:
+            conv = store.create_conversation(title_from(typed), model=config.model,
+                                             system_prompt=params.system, params=record)
+        store.add_message(conv.id, "user", prompt)
+        reply = store.begin_reply(conv.id, model=config.model, params=record)
+    except StoreError as exc:
+        _warn_unsaved(exc)
+        return None
     return ReplyWriter(store, reply)
+
+
+def _saved(write, *args) -> bool:
+    """write(*args); a store failure mid-reply (locked too long, disk full) is one warning
+    and False: the caller stops saving, the reply goes on."""
+    from localchat.storage import StoreError
+
+    try:
+        write(*args)
+        return True
+    except StoreError as exc:
+        _warn_unsaved(exc)
+        return False
+
+
+def _warn_unsaved(exc: Exception) -> None:
+    print(f"localchat: warning: the reply is not saved to the history: {exc}",
+          file=sys.stderr, flush=True)

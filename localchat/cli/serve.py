@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import sys
 
 
 def add_parser(sub, model: argparse.ArgumentParser) -> None:
@@ -25,6 +28,20 @@ def add_parser(sub, model: argparse.ArgumentParser) -> None:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    from localchat.server import cmd_serve  # the ASGI stack loads only here
+    """Serve until stopped. Once it has stopped (requests ended, engine closed, socket and
+    state file gone) the process exits at once: the interpreter's teardown of torch alone
+    takes 1-2 s, which Ctrl+C on an idle server should not wait for."""
+    from localchat.cli.flags import engine_config
+    from localchat.server import ServeOptions, cmd_serve  # the ASGI stack loads only later
 
-    return cmd_serve(args)
+    options = ServeOptions(host=args.host, port=args.port, api_key=args.api_key,
+                           max_queue=args.max_queue, quiet=args.quiet)
+    try:
+        code = cmd_serve(options, engine_config(args))
+    except KeyboardInterrupt:  # Ctrl+C, re-raised by uvicorn after a clean stop
+        print(file=sys.stderr)
+        code = 130
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

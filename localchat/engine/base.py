@@ -9,20 +9,15 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Iterator, Literal, Sequence, Union
 
+from localchat.engine.constraint import Constraint
 from localchat.errors import UsageError
+from localchat.message import Message, Role  # noqa: F401 -- part of the engine interface
 from localchat.sampling_fields import FIELD, check_sampling
 
 if TYPE_CHECKING:  # no import at run time: base.py stays free of file-format code
     from localchat.models.facts import GGUFFacts
 
-Role = Literal["system", "user", "assistant"]
 FinishReason = Literal["stop", "length", "cancelled"]
-
-
-@dataclass(frozen=True)
-class Message:
-    role: Role
-    content: str
 
 
 @dataclass(frozen=True)
@@ -54,6 +49,9 @@ class Request:
     # the prompt ends with it after the template's generation prompt, and only what
     # follows is generated and returned.
     assistant_prefix: str = ""
+    # what the reply must look like (a JSON schema, any JSON object, a grammar); the
+    # runtime masks sampling by it and ends the reply when it is complete
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if not self.messages and not self.prompt_tokens:
@@ -79,9 +77,9 @@ class Stats:
     prefill_tok_s: float = 0.0
     decode_tok_s: float = 0.0
     elapsed_s: float = 0.0
-    kv_cache_bytes: int = 0  # KV cache in use now
+    kv_cache_bytes: int = 0  # KV the conversation holds: in use, or once done still cached for it
     kv_cache_capacity_bytes: int = 0
-    kv_cache_cached_bytes: int = 0  # not in use, but kept as reusable prefixes (evictable)
+    kv_cache_cached_bytes: int = 0  # other KV not in use, kept as reusable prefixes (evictable)
     context_tokens: int = 0  # tokens in the context window now
     context_capacity: int = 0
     # continuous batching: times this request was preempted (its KV freed when the cache
@@ -117,6 +115,9 @@ class Result:
 Event = Union[Delta, Result]
 
 
+BASE_MODEL_NOTE = "this looks like a base model (no chat template): replies continue your text"
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """Facts about the loaded model that the UI shows and the context policy needs."""
@@ -134,6 +135,7 @@ class ModelInfo:
     kv_bytes_per_token: int
     weights_bytes: int = 0  # model weights as the engine holds them in memory
     chat_template: str = ""  # which chat template renders prompts, and where it came from
+    base_model: bool = False  # no chat template and no chat tokens in the file: replies continue text
     kernels: dict[str, str] = field(default_factory=dict)  # "ffn_down 576x1536 Q4_1" -> "int4pack"
 
     @classmethod
@@ -146,7 +148,8 @@ class ModelInfo:
             n_ctx_train=facts.context_length, n_ctx=n_ctx, n_layers=facts.n_layers,
             n_kv_heads=facts.n_kv_heads, head_dim=facts.head_dim,
             kv_bytes_per_token=kv_bytes_per_token, weights_bytes=weights_bytes,
-            chat_template=facts.chat_template_name, kernels=dict(kernels or {}),
+            chat_template=facts.chat_template_name, base_model=facts.base_model,
+            kernels=dict(kernels or {}),
         )
 
 

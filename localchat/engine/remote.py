@@ -1,4 +1,4 @@
-"""RemoteEngine: any OpenAI-compatible server behind the engine interface (--endpoint URL).
+"""RemoteEngine: any OpenAI-compatible server behind the engine interface (the endpoint setting).
 Its stats are what a client can see (TTFT at the first chunk, rates from chunks or the usage
 record); the KV cache fields stay 0."""
 
@@ -15,12 +15,12 @@ from localchat.engine.base import Delta, Engine, Event, Message, ModelInfo, Requ
 from localchat.engine.remote_http import (ConnectionLost, server_message, split_endpoint,
                                           status_error, stream_error, transport_errors)
 from localchat.engine.sse import BackgroundStream, Cancelled, sse_data
-from localchat.errors import EngineError, ModelNotFoundError, UsageError
+from localchat.errors import ConfigError, EngineError, ModelNotFoundError, UsageError
 from localchat.models.facts import DEFAULT_CTX
 from localchat.sampling_fields import SAMPLING_PARAMS
 
 CONNECT_TIMEOUT_S = 10.0
-DEFAULT_TIMEOUT_S = 60.0  # --timeout: the longest wait for any answer (first byte, next chunk)
+DEFAULT_TIMEOUT_S = 60.0  # timeout: the longest wait for any answer (first byte, next chunk)
 # count_prompt_tokens: chat-template tokens around each message and before the reply
 # (ChatML and Llama 3 both spend about this much), and, without a tokenize endpoint,
 # a deliberately high estimate of the content's tokens so history is dropped early
@@ -42,10 +42,10 @@ class RemoteEngine(Engine):
         import httpx2
 
         if ctx_size is not None and ctx_size < 0:
-            raise UsageError(f"context size must be >= 0, got {ctx_size}")
+            raise ConfigError("ctx_size", f"must be >= 0, got {ctx_size}")
         self._timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
         if not (math.isfinite(self._timeout) and self._timeout > 0):
-            raise UsageError(f"--timeout must be a number of seconds > 0, got {timeout}")
+            raise ConfigError("timeout", f"must be a number of seconds > 0, got {timeout}")
         self.base, self.root = split_endpoint(endpoint)
         key = api_key if api_key is not None else os.environ.get("LOCALCHAT_API_KEY")
         self._has_key = bool(key)
@@ -66,7 +66,7 @@ class RemoteEngine(Engine):
         except BaseException:
             self._client.close()
             raise
-        n_ctx = ctx_size or n_ctx_server or DEFAULT_CTX  # neither -c nor the server says
+        n_ctx = ctx_size or n_ctx_server or DEFAULT_CTX  # neither ctx_size nor the server says
         name = self.model.rsplit("/", 1)[-1] if self.model.startswith("/") else self.model
         self.info = ModelInfo(
             name=name, path=self.base, architecture="remote", quant_type="remote",
@@ -136,6 +136,8 @@ class RemoteEngine(Engine):
             body["max_tokens"] = request.max_tokens
         if request.stop:
             body["stop"] = list(request.stop)
+        if request.constraint is not None:
+            body.update(_constraint_fields(request.constraint))
         if request.prompt_tokens is not None:
             return "/completions", {**body, "prompt": list(request.prompt_tokens)}
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
@@ -170,7 +172,7 @@ class RemoteEngine(Engine):
         if request.assistant_prefix:
             # Most servers (llama-cpp-python, localchat serve) answer a final assistant
             # message with a new reply rather than continuing it: refuse, not garble.
-            raise UsageError("continuing a stopped reply is not supported with --endpoint: "
+            raise UsageError("continuing a stopped reply is not supported with a remote endpoint: "
                              "the server would start a new reply instead")
         cancel = cancel or threading.Event()
         start = time.perf_counter()
@@ -311,3 +313,15 @@ def _refuses_extensions(message: str) -> bool:
 
 def _int(value) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _constraint_fields(constraint) -> dict:
+    """A constraint as OpenAI's response_format; a grammar is refused (OpenAI servers
+    take none, and a field they ignored would be silently dropped)."""
+    if constraint.kind == "json_object":
+        return {"response_format": {"type": "json_object"}}
+    if constraint.kind == "json_schema":
+        return {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "reply", "schema": json.loads(constraint.text), "strict": True}}}
+    raise UsageError(f"a {constraint.label} needs a local model; an --endpoint takes "
+                     "JSON schemas only")

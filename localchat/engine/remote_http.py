@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Iterator
 from urllib.parse import urlsplit
 
-from localchat.errors import (ContextOverflowError, EngineError, LocalchatError,
+from localchat.errors import (ConfigError, ContextOverflowError, EngineError, LocalchatError,
                               ModelNotFoundError, UsageError)
 
 # What servers say when the prompt does not fit: OpenAI and vLLM ("maximum context
@@ -29,9 +29,9 @@ def split_endpoint(url: str) -> tuple[str, str]:
         parts = urlsplit(url)
         parts.port  # noqa: B018  (raises on a port that is not a number)
     except ValueError as exc:
-        raise UsageError(f"--endpoint is not a valid URL ({exc}): {url!r}") from None
+        raise ConfigError("endpoint", f"is not a valid URL ({exc}): {url!r}") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UsageError(f"--endpoint must be an http:// or https:// URL, got {url!r}")
+        raise ConfigError("endpoint", f"must be an http:// or https:// URL, got {url!r}")
     if not parts.path:
         url += "/v1"
     root = url[: -len("/v1")] if url.endswith("/v1") else url
@@ -67,8 +67,8 @@ def status_error(status: int, body: bytes | str, *, base: str, what: str,
     """The typed error for an HTTP error status from the server."""
     message, code = server_message(body)
     if status in (401, 403):
-        hint = ("check --api-key or $LOCALCHAT_API_KEY" if has_key
-                else "give its key with --api-key or $LOCALCHAT_API_KEY")
+        hint = ("check the API key ($LOCALCHAT_API_KEY)" if has_key
+                else "give its API key (or $LOCALCHAT_API_KEY)")
         return UsageError(f"{base} refused the request ({status} {message}): {hint}")
     if status == 404 and what == "models":
         return EngineError(f"no OpenAI-compatible API at {base} (GET /models: 404); "
@@ -98,19 +98,19 @@ class ConnectionLost(EngineError):
 
 @contextmanager
 def transport_errors(base: str, timeout: float) -> Iterator[None]:
-    """Network failures as one-line EngineErrors; `timeout`: the --timeout that ran out."""
+    """Network failures as one-line EngineErrors; `timeout`: the timeout setting that ran out."""
     import httpx2
 
     try:
         yield
     except httpx2.UnsupportedProtocol as exc:
-        raise UsageError(f"bad --endpoint URL {base}: {exc}") from None
+        raise ConfigError("endpoint", f"{base} is not a usable URL: {exc}") from None
     except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
         raise EngineError(f"cannot reach {base}: {one_line(exc) or 'connection failed'}") \
             from None
     except httpx2.TimeoutException:
         raise EngineError(f"{base} did not answer within {timeout:g} s "
-                          "(--timeout; raise it for a slow or busy server)") from None
+                          "(raise the timeout for a slow or busy server)") from None
     except httpx2.HTTPError as exc:
         raise ConnectionLost(f"the connection to {base} broke: "
                           f"{one_line(exc) or type(exc).__name__}") from None

@@ -1,18 +1,18 @@
 """What is known about a model, whatever its file: GGUFFacts (with the one KV bytes per token
-formula) and the one default-context rule: -c N as given, -c 0 the model's trained context,
-no -c min(trained, DEFAULT_CTX). Imports nothing from localchat, nor gguf or numpy."""
+formula) and the one default-context rule: ctx_size N as given, 0 the model's trained context,
+None min(trained, DEFAULT_CTX). Imports nothing from localchat, nor gguf or numpy."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_CTX = 4096  # no -c: at most this (also a remote server's when it does not say)
+DEFAULT_CTX = 4096  # no ctx_size: at most this (also a remote server's when it does not say)
 MIN_CTX = 16  # the smallest context load_engine() accepts
 
 
 def load_context(ctx_size: int | None, context_length: int) -> int:
-    """The context a model trained on context_length tokens loads with for --ctx-size."""
+    """The context a model trained on context_length tokens loads with for ctx_size."""
     if ctx_size is None:
         return min(context_length, DEFAULT_CTX)
     return context_length if ctx_size == 0 else ctx_size
@@ -38,6 +38,7 @@ class GGUFFacts:
     eos_token: str | None
     chat_markers: tuple[str, ...] = ()  # chat-format control tokens in the vocabulary
     chat_template_name: str = "the model file's"  # where chat_template came from
+    base_model: bool = False  # the file has no chat template and no chat tokens (set with one)
 
     def kv_bytes_per_token(self, bytes_per_value: float = 2,
                            v_bytes_per_value: float | None = None) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gguf import LlamaFileType
 
-from localchat.chat.builtin_templates import CHAT_MARKERS
+from localchat.prompt.builtin_templates import CHAT_MARKERS
 from localchat.errors import ModelFormatError, ModelNotFoundError, UnsafeCheckpointError
 from localchat.models.facts import GGUFFacts
 from localchat.models.gguf_checks import check_model_metadata

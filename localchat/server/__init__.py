@@ -4,33 +4,48 @@ so a port in use fails at once."""
 
 from __future__ import annotations
 
-import argparse
 import errno
 import os
 import socket
+from dataclasses import dataclass
 
+from localchat.engine.config import EngineConfig
 from localchat.errors import LocalchatError, UsageError
 
 API_KEY_ENV = "LOCALCHAT_API_KEY"
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    api_key = args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
+@dataclass(frozen=True)
+class ServeOptions:
+    """How the server listens: the address, its API key (None: $LOCALCHAT_API_KEY, else
+    none), how many requests it admits at once, and whether it logs each request."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    max_queue: int = 64
+    quiet: bool = False
+
+
+def cmd_serve(options: ServeOptions, config: EngineConfig) -> int:
+    """Bind, load config's engine, serve until stopped; the exit code."""
+    api_key = options.api_key if options.api_key is not None \
+        else (os.environ.get(API_KEY_ENV) or None)
     if api_key is not None and not api_key.strip():
         raise UsageError("--api-key must not be empty")
-    if args.max_queue < 1:
-        raise UsageError(f"--max-queue must be >= 1, got {args.max_queue}")
-    if not 0 <= args.port <= 65535:
-        raise UsageError(f"--port must be 0..65535, got {args.port}")
-    family, address, loopback = resolve_host(args.host, args.port)
+    if options.max_queue < 1:
+        raise UsageError(f"--max-queue must be >= 1, got {options.max_queue}")
+    if not 0 <= options.port <= 65535:
+        raise UsageError(f"--port must be 0..65535, got {options.port}")
+    family, address, loopback = resolve_host(options.host, options.port)
     if not loopback and api_key is None:
-        raise UsageError(f"{args.host} is reachable from other machines: serving it needs "
+        raise UsageError(f"{options.host} is reachable from other machines: serving it needs "
                          f"--api-key KEY (or ${API_KEY_ENV}); or bind 127.0.0.1")
-    sock = bind(family, address, args.host)
+    sock = bind(family, address, options.host)
     try:
         from localchat.server.run import serve  # uvicorn and the engines: only now
 
-        return serve(args, sock, loopback=loopback, api_key=api_key)
+        return serve(options, config, sock, loopback=loopback, api_key=api_key)
     finally:
         sock.close()
 

@@ -17,7 +17,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from localchat.engine.base import Engine, Request as EngineRequest, Result
-from localchat.errors import ContextOverflowError, EngineError, LocalchatError
+from localchat.errors import ConstraintError, ContextOverflowError, EngineError, LocalchatError
 from localchat.server.access_log import AccessLog, note_usage
 from localchat.server.errors import ApiError, internal_error
 from localchat.server.jobs import Jobs, shutting_down
@@ -33,8 +33,11 @@ SHUTDOWN_WAIT_S = 10.0  # for worker threads to stop after their requests are ca
 class Server:
     """One engine served over HTTP; build() gives the ASGI app."""
 
-    def __init__(self, engine: Engine, *, max_queue: int) -> None:
+    def __init__(self, engine: Engine, *, max_queue: int, aliases: tuple[str, ...] = ()) -> None:
+        """aliases: other names a request's `model` may give the served one (the spec
+        it was started with, its file's name)."""
         self.engine = engine
+        self.model_names = {engine.info.name, *aliases}
         self.jobs = Jobs(engine, max_queue)
         self.started = int(time.time())
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -91,10 +94,13 @@ class Server:
         return JSONResponse({"object": "list", "data": [self._model_card()]})
 
     async def model(self, request: Request) -> Response:
-        if request.path_params["model_id"] != self.engine.info.name:
-            raise ApiError(404, "no such model; GET /v1/models lists the one served",
-                           param="model", code="model_not_found")
+        self._check_model(request.path_params["model_id"])
         return JSONResponse(self._model_card())
+
+    def _check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.model_names:
+            raise ApiError(404, f"the model {name[:200]!r} is not served here; GET /v1/models "
+                                "lists the one served", param="model", code="model_not_found")
 
     # -- completions ----------------------------------------------------------------
 
@@ -107,6 +113,7 @@ class Server:
         return await self._complete(request, body, chat=False)
 
     async def _complete(self, request: Request, body: CompletionBody, *, chat: bool) -> Response:
+        self._check_model(body.model)
         job = self.jobs.admit()
         try:
             engine_request = await self._engine_request(body)
@@ -143,7 +150,7 @@ class Server:
         try:
             return EngineRequest(messages=body.messages, prompt_tokens=prompt_tokens,
                                  sampling=body.sampling, max_tokens=body.max_tokens,
-                                 stop=body.stop)
+                                 stop=body.stop, constraint=body.constraint)
         except LocalchatError as exc:  # schema.py checks first; this is the engine's word
             raise ApiError(400, str(exc)) from None
 
@@ -152,6 +159,8 @@ def _engine_error(exc: LocalchatError, n_ctx: int, chat: bool) -> ApiError:
     """An engine error as the client should see it; its own text only where it cannot
     hold a path (EngineError messages name files)."""
     param = "messages" if chat else "prompt"
+    if isinstance(exc, ConstraintError):  # llguidance refused the schema or grammar
+        return ApiError(400, str(exc), param="response_format", code="invalid_value")
     if isinstance(exc, ContextOverflowError):
         return ApiError(400, f"the prompt does not fit in the context window ({n_ctx} "
                              "tokens)", param=param, code="context_length_exceeded")

@@ -47,6 +47,11 @@ class Jobs:
             return {"active": active, "queued": len(self._jobs) - active,
                     "max_queue": self.max_queue, **self.totals}
 
+    def in_flight(self) -> int:
+        """Requests admitted and not yet ended. Takes no lock: a signal handler asks,
+        perhaps while this thread holds it."""
+        return len(self._jobs)
+
     def cancel_all(self) -> None:
         """Stop everything (at the next token): the server is shutting down."""
         with self._lock:

@@ -4,20 +4,21 @@ exits 130, SIGTERM 0."""
 
 from __future__ import annotations
 
-import argparse
 import signal
 import socket
 import sys
+from pathlib import Path
 
 import uvicorn
 
+from localchat.engine import open_engine
+from localchat.engine.config import EngineConfig
+from localchat.server import instances
 from localchat.server.app import Server
+from localchat.server.connections import TimedH11Protocol
 
 GRACEFUL_SHUTDOWN_S = 5  # for responses still being sent after their jobs are cancelled
 JOIN_WORKERS_S = 10.0
-# Connections beyond the admitted requests (health probes, requests being refused):
-# past this, uvicorn itself answers 503, so a flood of idle connections cannot pile up.
-EXTRA_CONNECTIONS = 64
 
 
 class Uvicorn(uvicorn.Server):
@@ -28,41 +29,40 @@ class Uvicorn(uvicorn.Server):
         self.server = server
 
     def handle_exit(self, sig: int, frame) -> None:
+        if not self.should_exit:  # the first signal: say what is being stopped
+            print(f"localchat: stopping ({self.server.jobs.in_flight()} requests in flight)",
+                  file=sys.stderr, flush=True)
         super().handle_exit(sig, frame)
         self.server.stop_soon()
 
 
-def engine_settings(args: argparse.Namespace):
-    """ChatSettings from the serve flags: the sampling flags it lacks (requests bring
-    their own) take their defaults, and --api-key is this server's, not an endpoint's."""
-    from localchat.cli.flags import sampling_defaults
-    from localchat.settings import ChatSettings
-
-    defaults = sampling_defaults()
-    return ChatSettings.from_args(argparse.Namespace(
-        **{**defaults, **vars(args), "endpoint": None, "api_key": None}))
-
-
-def serve(args: argparse.Namespace, sock: socket.socket, *, loopback: bool,
+def serve(options, config: EngineConfig, sock: socket.socket, *, loopback: bool,
           api_key: str | None) -> int:
-    engine = engine_settings(args).load_engine()
-    server = Server(engine, max_queue=args.max_queue)
+    """options: ServeOptions (server/__init__.py)."""
+    engine = open_engine(config)
+    path = Path(engine.info.path)
+    server = Server(engine, max_queue=options.max_queue,
+                    aliases=tuple(str(a) for a in (config.model, path.name, path.stem) if a))
     try:
-        app = server.build(loopback=loopback, api_key=api_key,
-                           log_requests=not getattr(args, "quiet", False))
+        app = server.build(loopback=loopback, api_key=api_key, log_requests=not options.quiet)
         config = uvicorn.Config(app,
                                 log_level="warning", access_log=False, lifespan="on",
                                 server_header=False,
-                                limit_concurrency=args.max_queue + EXTRA_CONNECTIONS,
+                                # idle and slow sockets are closed by read deadlines, not
+                                # counted against requests (uvicorn's limit_concurrency)
+                                http=TimedH11Protocol,
                                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         print(f"localchat: serving {engine.info.name} on http://{shown}:{port}/v1 "
               f"(engine {engine.name})", file=sys.stderr, flush=True)
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        state = instances.register(f"http://{shown}:{port}/v1", engine.info.name,
+                                   str(engine.info.path), engine.name, engine.info.n_ctx)
         try:
             Uvicorn(config, server).run(sockets=[sock])
         finally:
+            instances.unregister(state)
             signal.signal(signal.SIGTERM, previous)
     finally:
         server.jobs.cancel_all()

@@ -1,6 +1,7 @@
 """Request bodies of /v1/chat/completions and /v1/completions, checked field by field: a bad
-field is a 400 naming it, never a 500. Unimplemented fields are ignored, as llama.cpp's
-server does, except `n` other than 1, which is refused."""
+field is a 400 naming it, never a 500. Unimplemented fields that would change the shape of
+the answer (n > 1, tools, echo, ...) are refused with a 400 naming them; others (user,
+penalties we do not apply) are ignored, as llama.cpp's server does."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from localchat.engine.base import Message, SamplingParams
-from localchat.errors import UsageError
+from localchat.engine.constraint import Constraint, from_response_format
+from localchat.errors import ConstraintError, UsageError
 from localchat.json_text import first_lone_surrogate
 from localchat.sampling_fields import SAMPLING_PARAMS
 from localchat.server.errors import ApiError
@@ -33,6 +35,8 @@ class CompletionBody:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    constraint: Constraint | None = None  # response_format (or llama.cpp's json_schema/grammar)
+    model: str | None = None  # the model the client names (None: the served one)
 
 
 def parse_json(raw: bytes) -> dict:
@@ -93,11 +97,49 @@ def _common(body: dict, n_ctx: int, *, messages: tuple[Message, ...],
     for ignored in ("frequency_penalty", "presence_penalty"):
         if body.get(ignored) is not None:
             _number(ignored, body[ignored], -2.0, 2.0)
+    _refuse_unsupported_shapes(body)
     return CompletionBody(
         messages=messages, prompt=prompt, sampling=_sampling(body),
         max_tokens=_max_tokens(body, n_ctx), stop=_stop(body.get("stop")),
-        stream=stream, include_usage=include_usage,
+        stream=stream, include_usage=include_usage, constraint=_constraint(body),
+        model=body.get("model"),
     )
+
+
+# fields that would change the answer's shape, with the value that changes nothing
+_SHAPE_FIELDS = {"tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
+                 "function_call": (None, "none"), "echo": (None, False), "suffix": (None, ""),
+                 "best_of": (None, 1), "logit_bias": (None, {})}
+
+
+def _refuse_unsupported_shapes(body: dict) -> None:
+    for name, harmless in _SHAPE_FIELDS.items():
+        if name in body and not any(body[name] == h and type(body[name]) is type(h)
+                                    for h in harmless):
+            raise _bad(name, f"{name} is not supported by this server", "unsupported_parameter")
+
+
+def _constraint(body: dict) -> Constraint | None:
+    """response_format, or llama.cpp's own json_schema (an object) or grammar (GBNF):
+    at most one of them."""
+    given = [name for name in ("response_format", "json_schema", "grammar")
+             if body.get(name) is not None]
+    if len(given) > 1:
+        raise _bad(given[1], f"give one of {' and '.join(given)}, not both")
+    if not given:
+        return None
+    name, value = given[0], body[given[0]]
+    try:
+        if name == "response_format":
+            return from_response_format(value)
+        if name == "json_schema":
+            return Constraint.json_schema(value)
+        if not isinstance(value, str):
+            raise _bad("grammar", "grammar must be a string (GBNF)", "invalid_type")
+        return Constraint("gbnf", value) if value else None
+    except ConstraintError as exc:
+        raise _bad(name, f"{name}: {exc}" if not str(exc).startswith(name) else str(exc)) \
+            from None
 
 
 def _sampling(body: dict) -> SamplingParams:

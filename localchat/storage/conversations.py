@@ -66,6 +66,11 @@ class StoredMessage:
     siblings: tuple[int, ...] = ()  # the versions of this message, itself included, oldest first
 
     @property
+    def finish_reason(self) -> str | None:
+        """Why its generation ended (stop, length, cancelled), where that was stored."""
+        return (self.stats or {}).get("finish_reason")
+
+    @property
     def version(self) -> tuple[int, int]:
         """(which version this is, counting from 1; how many there are)."""
         return (self.siblings.index(self.id) + 1 if self.id in self.siblings else 1,
@@ -144,9 +149,9 @@ class ConversationStore:
         now = time.time()
         with transaction(self._db) as db:
             cur = db.execute(
-                "INSERT INTO conversations (title, created, updated, model, system_prompt, "
-                "params) VALUES (?, ?, ?, ?, ?, ?)",
-                (title, now, now, model, system_prompt, _json(params or {})))
+                "INSERT INTO conversations (title, created, updated, opened, model, "
+                "system_prompt, params) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (title, now, now, now, model, system_prompt, _json(params or {})))
         return Conversation(cur.lastrowid, title, now, now, model, system_prompt,
                             dict(params or {}))
 
@@ -179,9 +184,20 @@ class ConversationStore:
                 (pattern,)).fetchall()
         return [self._conversation(r) for r in rows]
 
+    @_wrapped
     def last_conversation(self) -> Conversation | None:
-        found = self.list_conversations()
-        return found[0] if found else None
+        """The conversation opened (or created) last: the one on screen at quit; without
+        any opened, the one written last."""
+        row = self._db.execute("SELECT * FROM conversations ORDER BY COALESCE(opened, 0) DESC, "
+                               "updated DESC, id DESC LIMIT 1").fetchone()
+        return self._conversation(row) if row else None
+
+    @_wrapped
+    def mark_opened(self, conversation_id: int) -> None:
+        """Remember that the conversation is the one on screen now (for --continue)."""
+        with transaction(self._db) as db:
+            db.execute("UPDATE conversations SET opened = ? WHERE id = ?",
+                       (time.time(), conversation_id))
 
     @_wrapped
     def rename(self, conversation_id: int, title: str) -> None:

@@ -79,7 +79,13 @@ def _v3(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX messages_by_parent ON messages(conversation_id, parent_id)")
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3]
+def _v4(db: sqlite3.Connection) -> None:
+    # When each conversation was last opened (created, or shown from the list): --continue
+    # goes back to the one on screen at quit, not the one written last.
+    db.execute("ALTER TABLE conversations ADD COLUMN opened REAL")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -188,7 +194,12 @@ class Connections:
 def open_checked(path: Path, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Connections:
     """Open (creating if needed), check and migrate the database; StoreUnavailable if it
     cannot be used. The file is never deleted or rewritten when it is damaged."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # e.g. LOCALCHAT_HOME under a read-only folder, or under a file
+        raise StoreUnavailable(f"cannot create the history folder {path.parent} "
+                               f"({exc.strerror or exc}); history is off for this session",
+                               "error", path) from None
     conns = Connections(path, busy_timeout_ms)
     try:
         db = conns.get()

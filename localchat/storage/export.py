@@ -10,10 +10,32 @@ from pathlib import Path
 
 from localchat.atomic import atomic_write_text
 from localchat.storage.conversations import Conversation, StoredMessage
-from localchat.storage.reply_status import ReplyStatus
+from localchat.storage.reply_status import reply_label
 
 FORMATS = ("md", "json")
 _ROLE_HEADINGS = {"system": "System", "user": "You", "assistant": "Assistant"}
+
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
+
+
+def close_open_fences(text: str) -> str:
+    """The text with a closing fence added when it ends inside a fenced code block
+    (CommonMark: the same character, at least as long, nothing after it)."""
+    open_fence = None
+    for line in text.splitlines():
+        match = _FENCE.match(line)
+        if not match:
+            continue
+        fence, rest = match.groups()
+        if open_fence is None:
+            if not (fence[0] == "`" and "`" in rest):  # a backtick fence's info has no backtick
+                open_fence = fence
+        elif fence[0] == open_fence[0] and len(fence) >= len(open_fence) and not rest.strip():
+            open_fence = None
+    if open_fence is None:
+        return text
+    return text + ("" if text.endswith("\n") else "\n") + open_fence
 
 
 def _when(t: float) -> str:
@@ -29,14 +51,15 @@ def to_markdown(conv: Conversation, messages: list[StoredMessage],
              f"- created: {_when(conv.created)}",
              f"- parameters: `{json.dumps(conv.params, sort_keys=True)}`"]
     if conv.system_prompt:
-        lines += ["", "## System", "", conv.system_prompt]
+        lines += ["", "## System", "", close_open_fences(conv.system_prompt)]
     for m in messages:
         heading = _ROLE_HEADINGS.get(m.role, m.role)
-        if m.status != ReplyStatus.COMPLETE:
-            heading += f" ({m.status})"
+        label = reply_label(m.status, m.finish_reason)
+        if label:
+            heading += f" ({label})"
         if m.version[1] > 1:
             heading += f" (version {m.version[0]} of {m.version[1]})"
-        lines += ["", f"## {heading}", "", m.content]
+        lines += ["", f"## {heading}", "", close_open_fences(m.content)]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -46,6 +69,7 @@ def to_json(conv: Conversation, messages: list[StoredMessage],
         "id": conv.id, "title": conv.title, "created": conv.created, "updated": conv.updated,
         "model": conv.model, "model_name": model_name, "system_prompt": conv.system_prompt, "params": conv.params,
         "messages": [{"role": m.role, "content": m.content, "status": m.status,
+                      "finish_reason": m.finish_reason,
                       "model": m.model, "params": m.params, "stats": m.stats,
                       "created": m.created, "version": m.version[0], "versions": m.version[1]}
                      for m in messages],

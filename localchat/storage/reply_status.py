@@ -18,3 +18,15 @@ class ReplyStatus(str, Enum):
     def after(cls, finish_reason: str) -> "ReplyStatus":
         """A finished generation's status: cancelled replies are interrupted."""
         return cls.INTERRUPTED if finish_reason == "cancelled" else cls.COMPLETE
+
+
+STOP_LABELS = {"stop": "", "length": "stopped: reached the token limit", "cancelled": "stopped"}
+
+
+def reply_label(status: ReplyStatus | str, finish_reason: str | None) -> str:
+    """Why a reply ended, as shown under it and in exports: '' for a natural end, 'stopped'
+    (by the user), 'stopped: reached the token limit', else its status ('interrupted':
+    failed, or its process died; 'streaming')."""
+    if finish_reason in STOP_LABELS:
+        return STOP_LABELS[finish_reason]
+    return "" if status == ReplyStatus.COMPLETE else str(ReplyStatus(status))

@@ -43,9 +43,13 @@ class ReplyWriter:
             self.store.update_reply(self.message_id, text)
             self._flushed_len = len(text)
 
-    def finish(self, status: ReplyStatus | str, stats: dict | None = None, text: str | None = None) -> str:
+    def finish(self, status: ReplyStatus | str, stats: dict | None = None, text: str | None = None,
+               finish_reason: str | None = None) -> str:
         """Final write: the whole text (the engine's Result text plus the prefix, when
-        given), its status and stats. Returns the text written."""
+        given), its status and stats, the engine's finish_reason kept among the stats.
+        Returns the text written."""
         final = self.text if text is None else self.prefix + text
+        if finish_reason is not None:
+            stats = {**(stats or {}), "finish_reason": finish_reason}
         self.store.finish_reply(self.message_id, final, status=status, stats=stats)
         return final

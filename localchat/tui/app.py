@@ -4,7 +4,6 @@ are in controls.py; it holds `conversations` (conversations.py) and `switcher` (
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import threading
@@ -23,9 +22,11 @@ from textual.message import Message as TextualMessage
 from textual.widgets import Footer, Static
 
 from localchat.chat.session import ChatSession, Entry, Reply
-from localchat.engine.base import Delta, Engine, Message, Result
+from localchat.engine.base import BASE_MODEL_NOTE, Delta, Engine, Message, Result
 from localchat.errors import LocalchatError
-from localchat.settings import ChatSettings
+from localchat.chat.params import ReplyParams
+from localchat.engine import open_engine
+from localchat.engine.config import EngineConfig
 from localchat.storage import ConversationStore, StoreUnavailable
 from localchat.storage.db import BUSY_TIMEOUT_MS
 from localchat.tui.chat_log import ChatLog
@@ -35,7 +36,7 @@ from localchat.tui.help import EMPTY_HINT, KEYS_HELP, help_markdown
 from localchat.tui.keymap import load_keymap
 from localchat.tui.palette import ChatCommands
 from localchat.tui.sidebar import Sidebar
-from localchat.tui.switching import EngineSwitcher, draft_label
+from localchat.tui.switching import EngineSwitcher
 from localchat.tui.widgets import GaugeBar, MessageView, PromptInput, RateSparkline
 
 __all__ = ["ChatApp", "run_tui", "KEYS_HELP", "help_markdown", "UI_INTERVAL_S"]
@@ -126,7 +127,8 @@ class ChatApp(ControlsMixin, App):
 
         error: str
 
-    def __init__(self, settings: ChatSettings, engine: Engine | None = None, *,
+    def __init__(self, config: EngineConfig, params: ReplyParams | None = None,
+                 engine: Engine | None = None, *,
                  store: ConversationStore | None | str = "open",
                  db_path: Path | None = None, continue_last: bool = False,
                  db_busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
@@ -134,7 +136,7 @@ class ChatApp(ControlsMixin, App):
         self.conversations = Conversations(self, db_path, db_busy_timeout_ms)
         self.switcher = EngineSwitcher(self)
         self.session = ChatSession(
-            settings, store if isinstance(store, ConversationStore) else None, engine,
+            config, params, store if isinstance(store, ConversationStore) else None, engine,
             on_store_error=self.conversations.store_failed)
         self.attachments: list = []  # chat.attachments.Attachment: sent with the next message
         self.store_problem: StoreUnavailable | None = None
@@ -147,14 +149,15 @@ class ChatApp(ControlsMixin, App):
         self._open_store = store == "open"
         self._continue_last = continue_last
         self._cancel = threading.Event()
+        self._base_models_noted: set[str] = set()  # paths already said to be base models
         self._reply: Reply | None = None  # the reply being generated
         self.keymap_file, keymap, self.keymap_problem = load_keymap()
         if keymap:
             self.set_keymap(keymap)
 
     # what the session holds, as the app's own attributes
-    settings = property(lambda self: self.session.settings,
-                        lambda self, value: setattr(self.session, "settings", value))
+    config = property(lambda self: self.session.config)  # what the engine runs
+    params = property(lambda self: self.session.params)  # what the next reply uses
     engine = property(lambda self: self.session.engine,
                       lambda self, value: setattr(self.session, "engine", value))
     store = property(lambda self: self.session.store,
@@ -183,16 +186,16 @@ class ChatApp(ControlsMixin, App):
     async def open_conversation(self, conversation_id: int) -> bool:
         return await self.conversations.open(conversation_id)
 
-    def switch_engine(self, settings: ChatSettings, what: str) -> bool:
-        """Load an engine for settings in a worker; it replaces the current one when ready."""
-        return self.switcher.switch(settings, what)
+    def switch_engine(self, config: EngineConfig, what: str) -> bool:
+        """Load an engine for config in a worker; it replaces the current one when ready."""
+        return self.switcher.switch(config, what)
 
     @property
     def draft_colours(self) -> bool:
         return self.query_one(ChatLog).draft_colours
 
     def compose(self) -> ComposeResult:
-        yield Static(f"localchat · {self.settings.model}", id="title")
+        yield Static(f"localchat · {self.config.model}", id="title")
         with Horizontal(id="main"):
             yield Sidebar(id="sidebar", classes="hidden")
             with Vertical(id="chatpane"):
@@ -204,15 +207,20 @@ class ChatApp(ControlsMixin, App):
                 yield PromptInput(id="prompt", show_line_numbers=False, placeholder=EMPTY_HINT)
         yield Footer()
 
+    def show_constraint(self) -> None:
+        """The gauge says `json` while this conversation's replies are constrained."""
+        self.query_one(GaugeBar).constrained = self.params.constraint is not None
+
     def show_system_prompt(self) -> None:
         """The system prompt, on one line above the chat (hidden when there is none)."""
         line = self.query_one("#system-line", Static)
-        system = self.settings.system
+        system = self.params.system
         line.set_class(not system, "hidden")
         line.update(Content(f"System: {' '.join((system or '').split())}  (/system edits)"))
 
     async def on_mount(self) -> None:
         self.show_system_prompt()
+        self.show_constraint()
         self.query_one("#chat").anchor()
         self.query_one(PromptInput).focus()
         if self.keymap_problem:
@@ -243,7 +251,7 @@ class ChatApp(ControlsMixin, App):
     @work(thread=True, exclusive=True, group="load")
     def _load_engine(self) -> None:
         try:
-            engine = self.settings.load_engine()
+            engine = open_engine(self.config)
         except LocalchatError as exc:
             self.post_message(self.EngineLoaded(None, str(exc)))
             return
@@ -262,11 +270,14 @@ class ChatApp(ControlsMixin, App):
     def show_engine(self) -> None:
         """The title line: model, quantization, engine, context and draft."""
         info = self.engine.info
-        draft = f" · draft {draft_label(self.settings.draft)}" if self.settings.draft else ""
+        draft = f" · draft {self.config.draft.label()}" if self.config.draft.enabled else ""
         where = (f"{info.path}" if self.engine.name == "remote"  # the server's URL, not
                  else f"{info.quant_type} · {self.engine.name}")  # "remote · remote"
         self.query_one("#title", Static).update(
             f"localchat · {info.name} · {where} · ctx {info.n_ctx}{draft}")
+        if info.base_model and info.path not in self._base_models_noted:  # once per model
+            self._base_models_noted.add(info.path)
+            self.notice(BASE_MODEL_NOTE)
 
     # -- a reply streaming -------------------------------------------------------------
 
@@ -412,8 +423,7 @@ class ChatApp(ControlsMixin, App):
             self.engine.close()
 
 
-def run_tui(args: argparse.Namespace) -> int:
-    continue_last = getattr(args, "continue_last", False)
-    # two KV slots: the chat, and the one before it stays cached when you switch back
-    ChatApp(ChatSettings.from_args(args).with_parallel(2), continue_last=continue_last).run()
+def run_tui(config: EngineConfig, params: ReplyParams, *, continue_last: bool = False) -> int:
+    """The chat UI until the user quits; config's engine loads in the background."""
+    ChatApp(config, params, continue_last=continue_last).run()
     return 0

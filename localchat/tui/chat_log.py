@@ -9,17 +9,15 @@ from textual.containers import VerticalScroll
 from textual.widgets import Markdown, Static
 
 from localchat.chat.session import Entry
-from localchat.storage.reply_status import ReplyStatus
+from localchat.storage.reply_status import ReplyStatus, reply_label
 from localchat.tui.widgets import MessageView
-
-STOP_LABELS = {"stop": "", "length": "stopped: reached the token limit", "cancelled": "stopped"}
 
 
 def status_line(entry: Entry) -> str:
     """Under a reply: its tokens, speed, TTFT and cached prompt, and why it stopped."""
-    label = STOP_LABELS.get(entry.finish_reason or "", "")
-    if entry.status == ReplyStatus.INTERRUPTED and not label:
-        label = "interrupted"
+    label = reply_label(entry.status, entry.finish_reason)
+    if entry.status == ReplyStatus.STREAMING:
+        label = ""
     s = entry.stats
     parts = []
     if s is not None:

@@ -9,7 +9,8 @@ from dataclasses import replace
 from textual.actions import SkipAction
 
 from localchat.chat.attachments import read_attachment
-from localchat.chat.commands import Command, apply_set, export_args, parse_command, parse_set, unescape
+from localchat.chat.commands import (Command, apply_set, export_args, parse_command, parse_json,
+                                     parse_set, unescape)
 from localchat.chat.context import prompt_budget
 from localchat.chat.reasoning import split_reply, without_reasoning
 from localchat.chat.session import Entry
@@ -49,9 +50,10 @@ class ControlsMixin:
             self.show_editing_title()
         blocks = [a.as_message() for a in self.attachments]
         self.attachments = []
-        text = "\n\n".join([*blocks, unescape(text)])
+        typed = unescape(text)
+        text = "\n\n".join([*blocks, typed])
         self._select(None)
-        await self.start_reply(self.session.send(text) if editing is None else
+        await self.start_reply(self.session.send(text, typed) if editing is None else
                                self.session.edit(self.session.entries[editing].key, text))
 
     async def run_command(self, command: Command, typed: str = "") -> None:
@@ -68,11 +70,17 @@ class ControlsMixin:
             self._set_system(arg or None)
         elif name == "set":
             field, value = parse_set(arg)
-            sampling, max_tokens = apply_set(self.settings.sampling, self.settings.max_tokens,
+            sampling, max_tokens = apply_set(self.params.sampling, self.params.max_tokens,
                                              field, value)
-            self.settings = replace(self.settings, sampling=sampling, max_tokens=max_tokens)
-            self.session.save_settings()
+            self.session.set_params(replace(self.params, sampling=sampling,
+                                            max_tokens=max_tokens))
             self.info(f"{field} = {'default' if value is None else value}")
+        elif name == "json":
+            constraint = parse_json(arg)
+            self.session.set_params(replace(self.params, constraint=constraint))
+            self.show_constraint()
+            self.info("replies are free text" if constraint is None else
+                      f"replies follow the {constraint.label}")
         elif name == "model":
             if not arg:
                 self.action_pick_model()
@@ -115,9 +123,9 @@ class ControlsMixin:
         if self.engine is not None:
             n_ctx = self.engine.info.n_ctx
             tokens = self.engine.count_prompt_tokens([Message("user", attachment.as_message())])
-            if tokens > prompt_budget(n_ctx, self.settings.max_tokens):
+            if tokens > prompt_budget(n_ctx, self.params.max_tokens):
                 raise UsageError(f"{attachment.name} is {tokens} tokens: it cannot fit in the "
-                                 f"{n_ctx}-token context with room for a reply (-c/--ctx-size)")
+                                 f"{n_ctx}-token context with room for a reply (F6 sets the context)")
             size = f"{tokens} tokens of the {n_ctx}-token context"
         else:
             size = f"{len(attachment.text)} characters"
@@ -335,11 +343,32 @@ class ControlsMixin:
             self.error("this message has one version: regenerating (Ctrl+R) or editing a "
                         "message adds another (Alt+Up selects an earlier one)")
             return
+        at, count = entry.siblings.index(entry.db_id) + 1, len(entry.siblings)
+        if not 1 <= at + step <= count:  # the ends stop: no wrapping round
+            self.error(f"this is the {'first' if step < 0 else 'last'} version ({at} of {count})")
+            return
         if not self.session.switch_version(entry.key, step):
             return
         await self.query_one(ChatLog).show(self.session.entries)
+        self.show_branch_context()
         if self.selected is not None:
             self._select(index)
+
+    def show_branch_context(self) -> None:
+        """The ctx gauge after a branch switch: the tokens of the branch now on screen (its
+        last reply's context, else its prompt's tokens), not the last generated reply's."""
+        gauges = self.query_one(GaugeBar)
+        if gauges.stats is None:
+            return
+        last = next((e.stats for e in reversed(self.session.entries) if e.stats is not None
+                     and e.stats.context_tokens), None)
+        if last is not None:
+            tokens = last.context_tokens
+        elif self.engine is not None and self.session.entries:
+            tokens = self.engine.count_prompt_tokens(self.session.history)
+        else:
+            tokens = 0
+        gauges.stats = replace(gauges.stats, context_tokens=tokens)
 
     async def action_fork(self) -> None:
         """/fork: a new conversation holding a copy of the branch on screen."""

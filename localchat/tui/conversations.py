@@ -80,6 +80,7 @@ class Conversations:
             return False
         await app.reset_chat()
         app.show_system_prompt()
+        app.show_constraint()
         await app.query_one(ChatLog).show(app.session.entries)
         app.switcher.follow(app.conversation)
         await self.refresh_sidebar()
@@ -92,6 +93,8 @@ class Conversations:
             return
         app.session.new()
         await app.reset_chat()
+        app.show_system_prompt()
+        app.show_constraint()
         await self.refresh_sidebar()
         app.query_one(PromptInput).focus()  # even from the conversation list: type at once
 
@@ -182,6 +185,8 @@ class Conversations:
                 return
             if app.session.delete(conversation_id):
                 await app.reset_chat()
+                app.show_system_prompt()
+                app.show_constraint()
             await self.refresh_sidebar()
 
         app.push_screen(ConfirmScreen(
@@ -204,7 +209,7 @@ class Conversations:
             data_dir() / "exports", conv, fmt)
         engine = app.engine
         info = engine.info if engine is not None else None
-        name = (f"{info.name} {info.quant_type}" if info and conv.model == app.settings.model
+        name = (f"{info.name} {info.quant_type}" if info and conv.model == app.config.model
                 and engine.name != "remote" else None)  # "default" says little
         try:
             export_conversation(target, conv, stored, fmt, name)

@@ -17,7 +17,8 @@ KEYS_HELP = [
     ("Up (in an empty input)", "edit the selected (or last) message you sent"),
     ("Ctrl+R", "regenerate the selected (or last) reply: the old one stays as a version"),
     ("Alt+Up / Alt+Down", "select an earlier message (for Ctrl+R, Up-to-edit, Alt+←/→)"),
-    ("Alt+Left / Alt+Right", "switch between a message's versions (‹ 2/3 ›) and their branches"),
+    ("Alt+Left / Alt+Right", "switch between a message's versions (‹ 2/3 ›) and their branches; "
+                              "stops at the first and the last"),
     ("Ctrl+G", "continue a stopped reply"),
     ("F2 / F3", "copy the last reply / its last code block (or click a message)"),
     ("F4", "colour the tokens a speculative draft proposed (replies made here; again: Markdown)"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.cells import cell_len, set_cell_size
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -14,10 +15,24 @@ from textual.widgets import Input, Label, ListItem, ListView, Static
 
 from localchat.storage import Conversation
 
+TITLE_COLUMNS = 24  # the sidebar's 28 columns less its border, padding and the "● " mark
+MARKS = (" (fork)",)  # kept visible when a title is cut: they tell copies apart
+
+
+def fitted_title(title: str, columns: int = TITLE_COLUMNS) -> str:
+    """The title in at most `columns` cells, cut with … before a trailing (fork) mark, so a
+    fork and its original never read the same."""
+    if cell_len(title) <= columns:
+        return title
+    mark = next((m for m in MARKS if title.endswith(m)), "")
+    base = title[:len(title) - len(mark)].rstrip()
+    room = columns - cell_len(mark) - 1
+    return set_cell_size(base, room).rstrip() + "…" + mark
+
 
 class ConversationItem(ListItem):
     def __init__(self, conversation: Conversation, current: bool) -> None:
-        super().__init__(Label(("● " if current else "  ") + conversation.title),
+        super().__init__(Label(("● " if current else "  ") + fitted_title(conversation.title)),
                          classes="current" if current else "")
         self.conversation = conversation
 

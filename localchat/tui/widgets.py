@@ -145,9 +145,11 @@ class GaugeBar(Static):
 
     stats: reactive[Stats | None] = reactive(None)
     state: reactive[str] = reactive("loading model…")
+    constrained: reactive[bool] = reactive(False)  # replies follow a JSON schema or grammar
 
     def render(self) -> str:
-        return format_gauges(self.stats, self.state, self.content_size.width or None)
+        state = f"{self.state} · json" if self.constrained else self.state
+        return format_gauges(self.stats, state, self.content_size.width or None)
 
 
 def live_rate(last: tuple[int, float] | None, stats: Stats) -> tuple[float | None, tuple[int, float]]:

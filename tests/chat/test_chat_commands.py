@@ -105,3 +105,27 @@ def test_exports_are_complete_and_atomic(tmp_path):
     assert data["messages"][1]["stats"] == {"completion_tokens": 3}
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["c.json"]  # no temp files left
     store.close()
+
+
+@pytest.mark.parametrize("reply", [
+    "Here:\n```python\ndef f():\n    return 1",  # cut inside a fence
+    "Here:\n~~~~\ncode\n```\nstill code",  # a shorter, other fence does not close it
+    "Done:\n```\nx = 1\n```",  # closed: left as it is
+])
+def test_markdown_export_closes_a_reply_left_inside_a_code_fence(tmp_path, reply):
+    from markdown_it import MarkdownIt
+
+    store = ConversationStore.open(tmp_path / "h.db")
+    c = store.create_conversation("Code", model="default")
+    store.add_message(c.id, "user", "Write f.")
+    r = store.begin_reply(c.id)
+    store.finish_reply(r, reply, status="interrupted")
+    store.add_message(c.id, "user", "Thanks")
+    md = to_markdown(store.get_conversation(c.id), store.messages(c.id))
+    headings = [t.content for t in MarkdownIt("commonmark").parse(md) if t.type == "inline"
+                and t.map and md.splitlines()[t.map[0]].startswith("## ")]
+    # CommonMark sees every heading after the reply: its fence ends with it
+    assert headings == ["You", "Assistant (interrupted)", "You"]
+    assert md.count("```") + md.count("~~~~") == reply.count("```") + reply.count("~~~~") + \
+        (reply != "Done:\n```\nx = 1\n```")
+    store.close()

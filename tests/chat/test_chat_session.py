@@ -3,6 +3,7 @@ a few tokens so each reply is quick."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from localchat.chat.session import ChatSession
 from localchat.engine.base import Delta, Engine, SamplingParams
 from localchat.errors import LocalchatError
-from localchat.settings import ChatSettings
+from helpers.pilot import chat_config
 from localchat.storage import ConversationStore, ReplyStatus, StoreError
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -24,7 +25,7 @@ def store(tmp_path):
 
 
 def session_on(engine, store=None, max_tokens=8, errors=None) -> ChatSession:
-    return ChatSession(ChatSettings(sampling=GREEDY, max_tokens=max_tokens), store, engine,
+    return ChatSession(*chat_config(sampling=GREEDY, max_tokens=max_tokens), store, engine,
                        on_store_error=(errors.append if errors is not None else lambda e: None))
 
 
@@ -183,3 +184,60 @@ def test_fork_copies_the_branch_into_a_new_conversation(engine, store):
     assert fork is not None and fork.title == "Hi (fork)"
     assert session.open(fork.id) and [e.content for e in session.entries] == before
     assert session.conversation.id == fork.id
+
+
+def test_a_new_chat_starts_from_the_defaults_not_the_last_chats_params(engine, store):
+    """After /system and /set in one chat, a new chat (Ctrl+N, or deleting the open one)
+    replies with the defaults the app started with, as in every peer."""
+    session = session_on(engine, store)
+    defaults = session.params
+    session.send("Hi")
+    session.set_system("You are a pirate. Say arr.")
+    session.set_params(session.params.updated({"temperature": 0.2, "max_tokens": 60}))
+    pirate = session.params
+    assert (pirate.system, pirate.sampling.temperature, pirate.max_tokens) == (
+        "You are a pirate. Say arr.", 0.2, 60)
+    first = session.conversation.id
+    session.new()
+    assert session.params == defaults and session.history == []
+    request, _ = session.request(session.send("Hello"))
+    assert request.sampling == defaults.sampling and request.max_tokens == defaults.max_tokens
+    assert all(m.role != "system" for m in request.messages)
+    assert session.open(first) and session.params == pirate  # the old chat keeps its own
+    session.delete(first)
+    assert session.params == defaults
+
+
+def test_a_stopped_or_cut_reply_keeps_its_reason_when_reopened_and_exported(engine, store):
+    from localchat.storage.export import to_json, to_markdown
+    from localchat.tui.chat_log import status_line
+
+    session = session_on(engine, store, max_tokens=4)
+    cut = session.run(session.send("Count from one to twenty."))  # 4 tokens: the limit
+    cancel = threading.Event()
+    stopped = session.run(session.send("And back down."), cancel,
+                          lambda e: isinstance(e, Delta) and e.text and cancel.set())
+    assert (cut.finish_reason, stopped.finish_reason) == ("length", "cancelled")
+    live = [status_line(e).split(" · ")[-1] for e in (cut, stopped)]
+    assert live == ["stopped: reached the token limit", "stopped"]
+    assert session.open(session.conversation.id)  # as after Alt+←/→ or --continue
+    reopened = [e for e in session.entries if e.role == "assistant"]
+    assert [status_line(e).split(" · ")[-1] for e in reopened] == live
+    md = to_markdown(session.conversation, stored(session))
+    assert "## Assistant (stopped: reached the token limit)\n" in md
+    assert "## Assistant (stopped)\n" in md and "interrupted" not in md
+    data = json.loads(to_json(session.conversation, stored(session)))
+    assert [m["finish_reason"] for m in data["messages"]] == [None, "length", None, "cancelled"]
+
+
+def test_continue_goes_back_to_the_conversation_last_opened_not_last_written(engine, store):
+    session = session_on(engine, store, max_tokens=2)
+    session.run(session.send("Hi"))
+    first = session.conversation
+    session.run(session.regenerate(session.entries[-1].key))
+    session.new()
+    session.run(session.send("Hello"))  # the newest conversation, written last
+    assert session.open(first.id)  # back to the first, then to its other version
+    assert session.switch_version(session.entries[-1].key, -1)
+    assert store.last_conversation().id == first.id  # what --continue opens
+    assert [m.id for m in stored(session)][-1] == session.entries[-1].db_id

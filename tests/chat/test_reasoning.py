@@ -7,7 +7,7 @@ import pytest
 
 from localchat.chat.reasoning import ReasoningSplitter, split_reply, without_reasoning
 from localchat.engine.base import SamplingParams
-from localchat.settings import ChatSettings
+from helpers.pilot import chat_config
 from localchat.storage import ConversationStore
 from localchat.tui.app import ChatApp
 from localchat.tui.widgets import GaugeBar
@@ -49,7 +49,7 @@ async def test_a_stored_thinking_reply_is_collapsed_copied_apart_and_not_sent_ba
     reply = store.begin_reply(conv.id)
     store.finish_reply(reply, REPLY, status="complete")
     store.close()
-    app = ChatApp(ChatSettings(sampling=SamplingParams(temperature=0.0), max_tokens=4),
+    app = ChatApp(*chat_config(sampling=SamplingParams(temperature=0.0), max_tokens=4),
                   engine=engine, continue_last=True)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
@@ -75,7 +75,7 @@ async def test_a_reply_that_streams_a_thinking_block_fills_the_section(engine):
     reply = store.begin_reply(conv.id)
     store.finish_reply(reply, "<think>\nTwo plus two", status="interrupted")
     store.close()
-    app = ChatApp(ChatSettings(sampling=SamplingParams(temperature=0.0), max_tokens=6),
+    app = ChatApp(*chat_config(sampling=SamplingParams(temperature=0.0), max_tokens=6),
                   engine=engine, continue_last=True)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")

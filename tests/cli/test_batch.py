@@ -72,6 +72,36 @@ def test_a_lone_surrogate_or_non_utf8_line_is_that_lines_error_only(tmp_path):
         assert r["error"].startswith(f"line {n}: prompt is not valid Unicode")
 
 
+def test_a_huge_seed_or_deep_nesting_is_that_lines_error_only(tmp_path):
+    """Issue 39 #14/#15: a seed >= 2^64 (OverflowError) or a line nested 5,000 deep
+    (RecursionError) aborted the whole batch, losing the valid lines."""
+    batch = tmp_path / "requests.jsonl"
+    batch.write_text(jsonl(
+        {"id": "a", "prompt": "Hi", "seed": 2**64 - 1},
+        {"id": "seed", "prompt": "Hi", "seed": 99999999999999999999999},
+        "[" * 5000 + "]" * 5000,
+        '{"id": "deep", "prompt": "Hi", "x": ' + "[" * 5000 + "]" * 5000 + "}",
+        {"id": "b", "prompt": "Hello"},
+    ))
+    proc = localchat("run", "--batch", str(batch), "--temp", "0", "-n", "2")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    out = records(proc.stdout)
+    assert [r["id"] for r in out] == ["a", "seed", 3, 4, "b"]
+    assert "text" in out[0] and "text" in out[4]
+    assert out[1]["error"] == ("line 2: seed must be in [0, 18446744073709551615], "
+                               "got 99999999999999999999999")
+    assert out[2]["error"] == out[3]["error"].replace("4", "3") == "line 3: JSON nested too deeply"
+
+
+@pytest.mark.parametrize("engine", ["llama.cpp", "torch"])
+def test_a_seed_past_64_bits_is_a_one_line_error(engine):
+    proc = localchat("run", "--engine", engine, "-s", "99999999999999999999999", "-n", "2", "Hi")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "localchat: error: seed must be in [0, 18446744073709551615], "
+        "got 99999999999999999999999"]
+
+
 def test_stdin_and_all_good_exits_0():
     proc = localchat("run", "--batch", "-", "--temp", "0", "-n", "4",
                      stdin=jsonl({"prompt": "Hello"}, {"id": "x", "prompt": "Bye"}))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from localchat.engine.base import Request, SamplingParams
 from helpers.cli import assert_one_line_error, localchat
 
 
@@ -20,10 +21,14 @@ def test_run_json_has_text_and_positive_stats():
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["text"].strip()
-    for key in ("ttft_s", "decode_tok_s", "prefill_tok_s", "kv_cache_cached_bytes",
+    for key in ("ttft_s", "decode_tok_s", "prefill_tok_s",
                 "kv_cache_capacity_bytes", "prompt_tokens", "completion_tokens"):
         assert out[key] > 0, key
-    assert out["kv_cache_bytes"] == 0  # finished: its blocks are back (the full ones cached)
+    # finished: its full blocks stay cached for the conversation, which still holds them;
+    # nothing else was ever cached in this process
+    per_token = out["kv_cache_capacity_bytes"] // out["context_capacity"]
+    assert out["kv_cache_bytes"] == out["context_tokens"] // 16 * 16 * per_token > 0
+    assert out["kv_cache_cached_bytes"] == 0
     assert out["finish_reason"] in ("stop", "length")
     assert out["engine"] == "llama.cpp" and out["model"]
     assert out["cached_tokens"] == 0
@@ -38,6 +43,8 @@ def test_run_streams_reply_only_on_stdout_and_stats_on_stderr():
     assert "eval rate" not in proc.stdout
     for field in ("time to first token", "prompt eval rate", "eval rate", "kv cache"):
         assert field in proc.stderr
+    kv_line = next(line for line in proc.stderr.splitlines() if line.startswith("kv cache:"))
+    assert not kv_line.split(":", 1)[1].strip().startswith("0 B")  # the conversation's KV
 
 
 def test_stdin_comes_first_then_the_argument():
@@ -222,7 +229,7 @@ def test_bench_concurrency_levels_are_checked():
 
 
 def test_knee_is_where_throughput_stops_growing_but_latency_does_not():
-    from localchat.cli.bench_concurrency import knee
+    from localchat.bench.concurrency import knee
 
     def row(tok_s, p50):
         return {"torch": {"aggregate_tok_s": tok_s, "p50_latency_s": p50}}
@@ -269,12 +276,12 @@ def test_a_context_beyond_the_trained_one_is_refused_before_allocating():
 @pytest.mark.parametrize("engine_name", ["llama.cpp", "torch"])
 def test_a_kv_cache_the_memory_cannot_hold_is_refused_before_allocating(monkeypatch,
                                                                          engine_name):
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
     from localchat.errors import UsageError
 
     monkeypatch.setattr("localchat.units.available_memory", lambda: 50 * 2**20)  # 50 MiB free
     with pytest.raises(UsageError, match=r"needs .* and 50\.0 MiB is available"):
-        load_engine("default", engine=engine_name, ctx_size=8192, parallel=1, threads=2)
+        open_engine(EngineConfig("default", engine=engine_name, ctx_size=8192, parallel=1, threads=2))
 
 
 def test_attached_text_feeds_prompt_lookup_drafts_and_the_stats_show_it(tmp_path):
@@ -297,6 +304,79 @@ def test_attach_puts_a_named_text_file_before_the_prompt_and_refuses_binaries(tm
     alone = localchat("run", "--temp", "0", "-n", "2", "--json", "What does it do?")
     assert with_file.returncode == 0, with_file.stderr
     assert json.loads(with_file.stdout)["prompt_tokens"] > json.loads(alone.stdout)["prompt_tokens"] + 10
+    from localchat.storage import ConversationStore
+
+    store = ConversationStore.open()  # the run's history: titled from the typed words
+    assert [c.title for c in store.list_conversations()] == ["What does it do?"] * 2
+    store.close()
     (tmp_path / "blob.bin").write_bytes(b"\x7fELF\x00\x01")
     assert_one_line_error(localchat("run", "--attach", str(tmp_path / "blob.bin"), "hi"),
                           "cannot attach blob.bin: it is a binary file")
+
+
+def test_a_model_before_the_prompt_is_taken_as_ollama_run_takes_it(tmp_path):
+    """`localchat run MODEL PROMPT`: the first word is the model when it names one."""
+    from localchat.models.specs import resolve_model
+
+    bundled = str(resolve_model("default"))
+    greedy = ("-n", "4", "--temp", "0", "--no-draft", "--no-history", "--json")
+    by_flag = localchat("run", "-m", bundled, "Say hi.", *greedy)
+    by_word = localchat("run", bundled, "Say hi.", *greedy)
+    assert by_flag.returncode == by_word.returncode == 0, by_word.stderr
+    assert json.loads(by_word.stdout)["text"] == json.loads(by_flag.stdout)["text"]
+    assert json.loads(by_word.stdout)["model_path"] == bundled
+    # a short name that is not downloaded: the hub's one-line answer, not "unrecognized"
+    offline = localchat("run", "smollm2:360m", "hi")
+    assert_one_line_error(offline, "not downloaded", "SmolLM2-360M")
+    assert "unrecognized" not in offline.stderr
+    assert_one_line_error(localchat("run", "hello", "there"), "[MODEL] PROMPT")
+    assert_one_line_error(localchat("run", "-m", bundled, "default", "hi"), "two models")
+
+
+def test_one_word_is_the_prompt_unless_it_names_a_model():
+    import argparse
+
+    from localchat.cli.run import take_model_word
+
+    def split(*words, model="default"):
+        args = argparse.Namespace(words=list(words), model=model)
+        return take_model_word(args), args.model, args.prompt
+
+    assert split("hi") == (False, "default", "hi")
+    assert split("smollm2:360m") == (True, "smollm2:360m", None)
+    assert split("default", "hi") == (True, "default", "hi")
+    assert split("What is 2/3:4?") == (False, "default", "What is 2/3:4?")
+
+
+def test_a_prompt_too_long_for_a_file_name_is_never_taken_for_a_model():
+    import argparse
+
+    from localchat.cli.run import take_model_word
+
+    for words in ("word " * 5000, "a" * 300, "two\nlines.gguf"):
+        args = argparse.Namespace(words=[words], model="default")
+        assert take_model_word(args) is False and args.prompt == words
+
+
+def test_a_base_model_is_said_once_and_run_raw_continues_plain_text(tmp_path, engine):
+    """A GGUF without a chat template or chat tokens: `run` says once that it is a base model;
+    `run --raw` sends the prompt as plain tokens, as llama.cpp gets them (the reference)."""
+    from helpers.gguf_builder import base_model_copy, bundled_path
+
+    base = base_model_copy(bundled_path(), tmp_path / "base.gguf")
+    text = "The capital of France is"
+    chat = localchat("run", "-m", str(base), text, "-n", "4", "--temp", "0")
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stderr.count("this looks like a base model (no chat template): replies "
+                             "continue your text") == 1
+    raw = localchat("run", "-m", str(base), "--raw", text, "-n", "8", "--temp", "0", "--json")
+    assert raw.returncode == 0, raw.stderr
+    assert "base model" not in raw.stderr
+    out = json.loads(raw.stdout)
+    reference = engine.complete(Request(prompt_tokens=engine.tokenize_text(text),
+                                        sampling=SamplingParams(temperature=0), max_tokens=8))
+    assert out["prompt_tokens"] == len(engine.tokenize_text(text))
+    assert out["text"] == reference.text and out["text"].strip()
+    normal = localchat("run", text, "-n", "2", "--temp", "0")  # a chat model: nothing said
+    assert normal.returncode == 0 and "base model" not in normal.stderr
+    assert_one_line_error(localchat("run", "--raw", "--continue", text), "--raw")

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from localchat.storage import ConversationStore
 
 from helpers.cli import localchat
@@ -120,3 +122,45 @@ def test_run_continue_with_a_damaged_database_is_a_one_line_error():
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "damaged" in lines[0], proc.stderr
     assert db_path().read_bytes() == b"garbage" * 1000
+
+
+@pytest.mark.slow  # three runs of the model and a 5 s busy timeout
+def test_a_database_locked_once_the_reply_starts_leaves_the_reply_whole():
+    """Issue 39 #11: another process taking the write lock once the reply has started, and
+    holding it past the busy timeout, ended the run with rc 1 and the reply cut; now the
+    reply completes on stdout and stderr says, once, that it is not saved."""
+    args = ["run", "Count from 1 to 100, one number per line.", "--temp", "0", "-n", "48"]
+    expected = localchat(*args, "--no-history")
+    assert expected.returncode == 0 and expected.stdout.strip(), expected.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "localchat", *args], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.read(1)  # the reply has begun: its row is in the database
+    proc.send_signal(signal.SIGSTOP)  # no further token until the lock is held
+    holder = sqlite3.connect(db_path(), isolation_level=None, timeout=60)
+    try:
+        holder.execute("BEGIN IMMEDIATE")  # the write lock; readers (WAL) still read
+        proc.send_signal(signal.SIGCONT)
+        rest, err = proc.communicate(timeout=180)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        holder.rollback()
+        holder.close()
+    assert proc.returncode == 0, err
+    assert (first + rest).decode() == expected.stdout
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "localchat: warning: the reply is not saved to the history: "), err
+    assert "locked" in lines[0]
+
+
+def test_localchat_home_that_cannot_be_created_runs_without_history(tmp_path):
+    """Issue 39 #12: LOCALCHAT_HOME under a read-only parent (here: under a file, which
+    root cannot write into either) was an OSError traceback from mkdir."""
+    (tmp_path / "a-file").write_text("")
+    home = tmp_path / "a-file" / "home"
+    done = localchat("run", "Hi", "--temp", "0", "-n", "4", env_extra={"LOCALCHAT_HOME": str(home)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip()
+    assert done.stderr.strip().splitlines() == [
+        f"localchat: warning: this run is not saved to the history: cannot create the history "
+        f"folder {home} (Not a directory); history is off for this session"]

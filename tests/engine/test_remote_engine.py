@@ -338,11 +338,11 @@ def test_against_localchat_serve(serve_url, engine):
 
 async def test_the_chat_ui_runs_on_the_endpoint(server_url):
     """The TUI loads the remote engine from its settings and streams a reply."""
-    from localchat.settings import ChatSettings
+    from helpers.pilot import chat_config
     from localchat.tui.app import ChatApp
     from localchat.tui.widgets import GaugeBar, PromptInput
 
-    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=16, endpoint=server_url,
+    app = ChatApp(*chat_config(sampling=GREEDY, max_tokens=16, endpoint=server_url,
                                api_key=KEY, ctx_size=2048))
     async with app.run_test(size=(100, 30)) as pilot:
         deadline = time.monotonic() + 30

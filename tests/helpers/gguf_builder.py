@@ -152,3 +152,32 @@ def refused(tmp_path: Path, g: RawGGUF | bytes, field: str,
     assert isinstance(err, ModelFormatError)
     assert "\n" not in str(err) and "bad.gguf" in str(err) and field in str(err)
     return err
+
+
+def base_model_copy(src: Path, dst: Path) -> Path:
+    """`src` as a base model would ship: no chat template, and the chat-format control
+    tokens that name a format (<|im_start|>, ...) renamed, so nothing in it says "chat";
+    the tensors and every other token are the same bytes."""
+    import gguf
+
+    from localchat.models.files import chat_markers
+
+    reader = gguf.GGUFReader(str(src))
+    markers = set(chat_markers(reader.fields["tokenizer.ggml.tokens"].contents()))
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for name, f in reader.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "tokenizer.chat_template"):
+            continue
+        value = f.contents()
+        if name == "tokenizer.ggml.tokens":
+            value = [f"<|base_{i}|>" if t in markers else t for i, t in enumerate(value)]
+        sub_type = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, value, f.types[0], sub_type=sub_type)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 
+from localchat.chat.params import ReplyParams
 from localchat.engine.base import SamplingParams
-from localchat.settings import ChatSettings
+from localchat.engine.config import EngineConfig
 from localchat.tui.app import ChatApp
 from localchat.tui.widgets import GaugeBar, PromptInput
 
@@ -28,9 +29,19 @@ async def send(pilot, text: str) -> None:
     await pilot.press("enter")
 
 
+REPLY_FIELDS = ("sampling", "max_tokens", "system")
+
+
+def chat_config(**settings) -> tuple[EngineConfig, ReplyParams]:
+    """(EngineConfig, ReplyParams) from one set of keywords, as a ChatApp or ChatSession
+    takes them: sampling, max_tokens and system go to the params, the rest to the config."""
+    params = ReplyParams(**{k: v for k, v in settings.items() if k in REPLY_FIELDS})
+    return EngineConfig(**{k: v for k, v in settings.items() if k not in REPLY_FIELDS}), params
+
+
 def make_app(engine, max_tokens=8, **kwargs) -> ChatApp:
     """A greedy ChatApp on engine, replies capped at max_tokens."""
-    return ChatApp(ChatSettings(sampling=GREEDY, max_tokens=max_tokens), engine=engine, **kwargs)
+    return ChatApp(*chat_config(sampling=GREEDY, max_tokens=max_tokens), engine=engine, **kwargs)
 
 
 async def ready(pilot):

@@ -22,9 +22,15 @@ STARTUP = re.compile(r"localchat: serving (.+) on (http://127\.0\.0\.1:(\d+))/v1
                      r"\(engine ([\w.]+)\)")
 
 
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
 def server_env(home: Path) -> dict[str, str]:
+    """The environment for the `localchat` script: this checkout's code first on the path
+    (the installed script may be an editable install of another checkout)."""
     env = {k: v for k, v in os.environ.items() if k != "LOCALCHAT_API_KEY"}
-    env.update(HF_HUB_OFFLINE="1", LOCALCHAT_HOME=str(home))
+    path = [str(CHECKOUT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env.update(HF_HUB_OFFLINE="1", LOCALCHAT_HOME=str(home), PYTHONPATH=os.pathsep.join(path))
     return env
 
 

@@ -34,11 +34,15 @@ def write_random_model(path: Path, *, arch: str = "llama", seed: int = 0,
                        context_length: int = 4096, renamed_token: int | None = None,
                        token_texts: dict[int, str] | None = None,
                        chat_template: bool = True, dim: int = DIM, ffn: int = FFN,
-                       layers: int = LAYERS, heads: int = HEADS, kv_heads: int = KV_HEADS) -> Path:
+                       layers: int = LAYERS, heads: int = HEADS, kv_heads: int = KV_HEADS,
+                       declared: dict[str, object] | None = None) -> Path:
     """A model with random weights (2 layers of width 128 unless told); `ggml_type` for the
     2-D projections;
     `renamed_token`: give that token another text (a vocabulary that differs);
-    `token_texts`: replace these tokens' texts; chat_template False: the file has none."""
+    `token_texts`: replace these tokens' texts; chat_template False: the file has none;
+    `declared`: metadata that lies about the tensors, by writer field (block_count,
+    embedding_length, feed_forward_length, head_count_kv, layer_norm_rms_eps, tokenizer_model)."""
+    said = declared or {}
     rng = np.random.default_rng(seed)
     vocab = _vocabulary()
     if renamed_token is not None:
@@ -52,18 +56,18 @@ def write_random_model(path: Path, *, arch: str = "llama", seed: int = 0,
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"random-{arch}")
     head_dim = dim // heads
-    writer.add_block_count(layers)
+    writer.add_block_count(said.get("block_count", layers))  # type: ignore[arg-type]
     writer.add_context_length(context_length)
-    writer.add_embedding_length(dim)
-    writer.add_feed_forward_length(ffn)
+    writer.add_embedding_length(said.get("embedding_length", dim))  # type: ignore[arg-type]
+    writer.add_feed_forward_length(said.get("feed_forward_length", ffn))  # type: ignore[arg-type]
     writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
+    writer.add_head_count_kv(said.get("head_count_kv", kv_heads))  # type: ignore[arg-type]
     writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_layer_norm_rms_eps(said.get("layer_norm_rms_eps", 1e-5))  # type: ignore[arg-type]
     if linear_rope_factor is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(linear_rope_factor)
-    writer.add_tokenizer_model(vocab["tokenizer.ggml.model"])
+    writer.add_tokenizer_model(said.get("tokenizer_model", vocab["tokenizer.ggml.model"]))  # type: ignore[arg-type]
     writer.add_tokenizer_pre(vocab["tokenizer.ggml.pre"])
     writer.add_token_list(vocab["tokenizer.ggml.tokens"])
     writer.add_token_types([int(t) for t in vocab["tokenizer.ggml.token_type"]])

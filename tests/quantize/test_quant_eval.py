@@ -87,8 +87,16 @@ def test_eval_table_json_shape(capsys):
     """A reduced table (64 scored tokens, two schemes) through the real CLI."""
     assert main(["eval", "--table", "--schemes", "int4-tensor,Q8_0", "--tokens", "64",
                  "--window", "96", "--threads", "2", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
     assert {"perplexity", "perplexity_ci95", "model"} <= result["reference"].keys()
+    # progress on stderr (stdout here is no terminal): the reference, then a line per row
+    progress = captured.err.splitlines()
+    assert progress[0].startswith(f"eval --table: reference perplexity "
+                                  f"{result['reference']['perplexity']:.3f} (")
+    assert [line.split(" (")[0] for line in progress[1:]] == [
+        f"eval --table: {i}/2 {r['scheme']}: perplexity {r['perplexity']:.3f}, top-1 agreement "
+        f"{r['agreement']:.1%}" for i, r in enumerate(result["rows"], 1)]
     keys = {"scheme", "bits_per_weight", "worst_rel_error", "median_rel_error", "perplexity",
             "agreement", "alpha"}
     rows = {r["scheme"]: r for r in result["rows"]}

@@ -103,9 +103,9 @@ def test_other_types_are_byte_identical_to_llama_cpps(f32_gguf, tmp_path, type_n
 
 
 def _greedy(spec: Path, engine: str) -> str:
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
 
-    eng = load_engine(str(spec), engine=engine, ctx_size=256, threads=2, kv_memory=512 * 23040)
+    eng = open_engine(EngineConfig(str(spec), engine=engine, ctx_size=256, threads=2, kv_memory=512 * 23040))
     try:
         return eng.complete(Request(messages=PROMPT, sampling=SamplingParams(temperature=0.0),
                                     max_tokens=12)).text
@@ -125,8 +125,8 @@ AGREEMENT_FLOOR = {"Q4_0": 0.65, "Q8_0": 0.93, "Q4_K_M": 0.8}
 def test_written_gguf_loads_in_both_engines(tmp_path, f32_gguf, type_name):
     """From the Q4_1 source (dequantized first) through the real CLI; both engines load
     the file, reply, and agree with float32 on most next tokens."""
-    from localchat.cli.eval_agreement import llama_cpp_logits, torch_logits, varied_text_tokens
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
+    from quantize.agreement import llama_cpp_logits, torch_logits, varied_text_tokens
     from localchat.models.files import validate_model_file
 
     out = tmp_path / f"model-{type_name}.gguf"
@@ -135,8 +135,8 @@ def test_written_gguf_loads_in_both_engines(tmp_path, f32_gguf, type_name):
     assert facts.quant_type == type_name and facts.chat_template
     assert gguf.GGUFReader(str(out)).fields["tokenizer.ggml.tokens"].contents() == \
         gguf.GGUFReader(str(resolve_model("default"))).fields["tokenizer.ggml.tokens"].contents()
-    torch_engine = load_engine(str(out), engine="torch", ctx_size=256, threads=2,
-                               kv_memory=512 * 23040)
+    torch_engine = open_engine(EngineConfig(str(out), engine="torch", ctx_size=256, threads=2,
+                               kv_memory=512 * 23040))
     try:
         tokens = varied_text_tokens(torch_engine, 200)
         ours = torch_logits(torch_engine.executor.model.w, tokens)
@@ -172,7 +172,7 @@ def test_int4_file_round_trip_matches_the_scheme(hf_dir, tmp_path):
     """The stored codes and scales dequantize to exactly what the int4-g64 scheme gives."""
     from safetensors import safe_open
 
-    from localchat.engine.executors.torch.intq import dequantize_int, load_int
+    from localchat.formats.intq import dequantize_int, load_int
     from quantize.int_hf import quantize_hf_dir_to_int
     from quantize.schemes import simulate
 

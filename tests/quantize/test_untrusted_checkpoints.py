@@ -85,6 +85,12 @@ BAD_HEADERS = {
                       "unsupported dtype"),
     "size disagrees with shape": ({"a": {"dtype": "F32", "shape": [5], "data_offsets": [0, 16]}},
                                   16, "needs 20"),
+    # issue 39 #9: json.loads let the last of two keys win, and skipped leading spaces
+    "duplicate tensor key": (b'{"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}, '
+                             b'"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}', 16,
+                             "names tensor 'a' twice"),
+    "header starting with spaces": (b'   {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}',
+                                    16, "does not start with '{'"),
 }
 
 
@@ -155,4 +161,30 @@ def test_sigterm_mid_quantize_leaves_nothing(tmp_path, type_name, out_name):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert err.startswith("localchat: error: stopped by SIGTERM") and err.count("\n") == 1, err
+    assert list(out_dir.iterdir()) == []
+
+
+@pytest.mark.slow  # a K-quant of the bundled model, stopped midway
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_llama_cpps_k_quant_step_stops_it(tmp_path, sig):
+    """Issue 39 #13: a signal during llama.cpp's quantizer (one uninterruptible C call) was
+    swallowed ("Exception ignored on calling ctypes callback") and the output written, exit 0.
+    Stopped as soon as llama.cpp's output has bytes: exit 128+signal, nothing left."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "localchat", "quantize", "default", "-o",
+                             str(out_dir / "out.gguf"), "--type", "Q4_K_M", "--threads", "1"],
+                            stderr=subprocess.PIPE, text=True)
+
+    def llama_cpp_writing() -> bool:  # the only plain file there is llama.cpp's output
+        return any(p.is_file() and p.stat().st_size > 0 for p in out_dir.iterdir())
+
+    deadline = time.monotonic() + 300
+    while not llama_cpp_writing() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "finished before it could be stopped"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert "Exception ignored" not in err, err
+    assert proc.returncode == 128 + sig, err
     assert list(out_dir.iterdir()) == []

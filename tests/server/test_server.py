@@ -41,9 +41,9 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine():
     """The same model and settings in this process: what the server must reproduce."""
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
 
-    eng = load_engine("default", ctx_size=1024, threads=1)
+    eng = open_engine(EngineConfig("default", ctx_size=1024, threads=1))
     yield eng
     eng.close()
 
@@ -186,7 +186,7 @@ def test_stop_strings_end_the_reply_with_finish_reason_stop(client):
 def test_max_completion_tokens_n_1_and_a_single_stop_string(client):
     body = client.post("/v1/completions", json={
         "prompt": COUNTING, "temperature": 0, "max_completion_tokens": 3, "n": 1,
-        "stop": "zzz", "model": "anything", "frequency_penalty": 0.5, "user": "ignored"})
+        "stop": "zzz", "model": "default", "frequency_penalty": 0.5, "user": "ignored"})
     assert body.status_code == 200, body.text
     assert body.json()["usage"]["completion_tokens"] == 3
 
@@ -527,7 +527,8 @@ def test_each_request_gets_one_log_line_with_status_tokens_and_seconds(tmp_path)
     assert all(re.match(pattern, line) for line in lines), lines
     for line in lines[:2]:
         assert re.search(r" 200 \d+\+16 tok \d+\.\d\d s$", line), line
-    assert re.search(r" 400 \d+\.\d\d s$", lines[2]), lines[2]
+    # a refusal names its error code and field
+    assert re.search(r" 400 invalid_value \(messages\) \d+\.\d\d s$", lines[2]), lines[2]
 
 
 def test_quiet_serve_logs_no_requests(tmp_path):
@@ -539,3 +540,22 @@ def test_quiet_serve_logs_no_requests(tmp_path):
         assert "/v1/chat/completions" not in proc.stderr()
     finally:
         proc.stop()
+
+
+def test_ps_lists_a_running_server_and_ctrl_c_says_what_it_stops(tmp_path):
+    server = ServerProcess(["-m", "default", "-c", "256", "--threads", "1"], tmp_path)
+
+    def ps() -> list:
+        done = subprocess.run([str(LOCALCHAT), "ps", "--json"], capture_output=True, text=True,
+                              timeout=60, env=server_env(tmp_path / "home"))
+        assert done.returncode == 0, done.stderr
+        return [(s["pid"], s["url"], s["model"], s["engine"], s["context"])
+                for s in json.loads(done.stdout)]
+
+    try:
+        assert ps() == [(server.proc.pid, server.url + "/v1", server.model, server.engine, 256)]
+    finally:
+        code = server.stop(signal.SIGINT)
+    assert code == 130 and "Traceback" not in server.stderr()
+    assert "localchat: stopping (0 requests in flight)" in server.stderr()
+    assert ps() == [] and list((tmp_path / "home" / "servers").glob("*")) == []

@@ -73,6 +73,8 @@ def test_list_is_newest_first_and_search_finds_titles_and_text(store):
     assert [c.id for c in store.list_conversations("100%")] == [a.id]
     assert store.list_conversations("1000%") == []  # % is literal, not a wildcard
     assert store.list_conversations("e_n") == []  # so is _ ("ern" would match a wildcard)
+    assert store.last_conversation().id == b.id  # created (opened) last: the one on screen
+    store.mark_opened(a.id)
     assert store.last_conversation().id == a.id
 
 

@@ -6,9 +6,9 @@ import re
 
 from textual import events
 
-from localchat.settings import ChatSettings
+from helpers.pilot import chat_config
 from localchat.tui.app import ChatApp
-from localchat.tui.widgets import GaugeBar, MessageView, PromptInput
+from localchat.tui.widgets import GaugeBar, MessageView, PromptInput, format_gauges
 
 from helpers.pilot import GREEDY, send, wait_until
 
@@ -19,7 +19,7 @@ def replies(app) -> list[MessageView]:
 
 
 async def test_send_message_streams_reply_and_gauges_move(engine):
-    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=64), engine=engine)
+    app = ChatApp(*chat_config(sampling=GREEDY, max_tokens=64), engine=engine)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
         gauges = app.query_one(GaugeBar)
@@ -47,7 +47,7 @@ async def test_send_message_streams_reply_and_gauges_move(engine):
 
 
 async def test_escape_stops_generation_and_keeps_partial_reply(engine):
-    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=400), engine=engine)
+    app = ChatApp(*chat_config(sampling=GREEDY, max_tokens=400), engine=engine)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
         await send(pilot, "Write a very long story about a dragon and a knight.")
@@ -65,7 +65,7 @@ async def test_escape_stops_generation_and_keeps_partial_reply(engine):
 
 
 async def test_newline_key_does_not_send(engine):
-    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=4), engine=engine)
+    app = ChatApp(*chat_config(sampling=GREEDY, max_tokens=4), engine=engine)
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
         app.query_one(PromptInput).focus()
@@ -77,7 +77,7 @@ async def test_newline_key_does_not_send(engine):
 async def test_fast_typing_then_enter_sends_everything_typed(engine):
     """Keys arrive in a burst (paste-speed typing, tmux send-keys): Enter must not
     overtake characters still queued for the input box."""
-    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=4), engine=engine)
+    app = ChatApp(*chat_config(sampling=GREEDY, max_tokens=4), engine=engine)
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
         app.query_one(PromptInput).focus()
@@ -91,8 +91,8 @@ async def test_fast_typing_then_enter_sends_everything_typed(engine):
 
 
 async def test_history_longer_than_context_drops_oldest_turns_and_says_so(small_engine):
-    settings = ChatSettings(system="Be brief.", sampling=GREEDY, max_tokens=8)
-    app = ChatApp(settings, engine=small_engine)
+    app = ChatApp(*chat_config(system="Be brief.", sampling=GREEDY, max_tokens=8),
+                  engine=small_engine)
     async with app.run_test(size=(100, 40)) as pilot:
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
         for i in range(6):  # ~60 tokens a turn against a 256-token context
@@ -105,7 +105,7 @@ async def test_history_longer_than_context_drops_oldest_turns_and_says_so(small_
 
 
 async def test_message_longer_than_the_context_is_an_error_not_a_crash(small_engine):
-    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=8), engine=small_engine)
+    app = ChatApp(*chat_config(sampling=GREEDY, max_tokens=8), engine=small_engine)
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
         await send(pilot, "word " * 600)
@@ -118,7 +118,7 @@ async def test_message_longer_than_the_context_is_an_error_not_a_crash(small_eng
 
 
 async def test_ctrl_q_quits_cleanly(engine):
-    app = ChatApp(ChatSettings(sampling=GREEDY), engine=engine)
+    app = ChatApp(*chat_config(sampling=GREEDY), engine=engine)
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
         await pilot.press("ctrl+q")
@@ -128,7 +128,7 @@ async def test_ctrl_q_quits_cleanly(engine):
 
 async def test_app_loads_the_model_itself_without_blocking(tmp_path):
     """No engine passed in: the app loads `default` in a worker and shows progress."""
-    app = ChatApp(ChatSettings(ctx_size=256))
+    app = ChatApp(*chat_config(ctx_size=256))
     async with app.run_test() as pilot:
         gauges = app.query_one(GaugeBar)
         assert gauges.state in ("loading model…", "ready")
@@ -140,7 +140,7 @@ async def test_app_loads_the_model_itself_without_blocking(tmp_path):
 async def test_unloadable_model_is_reported_in_the_ui(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a model")
-    app = ChatApp(ChatSettings(model=str(bad)))
+    app = ChatApp(*chat_config(model=str(bad)))
     async with app.run_test() as pilot:
         gauges = app.query_one(GaugeBar)
         await wait_until(pilot, lambda: gauges.state == "model failed to load")
@@ -153,7 +153,7 @@ async def test_screenshot_without_a_downloads_folder_saves_in_cwd(engine, tmp_pa
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(platformdirs, "user_downloads_dir", lambda: str(tmp_path / "missing"))
-    app = ChatApp(ChatSettings(), engine=engine)
+    app = ChatApp(*chat_config(), engine=engine)
     async with app.run_test() as pilot:
         app.action_screenshot()
         await wait_until(pilot, lambda: list(tmp_path.glob("*.svg")))
@@ -162,15 +162,17 @@ async def test_screenshot_without_a_downloads_folder_saves_in_cwd(engine, tmp_pa
 
 
 async def test_chat_on_the_torch_engine(torch_engine):
-    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=16), engine=torch_engine)
+    app = ChatApp(*chat_config(sampling=GREEDY, max_tokens=16), engine=torch_engine)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
         await send(pilot, "Hello! Who are you?")
         await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
         assert replies(app)[-1].markdown.source.strip()
         assert "torch" in str(app.query_one("#title").render())
-        stats = app.query_one(GaugeBar).stats  # the reply is done: its blocks are cached now
-        assert stats.kv_cache_bytes + stats.kv_cache_cached_bytes > 0
+        stats = app.query_one(GaugeBar).stats  # the reply is done: its blocks are cached now,
+        # still held for the conversation, and the gauge shows them (it read 0 before)
+        assert stats.kv_cache_bytes == stats.context_tokens // 16 * 16 * 23040 > 0
+        assert "KV 0.0/" not in format_gauges(stats, "ready")
 
 
 def test_kv_bar_shows_used_cached_and_free():

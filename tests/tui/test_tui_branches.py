@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from localchat.engine.base import SamplingParams
 from localchat.storage.export import to_markdown
-from localchat.tui.widgets import PromptInput
+from localchat.tui.widgets import GaugeBar, PromptInput
 
 from helpers.pilot import chat, make_app, ready, send, stored, wait_until
 
@@ -57,10 +57,19 @@ async def test_an_edit_becomes_a_version_and_alt_arrows_switch_back(engine):
         assert reply.stats.cached_tokens >= first_turn - 16, (reply.stats, first_turn)
         assert "prompt tokens cached" in str(reply.view.status.render())
 
+        spain_ctx = app.query_one(GaugeBar).stats.context_tokens
+        assert spain_ctx == reply.stats.context_tokens
         await pilot.press("alt+right")
         await wait_until(pilot, lambda: on_screen(app) == italy)
-        await pilot.press("alt+right")  # wraps round
+        # the ctx gauge follows the branch on screen, not the last reply generated
+        assert app.query_one(GaugeBar).stats.context_tokens == \
+            app.entries[-1].stats.context_tokens < spain_ctx
+        await pilot.press("alt+right")  # the last version: it stops there, and says so
+        await pilot.pause()
+        assert on_screen(app) == italy and "last version (2 of 2)" in app.last_error
+        await pilot.press("alt+left")
         await wait_until(pilot, lambda: on_screen(app)[:2] == france and len(app.entries) == 4)
+        assert app.query_one(GaugeBar).stats.context_tokens == spain_ctx
 
         md = to_markdown(app.conversation, stored(app))
         assert "France" in md and "Spain" in md and "Italy" not in md  # the branch on screen
@@ -76,7 +85,7 @@ async def test_regenerating_a_selected_earlier_reply_keeps_the_later_turns(engin
         before = on_screen(app)
         await pilot.press("alt+up", "alt+up", "alt+up")  # the last reply, the fruit, the colour reply
         assert app.selected == 1 and app.entries[1].view.has_class("selected")
-        app.settings = replace(app.settings, sampling=SamplingParams(temperature=1.5, seed=7))
+        app.session.set_params(replace(app.params, sampling=SamplingParams(temperature=1.5, seed=7)))
         await pilot.press("ctrl+r")
         await settled(pilot, 2)
         assert app.selected is None and on_screen(app)[0] == before[0]

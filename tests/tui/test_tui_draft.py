@@ -10,7 +10,8 @@ import pytest
 from rich.cells import cell_len
 
 from localchat.engine.base import SamplingParams, Stats
-from localchat.settings import ChatSettings
+from helpers.pilot import chat_config
+from localchat.engine import open_engine
 from localchat.tui.app import ChatApp
 from localchat.tui.drafts import draft_markdown
 from localchat.chat.runs import add_run
@@ -27,16 +28,16 @@ GREEDY = SamplingParams(temperature=0.0)
 QUOTE = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
 
 
-def draft_settings(**changes) -> ChatSettings:
-    """Torch engine, ngram draft with a fixed γ of 3 (adaptive γ may switch speculation
-    off on a busy machine), greedy."""
-    return ChatSettings(engine="torch", draft="ngram", num_draft_tokens=3, ctx_size=1024,
-                        threads=2, kv_memory=2048 * 23040, sampling=GREEDY, **changes)
+def draft_settings(**changes):
+    """(config, params): torch engine, ngram draft with a fixed γ of 3 (adaptive γ may
+    switch speculation off on a busy machine), greedy."""
+    return chat_config(engine="torch", draft="ngram", num_draft_tokens=3, ctx_size=1024,
+                       threads=2, kv_memory=2048 * 23040, sampling=GREEDY, **changes)
 
 
 @pytest.fixture(scope="module")
 def draft_engine():
-    eng = draft_settings().load_engine()
+    eng = open_engine(draft_settings()[0])
     yield eng
     eng.close()
 
@@ -56,7 +57,7 @@ def shown(view) -> tuple[bool, bool]:
 
 
 async def test_gauges_show_draft_acceptance_and_f4_colours_drafted_tokens(draft_engine):
-    app = ChatApp(draft_settings(max_tokens=24), engine=draft_engine)
+    app = ChatApp(*draft_settings(max_tokens=24), engine=draft_engine)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
         entry = await reply_to(pilot, QUOTE)
@@ -109,11 +110,11 @@ async def test_gauges_show_draft_acceptance_and_f4_colours_drafted_tokens(draft_
 
 
 async def test_f4_colours_drafted_tokens_on_the_llama_cpp_executor_too():
-    settings = ChatSettings(draft="ngram", num_draft_tokens=3, ctx_size=1024, threads=2,
-                            parallel=1, sampling=GREEDY, max_tokens=24)
-    engine = settings.load_engine()
+    settings = chat_config(draft="ngram", num_draft_tokens=3, ctx_size=1024, threads=2,
+                           parallel=1, sampling=GREEDY, max_tokens=24)
+    engine = open_engine(settings[0])
     try:
-        app = ChatApp(settings, engine=engine)
+        app = ChatApp(*settings, engine=engine)
         async with app.run_test(size=(80, 24)) as pilot:
             await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
             entry = await reply_to(pilot, QUOTE)
@@ -128,7 +129,7 @@ async def test_f4_colours_drafted_tokens_on_the_llama_cpp_executor_too():
 
 
 async def test_without_a_draft_f4_leaves_replies_as_markdown(torch_engine):
-    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=8), engine=torch_engine)
+    app = ChatApp(*chat_config(sampling=GREEDY, max_tokens=8), engine=torch_engine)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
         entry = await reply_to(pilot, "Say hello.")

@@ -8,7 +8,9 @@ import os
 import sqlite3
 from pathlib import Path
 
-from localchat.settings import ChatSettings
+from helpers.pilot import chat_config
+from rich.cells import cell_len
+from textual.widgets import Label
 from localchat.storage import ConversationStore
 from localchat.tui.app import ChatApp
 from localchat.tui.palette import ChatCommands
@@ -112,14 +114,14 @@ async def test_continue_flag_reopens_the_last_conversation_with_its_settings(eng
     reply = store.begin_reply(c.id)
     store.finish_reply(reply, "Hi th", status="interrupted")
     store.close()
-    app = ChatApp(ChatSettings(), engine=engine, continue_last=True)
+    app = ChatApp(*chat_config(), engine=engine, continue_last=True)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         assert app.conversation.id == c.id
         assert [(e.role, e.content, e.status) for e in app.entries] == [
             ("user", "Hello", "complete"), ("assistant", "Hi th", "interrupted")]
         assert "interrupted" in str(app.entries[1].view.status.render())
-        s = app.settings
+        s = app.params
         assert (s.system, s.sampling.top_k, s.max_tokens) == ("Be terse.", 7, 5)
         assert app.history[0].content == "Be terse."
         await pilot.press("ctrl+g")  # continue the interrupted reply
@@ -140,12 +142,12 @@ async def test_continue_loads_the_conversations_model_context_and_draft_first(tm
                                   params={"temperature": 0.0, "ctx_size": 256, "draft": "ngram"})
     store.add_message(c.id, "user", "Hello")
     store.close()
-    app = ChatApp(ChatSettings(threads=2), continue_last=True)  # loads its own engine
+    app = ChatApp(*chat_config(threads=2), continue_last=True)  # loads its own engine
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.engine is not None
                          and app.query_one(GaugeBar).state == "ready")
         assert app.engine.info.path == str(other) and app.engine.info.n_ctx == 256
-        assert (app.settings.model, app.settings.draft) == (str(other), "ngram")
+        assert (app.config.model, app.config.draft) == (str(other), "ngram")
         assert not app.query(".notice")
 
 
@@ -217,7 +219,7 @@ async def test_slash_commands_set_validate_and_report_one_line_errors(engine):
         await ready(pilot)
         prompt = app.query_one(PromptInput)
         await send(pilot, "/set temp 1.5")
-        assert app.settings.sampling.temperature == 1.5
+        assert app.params.sampling.temperature == 1.5
         for bad, needle in [("/set temp -1", "temperature"), ("/set top_p 2", "top-p"),
                             ("/set top_k x", "whole number"), ("/set bogus 1", "unknown parameter"),
                             ("/set max_tokens 0", "max_tokens"), ("/frobnicate", "unknown command")]:
@@ -225,11 +227,11 @@ async def test_slash_commands_set_validate_and_report_one_line_errors(engine):
             assert needle in app.last_error and "\n" not in app.last_error
             assert prompt.text == bad  # what was typed is back in the input
             prompt.text = ""
-        assert app.settings.sampling.temperature == 1.5 and app.entries == []
+        assert app.params.sampling.temperature == 1.5 and app.entries == []
         await send(pilot, "/set temp 0")
         await send(pilot, "/set seed 42")
         await send(pilot, "/system Answer in one word.")
-        assert app.settings.system == "Answer in one word." and app.settings.sampling.seed == 42
+        assert app.params.system == "Answer in one word." and app.params.sampling.seed == 42
         await chat(pilot, "Capital of France?")
         conv = app.store.get_conversation(app.conversation.id)
         assert conv.system_prompt == "Answer in one word." and conv.params["seed"] == 42
@@ -297,7 +299,7 @@ async def test_ctrl_n_from_the_conversation_list_puts_the_focus_in_the_input(eng
 
 
 async def test_the_system_prompt_is_shown_and_an_empty_chat_says_what_to_do(engine):
-    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=4, system="Be brief."), engine=engine)
+    app = ChatApp(*chat_config(sampling=GREEDY, max_tokens=4, system="Be brief."), engine=engine)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         line = app.query_one("#system-line")
@@ -457,3 +459,57 @@ async def test_bad_keymap_is_reported_and_defaults_kept(engine):
         theme = app.theme
         await pilot.press("ctrl+t")
         assert app.theme != theme
+
+
+async def test_a_fork_keeps_its_mark_in_the_sidebar_and_an_attachment_is_not_the_title(
+        engine, tmp_path):
+    code = tmp_path / "fib.py"
+    code.write_text("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n")
+    app = make_app(engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, f"/attach {code}")
+        await chat(pilot, "What is the capital of France, and what does this file do?")
+        assert app.conversation.title.startswith("What is the capital of France")
+        await send(pilot, "/fork")
+        await wait_until(pilot, lambda: app.conversation.title.endswith("(fork)"))
+        await pilot.press("ctrl+b")
+        await pilot.pause()
+        items = list(app.query(ConversationItem))
+        shown = [str(item.query_one(Label).render()) for item in items]
+        # each title fits its row (the row cuts what does not), and the fork's mark shows
+        assert all(cell_len(text) <= item.size.width for text, item in zip(shown, items))
+        assert len(shown) == 2 and shown[0] != shown[1]  # the fork and its original
+        assert shown[0].endswith("(fork)") and "…" in shown[0]
+
+
+async def test_json_command_constrains_this_conversations_replies_and_is_stored(engine, tmp_path):
+    """/json SCHEMA_FILE: the next replies validate against the schema, the gauge says json,
+    the conversation keeps it when reopened; /json off frees them; a new chat has none."""
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+              "required": ["city"], "additionalProperties": False}
+    (tmp_path / "city.json").write_text(json.dumps(schema))
+    app = make_app(engine, max_tokens=40)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, f"/json {tmp_path / 'city.json'}")
+        assert app.params.constraint is not None and app.query_one(GaugeBar).constrained
+        assert "json" in str(app.query_one(GaugeBar).render())
+        await chat(pilot, "Which city is the capital of France?")
+        reply = app.entries[-1]
+        jsonschema.validate(json.loads(reply.content), schema)
+        assert reply.finish_reason == "stop"
+        cid = app.conversation.id
+        assert app.store.get_conversation(cid).params["constraint"]["kind"] == "json_schema"
+        await app.conversations.new()
+        assert app.params.constraint is None and not app.query_one(GaugeBar).constrained
+        assert await app.open_conversation(cid)
+        assert app.params.constraint is not None and app.query_one(GaugeBar).constrained
+        await send(pilot, "/json off")
+        assert app.params.constraint is None
+        await send(pilot, "/json /no/such/schema.json")
+        assert "cannot read it" in app.last_error

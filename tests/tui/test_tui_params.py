@@ -15,7 +15,8 @@ from textual.widgets import DataTable, Input
 
 from localchat.engine.base import SamplingParams, Stats
 from localchat.models.facts import load_context
-from localchat.settings import ChatSettings
+from helpers.pilot import chat_config
+from localchat.tui import switching
 from localchat.tui.app import ChatApp
 from localchat.tui.keymap import parse_keymap
 from localchat.tui.palette import PALETTE_ACTIONS
@@ -34,7 +35,7 @@ def ready(app) -> bool:
 
 def self_loading_app(max_tokens: int) -> ChatApp:
     """A greedy app that loads the default model itself (256-token context)."""
-    return ChatApp(ChatSettings(ctx_size=256, threads=2, sampling=GREEDY, max_tokens=max_tokens))
+    return ChatApp(*chat_config(ctx_size=256, threads=2, sampling=GREEDY, max_tokens=max_tokens))
 
 
 async def loaded(pilot) -> None:
@@ -69,7 +70,7 @@ def errors(app) -> dict[str, str]:
 
 
 async def test_parameters_panel_rejects_bad_values_inline_and_applies_good_ones(engine):
-    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=8), engine=engine)
+    app = ChatApp(*chat_config(sampling=GREEDY, max_tokens=8), engine=engine)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, lambda: ready(app))
         await send(pilot, "Say hi.")  # a conversation in the history to store them with
@@ -86,7 +87,7 @@ async def test_parameters_panel_rejects_bad_values_inline_and_applies_good_ones(
         assert "✗ must be a number, got 'hot'" in shown["temperature"]
         assert "must be in (0, 1], got 1.5" in shown["top_p"]  # SamplingParams' own message
         assert "must be >= 1" in shown["max_tokens"]
-        assert app.settings.sampling == GREEDY and app.settings.max_tokens == 8  # not applied
+        assert app.params.sampling == GREEDY and app.params.max_tokens == 8  # not applied
         await fill(pilot, temperature="0.7", top_k="12", top_p="0.9", min_p="0.1",
                    repeat_penalty="1.1", max_tokens="", ctx_size=str(engine.info.n_ctx),
                    seed="42")
@@ -94,7 +95,7 @@ async def test_parameters_panel_rejects_bad_values_inline_and_applies_good_ones(
         await wait_until(pilot, lambda: not isinstance(app.screen, ParamsScreen))
         expected = SamplingParams(temperature=0.7, top_k=12, top_p=0.9, min_p=0.1,
                                   repeat_penalty=1.1, seed=42)
-        assert app.settings.sampling == expected and app.settings.max_tokens is None
+        assert app.params.sampling == expected and app.params.max_tokens is None
         assert app.engine is engine and app._reloading is None  # same context: no reload
         stored = app.store.get_conversation(app.conversation.id).params
         assert stored["temperature"] == 0.7 and stored["seed"] == 42 and stored["top_k"] == 12
@@ -111,7 +112,7 @@ async def test_parameters_panel_rejects_bad_values_inline_and_applies_good_ones(
         await open_screen(pilot, "f6", ParamsScreen)
         await pilot.press("escape")  # cancel changes nothing
         await wait_until(pilot, lambda: not isinstance(app.screen, ParamsScreen))
-        assert not isinstance(app.screen, ParamsScreen) and app.settings.max_tokens == 6
+        assert not isinstance(app.screen, ParamsScreen) and app.params.max_tokens == 6
 
 
 async def test_context_size_change_reloads_the_engine_without_blocking_the_ui(monkeypatch):
@@ -119,9 +120,9 @@ async def test_context_size_change_reloads_the_engine_without_blocking_the_ui(mo
     async with app.run_test(size=(80, 24)) as pilot:
         await loaded(pilot)
         old = app.engine
-        gate, real_load = threading.Event(), ChatSettings.load_engine
-        monkeypatch.setattr(ChatSettings, "load_engine",
-                            lambda self: gate.wait(60) and real_load(self))  # a slow load
+        gate, real_load = threading.Event(), switching.open_engine
+        monkeypatch.setattr(switching, "open_engine",
+                            lambda config: gate.wait(60) and real_load(config))  # a slow load
         await open_screen(pilot, "f6", ParamsScreen)
         await fill(pilot, ctx_size="512")
         await pilot.press("enter")
@@ -134,7 +135,7 @@ async def test_context_size_change_reloads_the_engine_without_blocking_the_ui(mo
         gate.set()
         await wait_until(pilot, lambda: ready(app))
         assert app.engine is not old and app.engine.info.n_ctx == 512
-        assert app.settings.ctx_size == 512 and "ctx 512" in str(app.query_one("#title").render())
+        assert app.config.ctx_size == 512 and "ctx 512" in str(app.query_one("#title").render())
         app.query_one("#prompt").clear()
         await send(pilot, "Hi")
         await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
@@ -143,7 +144,7 @@ async def test_context_size_change_reloads_the_engine_without_blocking_the_ui(mo
 
 
 async def test_palette_opens_the_parameters_panel_and_the_model_picker(engine):
-    app = ChatApp(ChatSettings(sampling=GREEDY), engine=engine)
+    app = ChatApp(*chat_config(sampling=GREEDY), engine=engine)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, lambda: ready(app))
         for title, screen in (("Parameters", ParamsScreen), ("Choose model", ModelPickerScreen)):
@@ -219,7 +220,7 @@ async def test_model_picker_lists_models_and_switches_model_and_draft_live(local
 
         # n: prompt lookup as the draft, loaded live
         await pilot.press("n")
-        await wait_until(pilot, lambda: ready(app) and app.settings.draft == "ngram")
+        await wait_until(pilot, lambda: ready(app) and app.config.draft.record() == "ngram")
         assert "draft ngram" in str(app.query_one("#title").render())
         await send(pilot, "Repeat exactly: the quick brown fox jumps over the lazy dog.")
         await wait_until(pilot, lambda: len(app.history) == 4 and not app._generating)
@@ -227,17 +228,17 @@ async def test_model_picker_lists_models_and_switches_model_and_draft_live(local
 
         # F8: speculation off, and back on with the same draft
         await pilot.press("f8")
-        await wait_until(pilot, lambda: ready(app) and app.settings.draft is None)
+        await wait_until(pilot, lambda: ready(app) and app.config.draft.record() is None)
         assert "draft" not in str(app.query_one("#title").render())
         await pilot.press("f8")
-        await wait_until(pilot, lambda: ready(app) and app.settings.draft == "ngram")
+        await wait_until(pilot, lambda: ready(app) and app.config.draft.record() == "ngram")
 
         # Enter on the other file: the model switches, the conversation records it
         picker = await open_screen(pilot, "f7", ModelPickerScreen)
         await wait_until(pilot, lambda: len(picker.rows) >= 2)
         picker.query_one(DataTable).move_cursor(row=specs.index(str(local_copy)))
         await pilot.press("enter")
-        await wait_until(pilot, lambda: ready(app) and app.settings.model == str(local_copy))
+        await wait_until(pilot, lambda: ready(app) and app.config.model == str(local_copy))
         assert app.engine.info.path == str(local_copy) and app.engine.info.n_ctx == 256
         assert app.store.get_conversation(app.conversation.id).model == str(local_copy)
         await send(pilot, "Hi again")
@@ -249,7 +250,7 @@ async def test_model_picker_lists_models_and_switches_model_and_draft_live(local
         await wait_until(pilot, lambda: len(picker.rows) >= 2)
         picker.query_one(DataTable).move_cursor(row=0)
         await pilot.press("d")
-        await wait_until(pilot, lambda: ready(app) and app.settings.draft == "default")
+        await wait_until(pilot, lambda: ready(app) and app.config.draft.record() == "default")
         await send(pilot, "Say one word.")
         try:
             await wait_until(pilot, lambda: len(app.history) == 8 and not app._generating,
@@ -264,19 +265,19 @@ async def test_model_picker_lists_models_and_switches_model_and_draft_live(local
         # o: speculation off from the picker
         await open_screen(pilot, "f7", ModelPickerScreen)
         await pilot.press("o")
-        await wait_until(pilot, lambda: ready(app) and app.settings.draft is None)
-        assert app.settings.model == str(local_copy)
+        await wait_until(pilot, lambda: ready(app) and app.config.draft.record() is None)
+        assert app.config.model == str(local_copy)
 
 
 async def test_a_model_that_fails_to_load_keeps_the_old_one(engine, tmp_path):
-    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=4), engine=engine)
+    app = ChatApp(*chat_config(sampling=GREEDY, max_tokens=4), engine=engine)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, lambda: ready(app))
         from dataclasses import replace
 
-        assert app.switch_engine(replace(app.settings, model=str(tmp_path / "gone.gguf")), "gone")
+        assert app.switch_engine(replace(app.config, model=str(tmp_path / "gone.gguf")), "gone")
         await wait_until(pilot, lambda: ready(app))
-        assert app.engine is engine and app.settings.model == "default"
+        assert app.engine is engine and app.config.model == "default"
         assert "could not load gone" in app.last_error
         await send(pilot, "Hi")
         await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
@@ -296,7 +297,7 @@ def test_picker_rows_use_plan_arithmetic():
 
 
 async def test_sparkline_and_prefill_decode_rates_while_streaming(engine):
-    app = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=40), engine=engine)
+    app = ChatApp(*chat_config(sampling=GREEDY, max_tokens=40), engine=engine)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, lambda: ready(app))
         spark = app.query_one(RateSparkline)
@@ -313,7 +314,7 @@ async def test_sparkline_and_prefill_decode_rates_while_streaming(engine):
         line = str(gauges.render())
         assert cell_len(line) <= gauges.content_size.width  # fits beside the sparkline at 80
         assert "pp " in line or "prefill " in line
-    wide = ChatApp(ChatSettings(sampling=GREEDY, max_tokens=8), engine=engine)
+    wide = ChatApp(*chat_config(sampling=GREEDY, max_tokens=8), engine=engine)
     async with wide.run_test(size=(160, 30)) as pilot:
         await wait_until(pilot, lambda: ready(wide))
         await send(pilot, "Hi")
@@ -352,9 +353,9 @@ async def test_model_slash_command_switches_the_model_and_refuses_a_bad_one(loca
         await loaded(pilot)
         await send(pilot, f"/model {tmp_path / 'missing.gguf'}")
         await wait_until(pilot, lambda: ready(app) and app.last_error is not None)
-        assert "missing.gguf" in app.last_error and app.settings.model == "default"
+        assert "missing.gguf" in app.last_error and app.config.model == "default"
         await send(pilot, f"/model {local_copy}")
-        await wait_until(pilot, lambda: ready(app) and app.settings.model == str(local_copy))
+        await wait_until(pilot, lambda: ready(app) and app.config.model == str(local_copy))
         assert app.engine.info.path == str(local_copy)
         await say_hello(pilot)
         assert app.entries[-1].content
@@ -370,20 +371,19 @@ async def test_reopening_a_conversation_goes_back_to_its_model(local_copy):
         first = app.conversation.id
         await app.action_new_conversation()
         await send(pilot, f"/model {local_copy}")
-        await wait_until(pilot, lambda: ready(app) and app.settings.model == str(local_copy))
+        await wait_until(pilot, lambda: ready(app) and app.config.model == str(local_copy))
         await send(pilot, "Hi")
         await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
         assert app.conversation.id != first
         assert app.store.get_conversation(app.conversation.id).model == str(local_copy)
         await app.open_conversation(first)
-        await wait_until(pilot, lambda: ready(app) and app.settings.model == "default")
+        await wait_until(pilot, lambda: ready(app) and app.config.model == "default")
         assert app.engine.info.path != str(local_copy) and app.engine.info.n_ctx == 256
 
 
 async def test_model_picker_is_refused_on_a_remote_endpoint(engine):
     """With --endpoint the server serves the model: local files are not choices."""
-    settings = ChatSettings(endpoint="http://127.0.0.1:9/v1", sampling=GREEDY)
-    app = ChatApp(settings, engine=engine)
+    app = ChatApp(*chat_config(endpoint="http://127.0.0.1:9/v1", sampling=GREEDY), engine=engine)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, lambda: ready(app))
         await pilot.press("f7")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.widgets import DataTable
 
 from localchat.engine.base import Delta, Engine, ModelInfo, Result, Stats
-from localchat.settings import ChatSettings
+from helpers.pilot import chat_config
 from localchat.tui.app import ChatApp
 from localchat.tui.widgets import PromptInput
 
@@ -42,7 +42,7 @@ class DraftScriptedEngine(ScriptedEngine):
 
 
 def make_app(engine_class=ScriptedEngine):
-    return ChatApp(ChatSettings(), engine=engine_class())
+    return ChatApp(*chat_config(), engine=engine_class())
 
 
 async def _chat_once(pilot):

@@ -16,9 +16,8 @@ import torch
 from llama_cpp._internals import LlamaContext, LlamaModel
 
 from localchat.engine.base import ModelInfo
-from localchat.engine.executors.base import Chunk, Executor
-from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary
-from localchat.engine.runtime.block_manager import BLOCK_SIZE, KVLayout
+from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary, llama_log_mark, load_error
+from localchat.engine.runtime.executor_api import BLOCK_SIZE, Chunk, Executor, KVLayout
 from localchat.errors import EngineError
 from localchat.models.facts import GGUFFacts
 from localchat.units import refuse_beyond_available
@@ -109,13 +108,15 @@ class LlamaCppExecutor(Executor):
             refuse_beyond_available(
                 facts.file_size + kv_bytes * parallel * slot_cells,
                 f"{facts.name} with a KV cache of {parallel} slot(s) x {slot_cells} tokens")
+        mark = llama_log_mark()
         try:
             self._model = LlamaModel(path_model=str(facts.path), params=model_params,
                                      verbose=False)
             self._ctx = LlamaContext(model=self._model, params=params, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
             self.close()
-            raise EngineError(f"llama.cpp could not load {facts.path.name}: {exc}") from None
+            why = load_error(mark) or exc  # the field llama.cpp refused, where it logged one
+            raise EngineError(f"llama.cpp could not load {facts.path.name}: {why}") from None
         self._memory = llama_cpp.llama_get_memory(self._ctx.ctx)
         self.vocab = LlamaCppVocabulary(self._model)
         self.n_vocab = self._model.n_vocab()

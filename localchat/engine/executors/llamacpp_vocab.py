@@ -5,25 +5,29 @@ the terminal."""
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
+import warnings
 from typing import Sequence
 
 import llama_cpp
 from llama_cpp._internals import LlamaModel
 
-from localchat.chat.template import render_chat
+from localchat.prompt.template import render_chat
 from localchat.engine.base import Message
 
 # llama.cpp logs to stderr by default, which would scribble over the TUI. Keep its
-# log lines in memory instead (the KV-size line is read back by tests and --verbose).
+# log lines in memory instead (the KV-size line is read back by tests and verbose output).
 _LOG_LINES: list[str] = []
 _LOG_LOCK = threading.Lock()
+_LOGGED = [0]  # pieces logged so far, kept or not: a mark for llama_log_since
 
 
 @llama_cpp.llama_log_callback
 def _capture_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     with _LOG_LOCK:
         _LOG_LINES.append(text.decode("utf-8", errors="replace"))
+        _LOGGED[0] += 1
         del _LOG_LINES[:-2000]
 
 
@@ -34,6 +38,23 @@ def llama_log_text() -> str:
     """Everything llama.cpp has logged in this process (the last 2000 pieces)."""
     with _LOG_LOCK:
         return "".join(_LOG_LINES)
+
+
+def llama_log_mark() -> int:
+    with _LOG_LOCK:
+        return _LOGGED[0]
+
+
+def load_error(mark: int) -> str | None:
+    """Why llama.cpp refused a model, from what it logged since `mark` (its "error loading
+    model: ..." line: the missing key or tensor, the wrong shape), or None."""
+    with _LOG_LOCK:
+        since = "".join(_LOG_LINES[max(0, len(_LOG_LINES) - (_LOGGED[0] - mark)):])
+    for line in reversed(since.splitlines()):
+        found = re.search(r"error loading model: (.+)", line)
+        if found:
+            return found.group(1).strip()[:300]
+    return None
 
 
 def render_and_tokenize(model: LlamaModel, template: str | None,
@@ -94,6 +115,19 @@ class LlamaCppVocabulary:
 
     def detokenize(self, token: int) -> bytes:
         return token_piece(self.model, token)
+
+    def constraint_tokenizer(self):
+        """llguidance's tokenizer over this vocabulary (about a second: keep it), every
+        end-of-generation token an end, the end-of-turn one first."""
+        from llguidance.llamacpp import lltokenizer_from_vocab  # only constrained requests need it
+
+        vocab = self.model.vocab
+        ends = [t for t in range(llama_cpp.llama_vocab_n_tokens(vocab)) if self.is_end_of_generation(t)]
+        first = [t for t in (llama_cpp.llama_vocab_eot(vocab), llama_cpp.llama_vocab_eos(vocab))
+                 if t in ends][:1]
+        with warnings.catch_warnings():  # it asks llama_token_get_attr, deprecated, per token
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return lltokenizer_from_vocab(vocab, eos_token=first + [t for t in ends if t not in first])
 
     def is_end_of_generation(self, token: int) -> bool:
         eog = self._eog.get(token)

@@ -5,25 +5,9 @@ prompt and a diverging branch is copied to another slot so both stay cached."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 from localchat.engine.runtime.block_pool import BlockPool, BlockUsage
-
-BLOCK_SIZE = 16
-
-
-@dataclass(frozen=True)
-class KVLayout:
-    """What an executor's KV memory looks like to the block manager."""
-
-    pools: int  # 1 for a shared pool; the number of slots for an exclusive layout
-    blocks_per_pool: int
-    exclusive: bool  # at most one live sequence per pool
-    cache_key: bytes  # model + KV dtype: different caches never share blocks
-    prefix_cache: bool = True  # False where the KV cannot be cut back (recurrent state)
-    block_size: int = BLOCK_SIZE
-    slot_copy: bool = False  # exclusive: the executor can copy one slot's KV into another
-
+from localchat.engine.runtime.executor_api import KVLayout
 
 class BlockManager:
     def __init__(self, layout: KVLayout) -> None:
@@ -144,6 +128,11 @@ class BlockManager:
         return self.pool(seq).num_committed(seq.seq_id)
 
     # ---- accounting -------------------------------------------------------------------
+
+    def held(self, seq) -> tuple[int, int]:
+        """(blocks holding seq's KV: in use while it runs, its prefix still cached after; those of
+        them no sequence uses now)."""
+        return self.pool(seq).held(seq.seq_id, seq.tokens[:seq.computed])
 
     def usage(self) -> BlockUsage:
         parts = [p.usage() for p in self.pools]

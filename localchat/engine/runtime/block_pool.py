@@ -200,6 +200,13 @@ class BlockPool:
     def num_committed(self, seq_id: int) -> int:
         return self._seq(seq_id).committed
 
+    def held(self, seq_id: int, tokens: Sequence[int]) -> tuple[int, int]:
+        """(blocks holding a sequence's KV, those of them no sequence uses): its table while
+        it has blocks, else the full blocks of `tokens` (its KV'd tokens) still cached."""
+        seq = self._seqs.get(seq_id)
+        blocks = seq.table if seq is not None else self._match_prefix(list(tokens))[0]
+        return len(blocks), sum(1 for b in blocks if self._blocks[b].ref == 0)
+
     def usage(self) -> BlockUsage:
         cached, free = len(self._evictable), len(self._free)
         return BlockUsage(self.num_blocks - cached - free, cached, free, self.num_blocks, self.block_size)

@@ -1,6 +1,6 @@
 """The one thread that runs every executor's compute: one-off calls and steppers (the
 runners). One, because PyTorch and llama.cpp share a libgomp that slows every kernel once
-two threads have started parallel work (README: "Speed")."""
+two threads have started parallel work (docs/architecture.md, "One compute thread")."""
 
 from __future__ import annotations
 

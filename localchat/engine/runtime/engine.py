@@ -12,14 +12,18 @@ from typing import Iterator
 import torch
 
 from localchat.engine.base import Engine, Event, Request
-from localchat.engine.executors.base import Executor
+from localchat.engine.runtime.executor_api import Executor
+from localchat.engine.constraint import Constraint
 from localchat.engine.runtime.compute_thread import COMPUTE
+from localchat.engine.runtime.guide import Guide, grammar_for
 from localchat.engine.runtime.runner import Runner
 from localchat.engine.runtime.sequence import Sequence
 from localchat.engine.runtime.speculative.drafts import DraftSource
 from localchat.engine.runtime.stream import EngineHooks, stream_events
 from localchat.engine.runtime.vocab import VocabMixin
 from localchat.models.facts import GGUFFacts
+
+GRAMMARS_KEPT = 32  # compiled constraints kept for requests that repeat them
 
 
 def request_generator(seed: int | None) -> torch.Generator:
@@ -39,20 +43,36 @@ class RuntimeEngine(VocabMixin, Engine):
                              draft=draft, num_draft_tokens=num_draft_tokens)
         self.blocks = self.runner.blocks
         self._latest: Sequence | None = None
+        self._tokenizer = None  # llguidance's, built for the first constrained request
+        self._grammars: dict[Constraint, str] = {}  # compiled, most recent last
 
     def generate(self, request: Request, cancel: threading.Event | None = None) -> Iterator[Event]:
         t_start = time.perf_counter()
         prompt, budget = self.prompt_and_budget(request)
+        guide = self.guide(request.constraint) if request.constraint is not None else None
         cancel = cancel or threading.Event()
         if cancel.is_set():  # given up before it was submitted: compute nothing
             yield from stream_events(request, prompt, iter(()), self._hooks(prompt, None),
                                      budget, cancel, t_start)
             return
         seq = self.runner.submit(prompt, request.sampling, budget,
-                                 request_generator(request.sampling.seed))
+                                 request_generator(request.sampling.seed), guide)
         self._latest = seq
         yield from stream_events(request, prompt, self.runner.tokens(seq, cancel),
                                  self._hooks(prompt, seq), budget, cancel, t_start)
+
+    def guide(self, constraint: Constraint) -> Guide:
+        """A fresh matcher for one sequence; UsageError if the schema or grammar is invalid
+        (before anything is decoded)."""
+        with self._vocab_lock:
+            if self._tokenizer is None:
+                self._tokenizer = self.vocab.constraint_tokenizer()
+            grammar = self._grammars.pop(constraint, None) or grammar_for(constraint)
+            guide = Guide.start(self._tokenizer, grammar, constraint)
+            self._grammars[constraint] = grammar
+            while len(self._grammars) > GRAMMARS_KEPT:
+                del self._grammars[next(iter(self._grammars))]
+            return guide
 
     def _hooks(self, prompt: list[int], seq: Sequence | None) -> EngineHooks:
         return EngineHooks(
@@ -63,9 +83,18 @@ class RuntimeEngine(VocabMixin, Engine):
         )
 
     def _memory(self, seq: Sequence | None) -> dict:
-        usage = self.blocks.usage().bytes(self.info.kv_bytes_per_token)
-        memory = dict(kv_cache_bytes=usage["used"], kv_cache_capacity_bytes=usage["total"],
-                      kv_cache_cached_bytes=usage["cached"], context_capacity=self.info.n_ctx,
+        """Stats' memory fields. With a request: kv_cache_bytes is what its conversation holds
+        (its blocks in use, or after the reply the ones still cached for it) and
+        kv_cache_cached_bytes the other cached prefixes; without one, the whole pool's use."""
+        usage = self.blocks.usage()
+        per_block = usage.block_size * self.info.kv_bytes_per_token
+        in_use, cached = usage.used, usage.cached
+        if seq is not None:
+            in_use, idle = self.blocks.held(seq)
+            cached -= idle
+        memory = dict(kv_cache_bytes=in_use * per_block,
+                      kv_cache_capacity_bytes=usage.total * per_block,
+                      kv_cache_cached_bytes=cached * per_block, context_capacity=self.info.n_ctx,
                       context_tokens=0, draft=None)
         if seq is not None:
             memory.update(context_tokens=seq.computed, preemptions=seq.preemptions,

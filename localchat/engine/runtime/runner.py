@@ -1,5 +1,5 @@
-"""The runtime's step loop on the compute thread (continuous batching): schedule -> draft ->
-executor.forward -> sample and verify -> postprocess. Callers on any thread submit a Sequence
+"""The runtime's step loop on the compute thread (continuous batching): schedule -> draft
+(and forced tokens) -> executor.forward -> mask, sample and verify -> postprocess. Callers on any thread submit a Sequence
 and read its queue; one that stops reading cancels it."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from typing import Callable, Iterator
 import torch
 
 from localchat.engine.base import SamplingParams
-from localchat.engine.executors.base import Chunk, Executor
+from localchat.engine.runtime.executor_api import Chunk, Executor
 from localchat.engine.runtime.block_manager import BlockManager
 from localchat.engine.runtime.compute_thread import COMPUTE
+from localchat.engine.runtime.guide import Guide, step_masks
 from localchat.engine.runtime.sampler import Row, argmax, distributions, penalized, sample
 from localchat.engine.runtime.scheduler import ScheduledChunk, Scheduler
 from localchat.engine.runtime.sequence import FINISHED, Sequence
@@ -53,13 +54,19 @@ class Runner:
         self.steps = 0
         # steps run with each number of sequences (bounded: one key per batch size seen)
         self.steps_by_batch_size: Counter[int] = Counter()
+        # tokens a grammar forces go to the target as drafts (False: one per step like
+        # any other token, the baseline `bench --task json` compares with)
+        self.forced_drafts = True
+        self.mask_s = 0.0  # time spent computing constraint masks, and the rows masked
+        self.masked_rows = 0
         COMPUTE.add(self)
 
     # ---- caller side ---------------------------------------------------------------
 
     def submit(self, prompt: list[int], params: SamplingParams, budget: int,
-               generator: torch.Generator) -> Sequence:
+               generator: torch.Generator, guide: Guide | None = None) -> Sequence:
         seq = Sequence(next(self._ids), list(prompt), len(prompt), params, budget, generator)
+        seq.guide = guide
         if self.draft is not None and not (self.draft.auto and params.seed is not None):
             seq.speculation = Speculation(self.draft.source, self.adaptive)
         with self._lock:
@@ -129,13 +136,15 @@ class Runner:
         if not chunks:
             return False
         t0 = time.perf_counter()
-        speculating = self._propose(chunks) if self.draft is not None else []
+        speculating = self._propose(chunks)
         t_drafted = time.perf_counter()
         logits = self.executor.forward([self._executor_chunk(c) for c in chunks])
         new_tokens = self._choose(chunks, logits)
         for chunk in chunks:
             if chunk.drafts:
                 self._cut_rejected(chunk, new_tokens[chunk.seq.seq_id])
+                if chunk.forced:
+                    chunk.seq.guide.forced_kept += len(chunk.drafts)
         self.scheduler.after_step(chunks)
         step_s = time.perf_counter() - t0
         self.steps += 1
@@ -161,18 +170,29 @@ class Runner:
     # ---- speculation ---------------------------------------------------------------------
 
     def _propose(self, chunks: list[ScheduledChunk]) -> list[tuple[ScheduledChunk, int]]:
-        """Draft tokens for every decoding sequence that speculates, appended to its chunk
-        (and its blocks) for the target to verify; returns (chunk, drafts proposed)."""
-        self.draft.retain({s.seq_id for s in self.scheduler.running})
+        """Draft tokens for every decoding sequence that speculates or whose grammar forces
+        what comes next, appended to its chunk (and its blocks) for the target to verify.
+        Forced tokens cost no drafting; a draft source's tokens are cut where the grammar
+        refuses one. Returns (chunk, drafts proposed) for the draft source's chunks."""
+        if self.draft is not None:
+            self.draft.retain({s.seq_id for s in self.scheduler.running})
         budget = self.scheduler.max_tokens_per_step - sum(c.end - c.start for c in chunks)
-        requests, owners = [], []
+        requests, owners, forced = [], [], []
         for chunk in chunks:
             seq = chunk.seq
-            if seq.speculation is None or not (chunk.samples and chunk.end - chunk.start == 1
-                                                and chunk.start >= seq.n_prompt):
+            if (seq.speculation is None and seq.guide is None) or not (
+                    chunk.samples and chunk.end - chunk.start == 1 and chunk.start >= seq.n_prompt):
                 continue
             room = min(self.n_ctx - len(seq.tokens) - 1,
                        seq.budget - len(seq.completion) - 1, budget)
+            ff = seq.guide.forced()[:max(0, room)] \
+                if seq.guide is not None and self.forced_drafts else []
+            if ff:
+                budget -= len(ff)
+                forced.append((chunk, ff))
+                continue
+            if seq.speculation is None or self.draft is None:
+                continue
             evidence = self.draft.evidence(seq)
             gamma = 0 if evidence is False else seq.speculation.choose(room, evidence)
             budget -= gamma
@@ -180,20 +200,41 @@ class Runner:
             owners.append(chunk)
         proposals = self.draft.propose(requests) if any(g for _, g in requests) else \
             [([], None)] * len(requests)
+        for chunk, ff in forced:
+            self._append_drafts(chunk, ff, None)
+            chunk.forced = True
+            chunk.seq.guide.forced_proposed += len(chunk.drafts)
         out = []
         for chunk, (drafts, q) in zip(owners, proposals):
-            seq = chunk.seq
-            fitted = []
-            for token in drafts:
-                if not self.blocks.can_append(seq):
-                    break
-                self.blocks.append_token(seq, token)
-                fitted.append(token)
-            chunk.drafts = fitted
-            chunk.q = None if q is None else q[:len(fitted)]
-            seq.in_pool += len(fitted)
-            out.append((chunk, len(fitted)))
+            if chunk.seq.guide is not None:
+                drafts, q = self._grammatical(chunk.seq.guide, drafts, q)
+            self._append_drafts(chunk, drafts, q)
+            out.append((chunk, len(chunk.drafts)))
         return out
+
+    @staticmethod
+    def _grammatical(guide: Guide, drafts: list[int], q: torch.Tensor | None
+                     ) -> tuple[list[int], torch.Tensor | None]:
+        """Drafts cut at the first one the grammar refuses. A sampled draft (q given)
+        keeps that one, so that the acceptance rule rejects it and draws from the
+        residual, as exactness needs; a deterministic one's rejection draws from p."""
+        n = guide.valid_prefix(drafts)
+        if n < len(drafts) and q is not None:
+            n += 1
+        return drafts[:n], None if q is None else q[:n]
+
+    def _append_drafts(self, chunk: ScheduledChunk, drafts: list[int],
+                       q: torch.Tensor | None) -> None:
+        seq = chunk.seq
+        fitted = []
+        for token in drafts:
+            if not self.blocks.can_append(seq):
+                break
+            self.blocks.append_token(seq, token)
+            fitted.append(token)
+        chunk.drafts = fitted
+        chunk.q = None if q is None else q[:len(fitted)]
+        seq.in_pool += len(fitted)
 
     def _cut_rejected(self, chunk: ScheduledChunk, new: list[int | tuple[int, bool]]) -> None:
         kept = len(new) - 1
@@ -207,8 +248,10 @@ class Runner:
 
     def _choose(self, chunks: list[ScheduledChunk], logits: torch.Tensor) -> dict[int, list]:
         """Per sampling sequence, its new tokens: kept drafts (as (token, FROM_DRAFT)),
-        then the token the target chose. Plain rows are sampled together."""
+        then the token the target chose. Plain rows are sampled together; a constrained
+        row only among the tokens its grammar allows there."""
         out: dict[int, list] = {}
+        masks = self._masks(chunks, logits.shape[-1])
         plain_rows, plain_seqs = [], []
         row = 0
         for chunk in chunks:
@@ -216,7 +259,8 @@ class Runner:
                 continue
             seq, n = chunk.seq, 1 + len(chunk.drafts)
             if chunk.drafts:
-                kept, token = self._verify(seq, chunk, logits[row:row + n])
+                allowed = [masks.get(r) for r in range(row, row + n)]
+                kept, token = self._verify(seq, chunk, logits[row:row + n], allowed)
                 out[seq.seq_id] = [(d, FROM_DRAFT) for d in chunk.drafts[:kept]] + [token]
             else:
                 plain_rows.append(row)
@@ -224,35 +268,69 @@ class Runner:
             row += n
         if plain_seqs:
             rows = [Row(s.params, s.completion if s.params.repeat_penalty != 1.0 else (),
-                        s.generator) for s in plain_seqs]
+                        s.generator, masks.get(r)) for s, r in zip(plain_seqs, plain_rows)]
             plain = logits if len(plain_rows) == logits.shape[0] else logits[plain_rows]
             for seq, token in zip(plain_seqs, sample(plain, rows)):
                 out[seq.seq_id] = [token]
         return out
 
+    def _masks(self, chunks: list[ScheduledChunk], vocab: int) -> dict[int, torch.Tensor]:
+        """logits row -> the tokens allowed there, for the rows a constraint governs."""
+        guided, row = [], 0
+        for chunk in chunks:
+            if not chunk.samples:
+                continue
+            guide = chunk.seq.guide
+            if guide is not None:
+                guided.append((guide, row, chunk.drafts[:guide.valid_prefix(chunk.drafts)]))
+            row += 1 + len(chunk.drafts)
+        if not guided:
+            return {}
+        t0 = time.perf_counter()
+        masks = step_masks(guided, row, vocab)
+        self.mask_s += time.perf_counter() - t0
+        self.masked_rows += len(masks)
+        return masks
+
     @staticmethod
-    def _verify(seq: Sequence, chunk: ScheduledChunk, logits: torch.Tensor) -> tuple[int, int]:
+    def _verify(seq: Sequence, chunk: ScheduledChunk, logits: torch.Tensor,
+                allowed: list[torch.Tensor | None]) -> tuple[int, int]:
         drafts, sp = chunk.drafts, seq.params
-        rows = [Row(sp, seq.completion + drafts[:i], seq.generator) for i in range(len(drafts) + 1)]
+        rows = [Row(sp, seq.completion + drafts[:i], seq.generator, allowed[i])
+                for i in range(len(drafts) + 1)]
         if sp.temperature == 0:
             return accept_greedy(argmax(penalized(logits, rows)), drafts)
         return accept_drafts(distributions(logits, rows), chunk.q, drafts, seq.generator)
 
     def _hand_out(self, chunk: ScheduledChunk, new: list[int | tuple[int, bool]]) -> None:
         """Append the new tokens and queue them; a sequence that ends (end-of-generation,
-        budget) gives its blocks back before its last token is handed out."""
-        seq = chunk.seq
+        budget, its grammar complete: then its end token follows) gives its blocks back
+        before its last token is handed out."""
+        seq, guide = chunk.seq, chunk.seq.guide
+        complete = False
         for i, item in enumerate(new):
             token = item[0] if isinstance(item, tuple) else item
             seq.tokens.append(token)
-            done = self._is_end(token) or len(seq.tokens) - seq.n_prompt >= seq.budget
-            if done or i == len(new) - 1:
+            end = self._is_end(token)
+            done = end or len(seq.tokens) - seq.n_prompt >= seq.budget
+            if guide is not None and not end:
+                if not guide.consume(token):
+                    self.scheduler.finish(seq)
+                    seq.out.put(EngineError(f"the constraint refused a token: {guide.error}"))
+                    return
+                complete = guide.complete
+            if done or complete or i == len(new) - 1:
                 break
+        handed = list(new[:i + 1])
+        if complete and not done:
+            seq.tokens.append(guide.end_token)
+            handed.append(guide.end_token)
+            done = True
         if seq.speculation is not None and self.draft is not None:
             self.draft.settle(seq)
         if done:
             self.scheduler.finish(seq)
-        for item in new[:i + 1]:
+        for item in handed:
             seq.out.put(item)
         if done:
             seq.out.put(_DONE)

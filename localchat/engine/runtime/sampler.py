@@ -1,6 +1,7 @@
 """Sampling a step's rows at once in llama.cpp's order (repeat penalty, top-k, top-p, min-p,
 temperature, draw; temperature 0: argmax), each row with its own seeded generator, so a row
-samples the same whichever rows share its step."""
+samples the same whichever rows share its step. A constrained row is first masked to the
+tokens its grammar allows, and then samples the same way (one draw of its generator)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class Row:
     params: SamplingParams
     recent: Sequence[int] = ()  # the tokens the repeat penalty looks at
     generator: torch.Generator | None = None
+    allowed: torch.Tensor | None = None  # [V] bool: the tokens a constraint allows here
 
 
 def argmax(logits: torch.Tensor) -> list[int]:
@@ -32,10 +34,15 @@ def argmax(logits: torch.Tensor) -> list[int]:
 
 
 def penalized(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
-    """[R, V] float32 logits with each row's repeat penalty applied (a copy if any)."""
+    """[R, V] float32 logits with each row's repeat penalty applied and the tokens its
+    constraint refuses at -inf (a copy if any)."""
     logits = logits.float()
     copied = False
     for r, row in enumerate(rows):
+        if row.allowed is not None:
+            if not copied:
+                logits, copied = logits.clone(), True
+            logits[r].masked_fill_(~row.allowed, float("-inf"))
         if row.params.repeat_penalty == 1.0 or not row.recent:
             continue
         if not copied:
@@ -82,7 +89,8 @@ def distributions(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
 
 def sample(logits: torch.Tensor, rows: Sequence[Row]) -> list[int]:
     """One token per row of [R, V] logits."""
-    if all(r.params.temperature == 0 and r.params.repeat_penalty == 1.0 for r in rows):
+    if all(r.params.temperature == 0 and r.params.repeat_penalty == 1.0 and r.allowed is None
+           for r in rows):
         return argmax(logits)  # the common greedy case: nothing else to do
     logits = penalized(logits, rows)
     tokens = [0] * len(rows)

@@ -19,6 +19,7 @@ class ScheduledChunk:
     end: int  # one past the last; the sequence samples next when end == len(tokens)
     drafts: list[int] = field(default_factory=list)  # appended by speculation, verified here
     q: object = None  # the drafts' distributions ([γ, vocab] tensor), None if deterministic
+    forced: bool = False  # the drafts are tokens the sequence's grammar forces
 
     @property
     def samples(self) -> bool:

@@ -34,6 +34,7 @@ class Sequence:
     lost: int = 0  # KV tokens thrown away by the last preemption
     cancelled: bool = False
     speculation: object = None  # speculative.Speculation while a draft serves it
+    guide: object = None  # guide.Guide: the constraint's matcher, if the request has one
     out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue, repr=False)
 
     @property

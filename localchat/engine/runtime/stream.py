@@ -19,7 +19,7 @@ def check_prompt_fits(n_prompt: int, n_ctx: int, n_ctx_train: int) -> None:
     if n_prompt >= n_ctx:
         raise ContextOverflowError(
             f"the prompt is {n_prompt} tokens but the context window is {n_ctx} tokens "
-            f"(use -c/--ctx-size for a larger one, up to {n_ctx_train})")
+            f"(load the model with a larger context, up to {n_ctx_train})")
 
 
 @dataclass

@@ -1,29 +1,15 @@
-"""What an engine needs from a vocabulary (llama.cpp's or Hugging Face's), and the tokenization
-and prompt budgeting built on it: template text may hold special tokens, typed text never."""
+"""The tokenization and prompt budgeting an engine builds on its executor's Vocabulary
+(executor_api.py): template text may hold special tokens, typed text never."""
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Sequence
 
 from localchat.engine.base import Message, ModelInfo, Request
+from localchat.engine.runtime.executor_api import Vocabulary
 from localchat.engine.runtime.stream import check_prompt_fits
 from localchat.errors import TemplateError
 from localchat.models.facts import GGUFFacts
-
-
-class Vocabulary(Protocol):
-    def tokenize_messages(self, template: str | None, messages: Sequence[Message]) -> list[int]:
-        """Render with the template and tokenize, special tokens only where trusted."""
-
-    def tokenize_text(self, text: str) -> list[int]:
-        """Plain text to tokens, special-token look-alikes left as text."""
-
-    def detokenize(self, token: int) -> bytes:
-        """One token's bytes (possibly part of a UTF-8 character); b"" for control tokens."""
-
-    def is_end_of_generation(self, token: int) -> bool: ...
-
-    def close(self) -> None: ...
 
 
 class VocabMixin:

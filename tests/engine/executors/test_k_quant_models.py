@@ -11,7 +11,7 @@ import torch
 
 from localchat.engine.executors.torch import kernels, q4q8
 from localchat.engine.executors.torch.qlinear import RowStack
-from localchat.cli.eval_agreement import llama_cpp_logits, torch_logits
+from quantize.agreement import llama_cpp_logits, torch_logits
 from localchat.engine.executors.torch.weights import load_weights
 from helpers.tiny_models import write_random_model
 

@@ -13,7 +13,8 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from localchat.engine.executors.torch import gguf_blocks, kernels, q4q8, qlinear
+from localchat.engine.executors.torch import kernels, q4q8, qlinear
+from localchat.formats import gguf_blocks
 from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix, candidates
 
 ROWS, COLS = 96, 256
@@ -202,10 +203,10 @@ def test_a_kernel_that_is_missing_or_wrong_is_not_used(monkeypatch):
 
 @pytest.mark.model  # loads the bundled model
 def test_the_bundled_model_keeps_its_file_size_and_names_each_layers_kernel():
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
 
-    engine = load_engine("default", engine="torch", ctx_size=256, threads=2,
-                         kv_memory=512 * 23040)
+    engine = open_engine(EngineConfig("default", engine="torch", ctx_size=256, threads=2,
+                         kv_memory=512 * 23040))
     try:
         info = engine.info
     finally:

@@ -14,7 +14,7 @@ from localchat.models.specs import resolve_model_facts
 
 
 def test_compiled_layers_give_the_eager_tokens(engine):
-    from localchat.cli.eval_agreement import varied_text_tokens
+    from quantize.agreement import varied_text_tokens
 
     weights = load_weights(resolve_model_facts("default").path)
     tokens = torch.tensor(varied_text_tokens(engine, 96)[:96])
@@ -29,7 +29,7 @@ def test_compiled_layers_give_the_eager_tokens(engine):
 
 
 def test_ahead_of_time_layers_give_the_eager_tokens(engine):
-    from localchat.cli.eval_agreement import varied_text_tokens
+    from quantize.agreement import varied_text_tokens
 
     weights = load_weights(resolve_model_facts("default").path)
     tokens = torch.tensor(varied_text_tokens(engine, 96)[:96])

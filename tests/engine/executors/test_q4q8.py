@@ -128,7 +128,7 @@ def test_scales_held_as_the_file_holds_them(isa, monkeypatch):
     """float16 scales (Q4_0, Q4_1, Q5_x, Q8_0) give bit for bit the float32 results; Q4_K's and
     Q5_K's 6-bit integers with d, dmin per 256 take llama.cpp's route (integer sums per 256,
     then one float multiply) to the same sums."""
-    from localchat.engine.executors.torch.gguf_blocks import group_scales
+    from localchat.formats.gguf_blocks import group_scales
 
     monkeypatch.setenv("LOCALCHAT_Q4Q8_ISA", isa)
     rng = np.random.default_rng(2)
@@ -157,7 +157,7 @@ def test_the_model_on_q4q8_compiled_ahead_of_time_computes_what_llama_cpp_does(e
     them (prompt, then one token a step). Two implementations that round activations to 8 bits
     agree up to near-ties (measured on 1100 positions: 96.8-97.7 % top-1, mean |Δlogit| ~0.16;
     llama.cpp against its own float32 run 97.2 %); a broken kernel scores near 0."""
-    from localchat.cli.eval_agreement import llama_cpp_logits, varied_text_tokens
+    from quantize.agreement import llama_cpp_logits, varied_text_tokens
     from localchat.engine.executors.torch.model import LlamaModel
     from localchat.engine.executors.torch.weights import load_weights
     from localchat.models.specs import resolve_model_facts

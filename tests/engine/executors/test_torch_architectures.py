@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from localchat.engine.executors.torch.rope import llama3_rope_factors
-from localchat.cli.eval_agreement import llama_cpp_logits, torch_logits
+from quantize.agreement import llama_cpp_logits, torch_logits
 from localchat.engine.executors.torch.weights import load_weights
 from localchat.errors import EngineError
 from helpers.tiny_models import HEAD_DIM, write_random_model

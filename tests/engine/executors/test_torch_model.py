@@ -21,7 +21,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def varied_tokens(engine):
-    from localchat.cli.eval_agreement import varied_text_tokens
+    from quantize.agreement import varied_text_tokens
 
     return varied_text_tokens(engine, 100)
 
@@ -51,7 +51,7 @@ def test_prefill_then_decode_equals_one_prefill(model, varied_tokens):
                              torch.arange(p + 1), kv2)
         # one-token and prompt passes sum in other orders; where activations are rounded to
         # 8 bits (q4q8) a last-bit difference flips a code and the change spreads: two such
-        # runs differ by ~0.16 a logit on average, ~1.6 at most (README, "Matching llama.cpp")
+        # runs differ by ~0.16 a logit on average, ~1.6 at most (docs/quantization.md, "What agreement can reach")
         assert step.argmax() == full[p].argmax()
         assert (step - full[p]).abs().mean() < 0.4
 

@@ -9,9 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from localchat.engine import load_engine
+from localchat.engine import EngineConfig, open_engine
 from localchat.engine.base import Message, Request, SamplingParams
-from localchat.engine.runtime.block_manager import BlockManager, KVLayout
+from localchat.engine.runtime.block_manager import BlockManager
+from localchat.engine.runtime.executor_api import KVLayout
 from localchat.engine.runtime.scheduler import Scheduler
 from localchat.engine.runtime.sequence import RUNNING, WAITING, Sequence
 
@@ -40,8 +41,8 @@ def _together(engine, requests: list[Request]) -> list:
 
 @pytest.fixture(scope="module")
 def batching_engine():
-    engine = load_engine("default", engine="torch", ctx_size=128, threads=2,
-                         kv_memory=8 * KV_BYTES_PER_BLOCK)  # 8 blocks: one 128-token context
+    engine = open_engine(EngineConfig("default", engine="torch", ctx_size=128, threads=2,
+                         kv_memory=8 * KV_BYTES_PER_BLOCK))  # 8 blocks: one 128-token context
     yield engine
     engine.close()
 

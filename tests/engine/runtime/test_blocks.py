@@ -367,3 +367,16 @@ TestBlockPool = PoolMachine.TestCase
 TestBlockPool.settings = settings(max_examples=120, stateful_step_count=30, deadline=None)
 TestBlockPoolWithHashCollisions = CollidingPoolMachine.TestCase
 TestBlockPoolWithHashCollisions.settings = settings(max_examples=50, stateful_step_count=30, deadline=None)
+
+
+def test_held_counts_a_sequences_blocks_live_then_those_still_cached_for_it():
+    pool = BlockPool(8, block_size=4)
+    tokens = list(range(10))
+    pool.allocate(1, tokens)
+    assert pool.held(1, tokens) == (3, 0)  # its table, all in use
+    pool.commit(1, 10)
+    pool.free(1)
+    assert pool.held(1, tokens) == (2, 2)  # the two full blocks, cached; the partial one freed
+    pool.allocate(2, tokens[:8] + [99])  # another sequence shares them now: in use
+    assert pool.held(1, tokens) == (2, 0)
+    assert pool.held(3, [7, 7, 7, 7]) == (0, 0)  # nothing cached for it

@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from localchat.engine import load_engine
+from localchat.engine import EngineConfig, open_engine
 from localchat.engine.runtime.compute_thread import COMPUTE, ComputeThread
 from localchat.engine.executors.torch.model import Batch
 
@@ -25,8 +25,8 @@ def test_calls_run_on_the_compute_thread_and_raise_in_the_caller():
 
 @pytest.fixture(scope="module")
 def model_and_kv():
-    engine = load_engine("default", engine="torch", ctx_size=256, threads=2,
-                         kv_memory=64 * 16 * 23040)
+    engine = open_engine(EngineConfig("default", engine="torch", ctx_size=256, threads=2,
+                         kv_memory=64 * 16 * 23040))
     yield engine.executor.model, engine.executor.kv
     engine.close()
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from localchat.engine import load_engine
+from localchat.engine import EngineConfig, open_engine
 from localchat.engine.base import Message, Request, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -41,8 +41,8 @@ def _load(executor: str, **options):
     """The torch executor as it ships: its layer pieces compiled by Inductor."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("LOCALCHAT_EAGER", "0")
-        return load_engine("default", engine=executor, ctx_size=512, threads=2, parallel=16,
-                           kv_memory=16 * 512 * 23040 if executor == "torch" else None, **options)
+        return open_engine(EngineConfig("default", engine=executor, ctx_size=512, threads=2, parallel=16,
+                           kv_memory=16 * 512 * 23040 if executor == "torch" else None, **options))
 
 
 @pytest.fixture(scope="module", params=["llama.cpp", "torch"])
@@ -104,7 +104,7 @@ def test_speculative_sampling_is_distributed_as_plain_sampling(tmp_path):
                                    sampling=sp(seed), max_tokens=4)
     n_requests, counts, drafts = 150, {}, []
     for name, options in (("plain", {}), ("draft", {"draft": str(draft), "num_draft_tokens": 2})):
-        engine = load_engine("default", ctx_size=256, threads=2, parallel=16, **options)
+        engine = open_engine(EngineConfig("default", ctx_size=256, threads=2, parallel=16, **options))
         try:
             def work(i: int) -> tuple[list[int], dict | None]:
                 events = list(engine.generate(request(i)))
@@ -131,7 +131,7 @@ def test_speculative_sampling_is_distributed_as_plain_sampling(tmp_path):
 
 
 def test_llama_cpp_slots_reuse_a_chat_and_a_shared_system_prompt():
-    engine = load_engine("default", ctx_size=1024, threads=2, parallel=2)
+    engine = open_engine(EngineConfig("default", ctx_size=1024, threads=2, parallel=2))
     try:
         system = [Message("system", "You are a terse assistant who answers in one line.")]
         first = engine.complete(Request(messages=system + [Message("user", "Hi")],
@@ -151,7 +151,7 @@ def test_llama_cpp_slots_reuse_a_chat_and_a_shared_system_prompt():
 def test_more_requests_than_slots_wait_their_turn():
     """Six requests on two llama.cpp slots: at most two run at once, and each gets the
     tokens it gets alone."""
-    engine = load_engine("default", ctx_size=512, threads=2, parallel=2)
+    engine = open_engine(EngineConfig("default", ctx_size=512, threads=2, parallel=2))
     try:
         alone = [_tokens(engine, _request(i)) for i in range(6)]
         before = engine.runner.steps_by_batch_size.copy()

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 import torch
 
-from localchat.engine import load_engine
+from localchat.engine import EngineConfig, open_engine
 from localchat.engine.base import Message, Request, SamplingParams
 from localchat.engine.runtime.sampler import Row, distributions
 from localchat.engine.runtime.speculative.rule import accept_drafts
@@ -49,8 +49,8 @@ def useless_draft(tmp_path_factory):
                                      ("default", 4),
                                      pytest.param("ngram", None, marks=pytest.mark.slow)])
 def test_torch_greedy_speculation_is_identical_to_plain_decoding(plain_replies, draft, k):
-    eng = load_engine("default", engine="torch", ctx_size=1024, threads=2,
-                      kv_memory=1024 * 23040, draft=draft, num_draft_tokens=k)
+    eng = open_engine(EngineConfig("default", engine="torch", ctx_size=1024, threads=2,
+                      kv_memory=1024 * 23040, draft=draft, num_draft_tokens=k))
     try:
         for prompt, plain in zip(PROMPTS, plain_replies):
             tokens, stats = reply(eng, prompt)
@@ -64,8 +64,8 @@ def test_torch_greedy_speculation_is_identical_to_plain_decoding(plain_replies, 
 
 
 def test_useless_draft_is_switched_off_and_changes_nothing(plain_replies, useless_draft):
-    eng = load_engine("default", engine="torch", ctx_size=1024, threads=2,
-                      kv_memory=1024 * 23040, draft=str(useless_draft))
+    eng = open_engine(EngineConfig("default", engine="torch", ctx_size=1024, threads=2,
+                      kv_memory=1024 * 23040, draft=str(useless_draft)))
     try:
         tokens, stats = reply(eng, PROMPTS[0])
         assert tokens == plain_replies[0]
@@ -114,7 +114,7 @@ def test_real_distributions_stay_exact(torch_engine, useless_draft):
 def test_llama_cpp_speculation_is_identical_and_self_draft_accepts_all(engine):
     plain = [reply(engine, p)[0] for p in PROMPTS]
     for draft in ("default", "ngram"):
-        eng = load_engine("default", ctx_size=1024, threads=2, draft=draft, num_draft_tokens=3)
+        eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2, draft=draft, num_draft_tokens=3))
         try:
             for prompt, expected in zip(PROMPTS, plain):
                 tokens, stats = reply(eng, prompt)
@@ -168,7 +168,7 @@ def test_llama_cpp_speculation_runs_past_512_tokens(draft):
 
 
 def test_auto_draft_is_prompt_lookup_without_a_kept_draft_and_skips_seeded_requests():
-    engine = load_engine("default", threads=2, ctx_size=512, draft="auto")
+    engine = open_engine(EngineConfig("default", threads=2, ctx_size=512, draft="auto"))
     try:
         assert engine.draft.source == "ngram" and engine.draft.auto
         tokens, draft = reply(engine, PROMPTS[1], n=12)
@@ -189,7 +189,7 @@ def test_auto_with_a_kept_draft_looks_up_first_then_asks_the_model(useless_draft
     kept = draft_path_for(resolve_model_facts("default"))
     kept.parent.mkdir(parents=True, exist_ok=True)
     kept.symlink_to(useless_draft)
-    engine = load_engine("default", threads=2, ctx_size=512, draft="auto")
+    engine = open_engine(EngineConfig("default", threads=2, ctx_size=512, draft="auto"))
     try:
         assert engine.draft.source.startswith("ngram+model:")
         for prompt in PROMPTS:

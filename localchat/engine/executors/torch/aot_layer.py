@@ -26,18 +26,19 @@ CODE_DIGEST = hashlib.blake2b(Path(layer_steps.__file__).read_bytes()
 MAX_ROWS = 4096
 
 
-def _tensor_attrs(module: torch.nn.Module, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
-    """Every tensor a linear layer holds, sub-layers included, in a fixed order."""
+def tensor_attrs(module: torch.nn.Module, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    """Every tensor a linear layer holds as a plain attribute, sub-layers included, in a fixed
+    order: the artifact's inputs, so a layer must read its weights from exactly these."""
     found = [(prefix + k, v) for k, v in sorted(vars(module).items()) if isinstance(v, torch.Tensor)]
     for name, child in sorted(module.named_children()):
-        found += _tensor_attrs(child, f"{prefix}{name}.")
+        found += tensor_attrs(child, f"{prefix}{name}.")
     return found
 
 
 @contextlib.contextmanager
-def _holding(module: torch.nn.Module, tensors: list[torch.Tensor]):
+def holding(module: torch.nn.Module, tensors: list[torch.Tensor]):
     """The module with its tensors swapped for `tensors` (graph inputs while exporting)."""
-    names = [name for name, _ in _tensor_attrs(module)]
+    names = [name for name, _ in tensor_attrs(module)]
     saved = []
     for name, tensor in zip(names, tensors):
         *path, attr = name.split(".")
@@ -57,7 +58,7 @@ def layer_tensors(layer) -> list[torch.Tensor]:
     """A layer's weights as the artifact takes them."""
     out = [layer.attn_norm, layer.ffn_norm] + ([layer.bqkv] if layer.bqkv is not None else [])
     for name in LINEARS:
-        out += [t for _, t in _tensor_attrs(getattr(layer, name))]
+        out += [t for _, t in tensor_attrs(getattr(layer, name))]
     return out
 
 
@@ -71,7 +72,7 @@ def signature(layer) -> str:
                                                  if isinstance(v, (bool, int, float, str))))
                     for n, m in module.named_modules()]
         parts.append(repr(settings) + repr([(n, tuple(t.shape), str(t.dtype))
-                                            for n, t in _tensor_attrs(module)]))
+                                            for n, t in tensor_attrs(module)]))
     return ";".join(parts)
 
 
@@ -81,7 +82,7 @@ class _DecodeLayer(torch.nn.Module):
     def __init__(self, template, rope, config, kv_dtype: torch.dtype) -> None:
         super().__init__()
         self.template, self.rope, self.config, self.kv_dtype = template, rope, config, kv_dtype
-        self.counts = [len(_tensor_attrs(getattr(template, n))) for n in LINEARS]
+        self.counts = [len(tensor_attrs(getattr(template, n))) for n in LINEARS]
 
     def forward(self, x, new_slots, k_cache, v_cache, padded, valid, cos, sin, weights):
         t = self.template
@@ -92,7 +93,7 @@ class _DecodeLayer(torch.nn.Module):
             modules.append((getattr(t, name), rest[at:at + count]))
             at += count
         with contextlib.ExitStack() as stack:
-            wqkv, wo, w_gate_up, w_down = (stack.enter_context(_holding(m, ts)) for m, ts in modules)
+            wqkv, wo, w_gate_up, w_down = (stack.enter_context(holding(m, ts)) for m, ts in modules)
             return layer_steps.decode_layer(x, new_slots, k_cache, v_cache, padded, valid,
                                             attn_norm, wqkv, bqkv, wo, ffn_norm, w_gate_up,
                                             w_down, self.rope, cos, sin, self.config, self.kv_dtype)
@@ -148,6 +149,10 @@ def _build(module: torch.nn.Module, example: tuple, path) -> None:
               by_row, by_row, [None] * len(example[-1]))
     with torch.inference_mode():
         program = torch.export.export(module, example, dynamic_shapes=shapes)
+    baked = [*program.constants, *program.state_dict]
+    if baked:  # a tensor read but not among tensor_attrs: every layer would run layer 0's
+        raise RuntimeError(f"the decode layer reads {len(baked)} tensors that are not its "
+                           "inputs; they would be compiled in")
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
     path.parent.mkdir(parents=True, exist_ok=True)
     building = path.with_name(f".{path.stem}.{os.getpid()}.pt2")  # renamed whole: never half

@@ -1,12 +1,12 @@
 """Which device the torch engine runs on: CUDA if present, else Apple MPS, else CPU;
-`--device` overrides. Weights are built for the device at load (4-bit layers are packed
+The device setting overrides. Weights are built for the device at load (4-bit layers are packed
 per device), so moving a loaded model is not supported: load it where it will run."""
 
 from __future__ import annotations
 
 import torch
 
-from localchat.errors import UsageError
+from localchat.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
@@ -15,23 +15,23 @@ def pick_device(requested: str | None = None) -> torch.device:
     requested = (requested or "auto").strip().lower()
     kind = requested.split(":", 1)[0]
     if kind not in DEVICES:
-        raise UsageError(f"unknown device {requested!r} (choose from: {', '.join(DEVICES)}, "
+        raise ConfigError("device", f"{requested!r} is unknown (choose from: {', '.join(DEVICES)}, "
                          "or cuda:N)")
     cuda = torch.cuda.is_available()
     mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
     if kind == "auto":
         return torch.device("cuda" if cuda else "mps" if mps else "cpu")
     if kind == "cuda" and not cuda:
-        raise UsageError("--device cuda: no CUDA device is available to PyTorch here "
+        raise ConfigError("device", "cuda: no CUDA device is available to PyTorch here "
                          f"(torch {torch.__version__}, built for CUDA: {torch.version.cuda or 'no'})")
     if kind == "mps" and not mps:
-        raise UsageError("--device mps: Apple's Metal backend is not available here")
+        raise ConfigError("device", "mps: Apple's Metal backend is not available here")
     try:
         device = torch.device(requested)
     except RuntimeError:
-        raise UsageError(f"bad device {requested!r}") from None
+        raise ConfigError("device", f"{requested!r} is not a device") from None
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise UsageError(f"--device {requested}: there are {torch.cuda.device_count()} CUDA devices")
+        raise ConfigError("device", f"{requested}: there are {torch.cuda.device_count()} CUDA devices")
     return device
 
 

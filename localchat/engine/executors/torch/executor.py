@@ -7,24 +7,38 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import warnings
+from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from localchat.engine.base import ModelInfo
-from localchat.engine.executors.base import Chunk, Executor
+from localchat.engine.runtime.executor_api import Chunk, Executor
 from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary
 from localchat.engine.executors.torch.device import pick_device
 from localchat.engine.executors.torch.kernels import KernelChooser
 from localchat.engine.executors.torch.model import Batch, KVStore, LlamaModel
-from localchat.engine.executors.torch.weights import load_weights
-from localchat.engine.runtime.block_manager import BLOCK_SIZE, KVLayout
-from localchat.errors import UsageError
+from localchat.engine.executors.torch.weights import ModelWeights, load_weights
+from localchat.engine.runtime.executor_api import BLOCK_SIZE, KVLayout
+from localchat.errors import ConfigError
 from localchat.models.facts import GGUFFacts
 from localchat.paths import cache_dir
 from localchat.units import available_memory, human_bytes, refuse_beyond_available
 
 KV_DTYPE = torch.float16  # as llama.cpp's default cache: 2 bytes per value
+# torch's own warnings that say nothing to a user (its internals' deprecations and codegen
+# notes), by category and the start of the message; any other warning still shows
+KNOWN_LIBRARY_WARNINGS = (
+    (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated"),
+    (UserWarning, r"bf16 and fp16 are mixed in the scheduler node"),
+)
+
+
+def quiet_library_warnings() -> None:
+    """Hide KNOWN_LIBRARY_WARNINGS for the rest of the process (ours and others' still show)."""
+    for category, message in KNOWN_LIBRARY_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
 
 
 def kv_block_bytes(config) -> int:
@@ -34,29 +48,43 @@ def kv_block_bytes(config) -> int:
 
 
 def kv_blocks(config, n_ctx: int, kv_memory: int | None) -> int:
-    """Blocks the KV pool gets: the --kv-memory budget, by default 10% of available
+    """Blocks the KV pool gets: the kv_memory budget, by default 10% of available
     memory; never less than one full context window (that would fail mid-reply)."""
     per_block = kv_block_bytes(config)
     needed = math.ceil(n_ctx / BLOCK_SIZE)
     if kv_memory is not None:
         if kv_memory // per_block < needed:
-            raise UsageError(
-                f"--kv-memory {human_bytes(kv_memory)} holds {kv_memory // per_block * BLOCK_SIZE}"
-                f" tokens, less than the {n_ctx}-token context; raise it or lower -c")
+            raise ConfigError(
+                "kv_memory", f"{human_bytes(kv_memory)} holds {kv_memory // per_block * BLOCK_SIZE}"
+                f" tokens, less than the {n_ctx}-token context; raise it or lower ctx_size")
         return kv_memory // per_block
     return max(needed, available_memory() // 10 // per_block)
+
+
+def open_weights(path, device: torch.device = torch.device("cpu"),
+                 chooser: KernelChooser | None = None) -> ModelWeights:
+    """The weights of a GGUF file or a Hugging Face directory, on `device` (a directory is
+    built on the CPU and moved)."""
+    if Path(path).is_dir():
+        from localchat.engine.executors.torch.hf_weights import load_hf_weights
+
+        return load_hf_weights(Path(path), chooser).to(device)
+    return load_weights(Path(path), device, chooser)
+
+
+def open_vocabulary(path):
+    """The vocabulary of a GGUF file (llama.cpp's own) or a Hugging Face directory."""
+    if Path(path).is_dir():
+        from localchat.engine.executors.torch.hf_vocab import HFVocabulary
+
+        return HFVocabulary(Path(path))
+    return LlamaCppVocabulary.vocab_only(str(path))
 
 
 def open_model(facts: GGUFFacts, device: torch.device = torch.device("cpu"),
                chooser: KernelChooser | None = None):
     """(weights on `device`, vocabulary) for a GGUF file or a Hugging Face directory."""
-    if facts.path.is_dir():
-        from localchat.engine.executors.torch.hf_vocab import HFVocabulary
-        from localchat.engine.executors.torch.hf_weights import load_hf_weights
-
-        return load_hf_weights(facts.path, chooser).to(device), HFVocabulary(facts.path)
-    return (load_weights(facts.path, device, chooser),
-            LlamaCppVocabulary.vocab_only(str(facts.path)))
+    return open_weights(facts.path, device, chooser), open_vocabulary(facts.path)
 
 
 class TorchExecutor(Executor):
@@ -66,6 +94,7 @@ class TorchExecutor(Executor):
                  kv_memory: int | None = None, device: str | None = None,
                  compiled: bool | None = None) -> None:
         """Call on the compute thread (compute_thread.py says why). compiled: as LlamaModel's."""
+        quiet_library_warnings()
         self.facts = facts
         self.device = pick_device(device)
         torch.set_num_threads(threads or max(1, os.cpu_count() or 1))

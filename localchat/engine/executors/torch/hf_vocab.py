@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from tokenizers import Tokenizer
 
-from localchat.chat.template import render_chat
+from localchat.prompt.template import render_chat
 from localchat.engine.base import Message
 from localchat.errors import EngineError
 from localchat.models.hf_files import read_json_if_present, token_text
@@ -127,6 +127,15 @@ class HFVocabulary:
                         table[i] = piece.encode("utf-8")
                 self._bytes = table
             return self._bytes
+
+    def constraint_tokenizer(self):
+        """llguidance's tokenizer over this tokenizer.json, every end-of-generation token
+        an end (the eos text's first)."""
+        import llguidance  # only constrained requests need it
+
+        eos = self.trusted.token_to_id(self.eos_text) if self.eos_text else None
+        ends = ([eos] if eos in self.eog_ids else []) + sorted(self.eog_ids - {eos})
+        return llguidance.LLTokenizer(self.trusted.to_str(), eos_token=ends or None)
 
     def is_end_of_generation(self, token: int) -> bool:
         return token in self.eog_ids

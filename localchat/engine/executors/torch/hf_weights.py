@@ -10,17 +10,17 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from localchat.engine.executors.torch.gptq_weights import (QUANT_METHOD as GPTQ_METHOD, GPTQMatrix,
-                                                 dequantize_gptq, gptq_config, gptq_linear,
-                                                 load_gptq)
-from localchat.engine.executors.torch.intq import (QUANT_METHOD, SCALE_SUFFIX, IntMatrix, dequantize_int,
-                                        int_linear, load_int)
+from localchat.engine.executors.torch.gptq_weights import gptq_linear
+from localchat.engine.executors.torch.intq import int_linear
 from localchat.engine.executors.torch.kernels import KernelChooser
-from localchat.engine.executors.torch.nf4 import QUANT_STATE_KEY, NF4Linear, dequantize, load_nf4, stack_nf4
-from localchat.engine.executors.torch.qlinear import DenseLinear
+from localchat.engine.executors.torch.qlinear import DenseLinear, NF4Linear
 from localchat.engine.executors.torch.rope import llama3_rope_factors
 from localchat.engine.executors.torch.weights import LayerWeights, LlamaConfig, ModelWeights
 from localchat.errors import EngineError
+from localchat.formats.gptq import QUANT_METHOD as GPTQ_METHOD
+from localchat.formats.gptq import GPTQMatrix, dequantize_gptq, gptq_config, load_gptq
+from localchat.formats.intq import QUANT_METHOD, SCALE_SUFFIX, IntMatrix, dequantize_int, load_int
+from localchat.formats.nf4 import QUANT_STATE_KEY, dequantize, load_nf4, stack_nf4
 from localchat.models.hf_files import HF_MODEL_TYPES, read_json, safetensors_files
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

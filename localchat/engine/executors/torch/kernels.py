@@ -42,7 +42,7 @@ class SourceMatrix:
     bits: float  # bits per weight in the file (a kernel below them would lose precision)
     int4: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None  # q, scale, zero, group
     int8: tuple[torch.Tensor, torch.Tensor] | None = None  # codes [N, K], per-row scales [N]
-    # the file's blocks as gguf_blocks.py unpacks them, for the q4q8 family of kernels
+    # the file's blocks as formats/gguf_blocks.py unpacks them, for the q4q8 family of kernels
     q4_blocks: tuple | None = None  # Q4_0/Q4_1/Q4_K: q 0..15, scale, minimum [N, K/32], sup
     q5_blocks: tuple | None = None  # Q5_0/Q5_1/Q5_K: q 0..31, d, minimum (None: Q5_0's q − 16), sup
     q8_blocks: tuple[torch.Tensor, torch.Tensor] | None = None  # Q8_0, Q5_0: codes, f16 d [N, K/32]
@@ -279,7 +279,7 @@ class KernelChooser:
             name, layer = "f32", self._try(BY_NAME["f32"], m)
             if layer is None:
                 raise EngineError(f"no kernel here reproduces a {m.kind} matrix of shape "
-                                  f"{list(m.shape)}; use --engine llama.cpp")
+                                  f"{list(m.shape)}; use the llama.cpp engine")
         self.measured[key] = {"kernel": name, "us_at_1_plus_16_rows": timings}
         self._save(key)
         return name, layer

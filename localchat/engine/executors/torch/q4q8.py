@@ -133,7 +133,7 @@ def _two_bit_codes(q: torch.Tensor) -> torch.Tensor:
 class Q4Q8Linear(BlockLinear):
     """y = x @ Wᵀ for w = q·scale + minimum, q in 0..15, per 32 weights (Q4_0, Q4_1, Q4_K:
     exact), x rounded as llama.cpp rounds it for the file's type (`act`: q8_0, q8_1, q8_k).
-    Scales as float32, or Q4_K's 6-bit integers with (d, dmin) per 256 in `sup` (gguf_blocks)."""
+    Scales as float32, or Q4_K's 6-bit integers with (d, dmin) per 256 in `sup` (formats/gguf_blocks.py)."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor,
                  sup: torch.Tensor | None = None, act: str = "q8_0",

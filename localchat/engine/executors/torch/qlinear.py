@@ -1,5 +1,5 @@
-"""Linear layers over PyTorch's weight-only kernels (int4pack, int8pack) and dense floats;
-GGUF's 4-bit blocks map exactly onto the int4 kernels' w = (q − 8)·scale + zero."""
+"""Linear layers over PyTorch's weight-only kernels (int4pack, int8pack), NF4 codes and dense
+floats; GGUF's 4-bit blocks map exactly onto the int4 kernels' w = (q − 8)·scale + zero."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from localchat.errors import EngineError
+from localchat.formats.nf4 import NF4Matrix, byte_table, dequantize_codes
 
 GROUP = 32  # GGUF's 32-weight blocks
 
@@ -111,4 +112,32 @@ class Int8Linear(torch.nn.Module):
         shape = x.shape
         y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).to(self.act_dtype),
                                                self.codes, self.scales)
+        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+
+class NF4Linear(torch.nn.Module):
+    """y = x @ Wᵀ with W kept as NF4 codes, dequantized CHUNK_ROWS rows at a time inside
+    forward (never a persistent dense copy). float32 by default: it reproduces the
+    dequantized weights exactly and is no slower at decode. Its tensors are plain attributes,
+    read in forward, as in every layer here: aot_layer passes exactly those to a compiled
+    layer as inputs (one held elsewhere would be compiled in as a constant)."""
+
+    CHUNK_ROWS = 1024
+
+    def __init__(self, matrix: NF4Matrix, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.out_features, self.in_features = matrix.shape
+        self.blocksize = matrix.blocksize
+        self.codes, self.absmax = matrix.codes, matrix.absmax
+        self.table = byte_table(matrix.levels, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features).to(self.table.dtype)
+        outs = []
+        for start in range(0, self.out_features, self.CHUNK_ROWS):
+            rows = slice(start, start + self.CHUNK_ROWS)
+            w = dequantize_codes(self.codes[rows], self.absmax[rows], self.table, self.blocksize)
+            outs.append(F.linear(x2, w))
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)

@@ -13,14 +13,15 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
+from localchat.engine.choice import TORCH_ARCHITECTURES
 from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix
-from localchat.engine.executors.torch.gguf_blocks import dequantized_q4, kernel_forms
 from localchat.engine.executors.torch.qlinear import RowStack
 from localchat.errors import EngineError
-from localchat.models.gguf_checks import check_model_metadata
+from localchat.formats.gguf_blocks import dequantize_tensor, dequantized_q4, kernel_forms
+from localchat.models.gguf_checks import check_layer_shapes, check_model_metadata
 from localchat.models.gguf_reader import read_gguf
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_ARCHITECTURES = TORCH_ARCHITECTURES
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 
 
@@ -70,11 +71,11 @@ class LlamaConfig:
         if arch not in SUPPORTED_ARCHITECTURES:
             raise EngineError(
                 f"the torch engine runs {', '.join(SUPPORTED_ARCHITECTURES)} models, not "
-                f"{arch!r}: use --engine llama.cpp")
+                f"{arch!r}: use the llama.cpp engine")
         scaling = meta.get(f"{arch}.rope.scaling.type", "none")
         if scaling not in ("none", "linear"):  # llama3's factors come as a tensor instead
             raise EngineError(f"the torch engine does not run {scaling!r} RoPE scaling yet: "
-                              "use --engine llama.cpp")
+                              "use the llama.cpp engine")
         factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
         n_heads = int(meta[f"{arch}.attention.head_count"])
         dim = int(meta[f"{arch}.embedding_length"])
@@ -177,6 +178,8 @@ def load_weights(path: Path, device: torch.device = torch.device("cpu"),
     measuring without a cache, when None)."""
     gguf_file = read_gguf(path)  # the validating reader every model path goes through
     check_model_metadata(gguf_file)
+    if gguf_file.metadata["general.architecture"] in SUPPORTED_ARCHITECTURES:
+        check_layer_shapes(gguf_file)  # as llama.cpp's loader does; others are refused next
     config = LlamaConfig.from_metadata(gguf_file.metadata)
     tensors = gguf_file.tensors
     chooser = chooser or KernelChooser(device)
@@ -185,13 +188,8 @@ def load_weights(path: Path, device: torch.device = torch.device("cpu"),
         return dequantized(name).to(device)
 
     def dequantized(name: str) -> torch.Tensor:
-        t, raw = tensors[name], gguf_file.tensor_data(name)
-        shape = tuple(reversed(t.shape))  # ggml lists the fastest dimension first
-        if t.ggml_type == Q.F32:
-            arr = np.frombuffer(raw, dtype=np.float32).copy()
-        else:
-            arr = dequantize(raw.reshape(shape[:-1] + (-1,)), t.ggml_type).astype(np.float32)
-        return torch.from_numpy(arr.reshape(shape))
+        return dequantize_tensor(gguf_file.tensor_data(name), tensors[name].ggml_type,
+                                 tensors[name].shape)
 
     def source(names: tuple[str, ...]) -> SourceMatrix:
         """Matrices stacked by rows (fused q/k/v, gate/up) as the kernel chooser sees them."""
@@ -245,7 +243,7 @@ def load_weights(path: Path, device: torch.device = torch.device("cpu"),
         return ModelWeights(config, embedding, layers, dense("output_norm.weight"), output,
                             rope_freqs)
     except KeyError as exc:
-        raise EngineError(f"{path.name} lacks tensor {exc}; use --engine llama.cpp") from None
+        raise EngineError(f"{path.name} lacks tensor {exc}; use the llama.cpp engine") from None
     finally:
         gguf_file.close()  # tensors were copied, packed or dequantized; the embedding's view
         # keeps the file mapped while the model lives

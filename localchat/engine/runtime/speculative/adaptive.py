@@ -32,7 +32,7 @@ class AdaptiveGamma:
     an engine's requests; choose(key) returns γ for the next round (0 = plain step)."""
 
     gamma_max: int = 16
-    fixed: int | None = None  # --num-draft-tokens: no adaptation
+    fixed: int | None = None  # num_draft_tokens set: no adaptation
     probe_every: int = 16  # plain steps before the first probe while speculation is off
     probe_max: int = 256  # a probe that finds no gain doubles the wait, up to this
     smoothing: float = 0.2

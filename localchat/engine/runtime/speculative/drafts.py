@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from localchat.engine.executors.base import Chunk, Executor
+from localchat.engine.runtime.executor_api import Chunk, Executor
 from localchat.engine.runtime.block_manager import BlockManager
 from localchat.engine.runtime.sampler import Row, argmax, distributions, draw, penalized
 from localchat.engine.runtime.sequence import Sequence

@@ -1,13 +1,12 @@
-"""`localchat eval --agreement`: does the torch engine compute what llama.cpp computes on one
-GGUF? Top-1 agreement, largest logit difference and greedy continuations, repeated on the
+"""Does the torch engine compute what llama.cpp computes on one GGUF (`localchat eval
+--agreement`)? Top-1 agreement, largest logit difference and greedy continuations, repeated on the
 float32 dequantization to tell arithmetic apart from activation rounding."""
 
 from __future__ import annotations
 
 import json
-import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -142,14 +141,17 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
 
 def _measure_file(facts: GGUFFacts, label: str, n: int, threads: int, report: AgreementReport,
                   tokens: list[int] | None) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    from localchat.engine.choice import LoadPlan
+    from localchat.engine.config import NO_DRAFT, EngineConfig
     from localchat.engine.loading import load_runtime
 
     # one sequence, and the f16 cache the torch executor keeps: only the models differ
-    options = dict(n_ctx=n + 64, threads=threads, kv_memory=None, device=None, parallel=1,
-                   draft=None, num_draft_tokens=None, cache_types=("f16", "f16"),
-                   flash_attn=False)
-    llama_engine = load_runtime(facts, "llama.cpp", **options)
-    torch_engine = load_runtime(facts, "torch", **options)
+    config = EngineConfig(str(facts.path), parallel=1, draft=NO_DRAFT,
+                          cache_type_k="f16", cache_type_v="f16")
+    llama_engine = load_runtime(LoadPlan(facts, "llama.cpp", n + 64, threads), config,
+                                flash_attn=False)
+    torch_engine = load_runtime(LoadPlan(facts, "torch", n + 64, threads),
+                                replace(config, cache_type_k=None, cache_type_v=None))
     try:
         tokens = tokens or varied_text_tokens(torch_engine, n)
         report.kernels[label] = dict(torch_engine.info.kernels)
@@ -182,17 +184,3 @@ def measure_agreement(path: str | Path, *, positions: int = 1100, threads: int =
             _compare(f"torch {facts.quant_type}", "torch F32", ours_q, ours_f),
         ]
     return report
-
-
-def cmd_eval(args) -> int:
-    from localchat.errors import UsageError
-    from localchat.models.specs import resolve_model
-
-    if not args.agreement:
-        raise UsageError("say what to evaluate: --agreement")
-    if args.positions < 16:
-        raise UsageError(f"--positions must be at least 16, got {args.positions}")
-    report = measure_agreement(resolve_model(args.model), positions=args.positions,
-                               threads=args.threads or os.cpu_count() or 2, with_float32=not args.no_float32)
-    print(report.to_json() if args.json else report.table())
-    return 0

@@ -1,5 +1,7 @@
-"""NF4 weights in bitsandbytes' safetensors layout (as transformers saves them), run without
-bitsandbytes: w[i] = quant_map[code[i]] · absmax[i // blocksize]."""
+"""NF4 weights in bitsandbytes' safetensors layout (as transformers saves them), without
+bitsandbytes: w[i] = quant_map[code[i]] · absmax[i // blocksize]. Reading (load_nf4,
+dequantize) and writing (quantize_nf4: nearest level, ties down; optional double
+quantization), so our NF4 files load in transformers + bitsandbytes and theirs in localchat."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ NF4_LEVELS = (
 )
 QUANT_STATE_KEY = "quant_state.bitsandbytes__nf4"
 NF4_SUFFIXES = ("absmax", "quant_map", "nested_absmax", "nested_quant_map", QUANT_STATE_KEY)
+NESTED_BLOCKSIZE = 256  # absmax values per double-quantization block
 
 
 def nf4_table() -> torch.Tensor:
@@ -119,45 +122,16 @@ def dequantize(m: NF4Matrix, rows: slice = slice(None), dtype=torch.float32,
     """Rows of the matrix as dense `dtype`: one gather through the byte table, then one
     multiply by each block's absmax."""
     table = byte_table(m.levels, dtype) if table is None else table
-    codes, absmax = m.codes[rows], m.absmax[rows]
+    return dequantize_codes(m.codes[rows], m.absmax[rows], table, m.blocksize)
+
+
+def dequantize_codes(codes: torch.Tensor, absmax: torch.Tensor, table: torch.Tensor,
+                     blocksize: int) -> torch.Tensor:
+    """Packed codes [n, cols/2] and their absmax [n, cols/blocksize] as dense rows in the
+    byte table's dtype."""
     n = codes.shape[0]
-    w = table.index_select(0, codes.flatten().int()).view(n, absmax.shape[1], m.blocksize)
-    return (w * absmax.to(dtype)[..., None]).view(n, -1)
-
-
-class NF4Linear(torch.nn.Module):
-    """y = x @ Wᵀ with W kept as NF4 codes, dequantized CHUNK_ROWS rows at a time inside
-    forward (never a persistent dense copy). float32 by default: it reproduces the
-    dequantized weights exactly and is no slower at decode."""
-
-    CHUNK_ROWS = 1024
-
-    def __init__(self, matrix: NF4Matrix, dtype: torch.dtype = torch.float32) -> None:
-        super().__init__()
-        self.matrix = matrix
-        self.out_features, self.in_features = matrix.shape
-        self.dtype = dtype
-        # registered as buffers so .to(device) moves them and nbytes() counts them
-        self.register_buffer("codes", matrix.codes, persistent=False)
-        self.register_buffer("absmax", matrix.absmax, persistent=False)
-        self.register_buffer("table", byte_table(matrix.levels, dtype), persistent=False)
-
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        self.matrix = NF4Matrix(self.codes, self.absmax, fn(self.matrix.levels),
-                                self.matrix.blocksize)
-        return self
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, self.in_features).to(self.dtype)
-        outs = []
-        for start in range(0, self.out_features, self.CHUNK_ROWS):
-            w = dequantize(self.matrix, slice(start, start + self.CHUNK_ROWS), self.dtype,
-                           self.table)
-            outs.append(F.linear(x2, w))
-        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
-        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+    w = table.index_select(0, codes.flatten().int()).view(n, absmax.shape[1], blocksize)
+    return (w * absmax.to(table.dtype)[..., None]).view(n, -1)
 
 
 def stack_nf4(matrices: list[NF4Matrix]) -> NF4Matrix:
@@ -170,3 +144,82 @@ def stack_nf4(matrices: list[NF4Matrix]) -> NF4Matrix:
             raise EngineError("NF4 matrices to fuse differ in width, block size or levels")
     return NF4Matrix(torch.cat([m.codes for m in matrices]),
                      torch.cat([m.absmax for m in matrices]), first.levels, first.blocksize)
+
+
+def dynamic_map(signed: bool = True, max_exponent_bits: int = 7, total_bits: int = 8) -> torch.Tensor:
+    """bitsandbytes' create_dynamic_map(): a sign, a dynamic exponent (leading zeros)
+    and a linear fraction; 256 values in [-1, 1], computed in the same float32 steps."""
+    data: list[float] = []
+    non_sign_bits = total_bits - 1
+    additional_items = 2 ** (non_sign_bits - max_exponent_bits) - 1
+    for i in range(max_exponent_bits):
+        fraction_items = int(2 ** (i + non_sign_bits - max_exponent_bits) + 1 if signed
+                             else 2 ** (i + non_sign_bits - max_exponent_bits + 1) + 1)
+        boundaries = torch.linspace(0.1, 1, fraction_items)
+        means = (boundaries[:-1] + boundaries[1:]) / 2.0
+        data += ((10 ** (-(max_exponent_bits - 1) + i)) * means).tolist()
+        if signed:
+            data += (-(10 ** (-(max_exponent_bits - 1) + i)) * means).tolist()
+    if additional_items > 0:
+        boundaries = torch.linspace(0.1, 1, additional_items + 1)
+        means = (boundaries[:-1] + boundaries[1:]) / 2.0
+        data += ((10 ** (-(max_exponent_bits - 1) + i)) * means).tolist()
+        if signed:
+            data += (-(10 ** (-(max_exponent_bits - 1) + i)) * means).tolist()
+    data += [0.0, 1.0]
+    data += [0.0] * (256 - len(data))
+    data.sort()
+    return torch.tensor(data, dtype=torch.float32)
+
+
+def _nearest(values: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+    """Index of the nearest level (levels sorted); a tie goes to the lower level."""
+    midpoints = (levels[1:] + levels[:-1]) / 2
+    return torch.bucketize(values, midpoints, right=False)
+
+
+def _blockwise(values: torch.Tensor, blocksize: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values padded to whole blocks, [n_blocks, blocksize]; absmax per block)."""
+    n = values.numel()
+    padded = torch.nn.functional.pad(values.flatten(), (0, -n % blocksize))
+    blocks = padded.view(-1, blocksize)
+    return blocks, blocks.abs().amax(dim=1)
+
+
+def quantize_nf4(w: torch.Tensor, blocksize: int = 64, double_quant: bool = False,
+                 dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """A 2-D weight as the tensors a bitsandbytes Linear4bit saves under its prefix:
+    keys "weight", "weight.absmax", "weight.quant_map", ["weight.nested_absmax",
+    "weight.nested_quant_map"], "weight.quant_state.bitsandbytes__nf4".
+    `dtype` is the recorded original dtype (default: w's)."""
+    if w.dim() != 2 or blocksize <= 0 or blocksize % 2:
+        raise ValueError("quantize_nf4 takes a 2-D weight and an even block size")
+    levels = nf4_table()
+    blocks, absmax = _blockwise(w.detach().float(), blocksize)
+    scale = torch.where(absmax > 0, absmax, torch.ones_like(absmax))
+    codes = _nearest(blocks / scale[:, None], levels).to(torch.uint8).flatten()[:w.numel()]
+    if codes.numel() % 2:
+        codes = torch.cat([codes, codes.new_zeros(1)])
+    packed = (codes[0::2] << 4) | codes[1::2]  # high nibble first
+    state: dict = {"quant_type": "nf4", "blocksize": blocksize,
+                   "dtype": str(dtype or w.dtype).removeprefix("torch."), "shape": list(w.shape)}
+    out = {"weight": packed.view(-1, 1), "weight.absmax": absmax, "weight.quant_map": levels}
+    if double_quant:
+        offset = absmax.mean()
+        nested_blocks, nested_absmax = _blockwise(absmax - offset, NESTED_BLOCKSIZE)
+        nested_scale = torch.where(nested_absmax > 0, nested_absmax, torch.ones_like(nested_absmax))
+        qabsmax = _nearest(nested_blocks / nested_scale[:, None], dynamic_map())
+        out["weight.absmax"] = qabsmax.to(torch.uint8).flatten()[:absmax.numel()]
+        out["weight.nested_absmax"] = nested_absmax
+        out["weight.nested_quant_map"] = dynamic_map()
+        state.update(nested_blocksize=NESTED_BLOCKSIZE, nested_dtype="float32",
+                     nested_offset=offset.item())
+    out[f"weight.{QUANT_STATE_KEY}"] = torch.tensor(list(json.dumps(state).encode("utf-8")),
+                                                     dtype=torch.uint8)
+    return out
+
+
+def dequantize_nf4(parts: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The dense matrix back from quantize_nf4()'s tensors (or a file's, same keys)."""
+    m = load_nf4(parts.get, "weight")
+    return m.to(dtype) if isinstance(m, torch.Tensor) else dequantize(m, dtype=dtype)

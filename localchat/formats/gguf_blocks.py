@@ -1,5 +1,6 @@
-"""GGUF's quantized blocks as integer codes and scales, exactly (no rounding): the forms the
-kernels take, and how llama.cpp rounds each type's activations (its vec_dot_type)."""
+"""GGUF tensors: dequantized to float32 (dequantize_tensor), and quantized blocks as integer
+codes and scales, exactly (no rounding): the forms the kernels take, and how llama.cpp rounds
+each type's activations (its vec_dot_type)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import Q4_K as GGUFQ4K
+from gguf.quants import dequantize
 
 GROUP = 32  # weights per block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) or per sub-block (Q4_K, Q5_K)
 SUPER = 256  # weights per K-quant super-block
@@ -15,6 +17,17 @@ SUPER = 256  # weights per K-quant super-block
 ACTIVATION_ROUNDING = {Q.Q4_0: "q8_0", Q.Q4_1: "q8_1", Q.Q5_0: "q8_0", Q.Q5_1: "q8_1",
                        Q.Q8_0: "q8_0", Q.Q2_K: "q8_k", Q.Q3_K: "q8_k", Q.Q4_K: "q8_k", Q.Q5_K: "q8_k",
                        Q.Q6_K: "q8_k"}
+
+
+def dequantize_tensor(raw: np.ndarray, ggml_type: int, ggml_shape) -> torch.Tensor:
+    """A GGUF tensor's data as float32 in PyTorch's order (ggml lists the fastest dimension
+    first: `ggml_shape` as the file gives it)."""
+    shape = tuple(reversed([int(n) for n in ggml_shape]))
+    if ggml_type == Q.F32:
+        arr = np.frombuffer(raw, dtype=np.float32).copy()
+    else:
+        arr = dequantize(raw.reshape(shape[:-1] + (-1,)), ggml_type).astype(np.float32)
+    return torch.from_numpy(arr.reshape(shape))
 
 
 def activation_rounding(types) -> str | None:

@@ -124,6 +124,30 @@ def _check_widths(fmt: Any) -> None:
                 raise _too_big("a format width")
 
 
+def _check_format(fmt: Any, args: Any) -> None:
+    """Refuse a %- or {}-format whose widths or precisions exceed the cap, whether written in
+    the string or taken from `args` (`'%*s' % (10**9, 'a')`, `'{:>{}}'.format('a', 10**9)`),
+    before Python allocates the padded text."""
+    if not isinstance(fmt, str):
+        return
+    _check_widths(fmt)
+    if "*" not in fmt and not re.search(r"\{[^{}]*\{", fmt):
+        return  # no width or precision comes from the arguments
+    values = args.values() if isinstance(args, dict) else (
+        args if isinstance(args, (tuple, list)) else (args,))
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _cap():
+            raise _too_big("a format width")
+
+
+def _estimate_translate(s: str, table: Any) -> None:
+    """str.translate: each character may become its mapping's longest value."""
+    if isinstance(table, dict):
+        longest = max((len(v) for v in table.values() if isinstance(v, str)), default=1)
+        if len(s) * longest > _cap():
+            raise _too_big("a translate")
+
+
 def _estimate_replace(s: Any, old: Any, new: Any, count: Any = None) -> None:
     if isinstance(s, str) and isinstance(old, str) and isinstance(new, str):
         hits = s.count(old) if old else len(s) + 1
@@ -159,8 +183,12 @@ def _precheck_method(obj: Any, args: tuple, kwargs: dict) -> tuple:
             raise _too_big("str.expandtabs")
     elif name == "replace" and len(args) >= 2:
         _estimate_replace(owner, *args[:3])
-    elif name in ("format", "format_map"):
-        _check_widths(owner)
+    elif name == "format":
+        _check_format(owner, tuple(args) + tuple(kwargs.values()))
+    elif name == "format_map" and args:
+        _check_format(owner, args[0])
+    elif name == "translate" and args:
+        _estimate_translate(owner, args[0])
     elif name == "join" and args:
         return (_bounded(args[0], owner),) + args[1:]
     return args
@@ -196,7 +224,7 @@ _FILTER_PRECHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "wordwrap": _pre_wordwrap,
     "join": _pre_join,
     "replace": lambda a: _estimate_replace(a.get("s"), a.get("old"), a.get("new"), a.get("count")),
-    "format": lambda a: _check_widths(a.get("value")),
+    "format": lambda a: _check_format(a.get("value"), a.get("args", ()) or a.get("kwargs", {})),
 }
 
 
@@ -331,7 +359,7 @@ class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
                 if _weight(left, cap) + _weight(right, cap) > cap:
                     raise _too_big("a concatenation")
         elif operator == "%" and isinstance(left, str):
-            _check_widths(left)
+            _check_format(left, right)
             _check_args((left, right))
         return _check(super().call_binop(context, operator, left, right))
 

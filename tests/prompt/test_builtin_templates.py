@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from localchat.chat.builtin_templates import BUILTIN_TEMPLATES, builtin_for, choose_template
-from localchat.chat.template import render_chat
-from localchat.engine import load_engine
+from localchat.prompt.builtin_templates import BUILTIN_TEMPLATES, builtin_for, choose_template
+from localchat.prompt.template import render_chat
+from localchat.engine import EngineConfig, open_engine
 from localchat.engine.base import Message
 from localchat.errors import UsageError
 
@@ -48,7 +48,7 @@ def test_a_file_template_wins_unless_overridden(tmp_path):
     jinja = tmp_path / "mine.jinja"
     jinja.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     chosen = choose_template("{{ x }}", "llama", (), str(jinja))
-    assert chosen.source == jinja.read_text() and chosen.name == f"{jinja} (--chat-template)"
+    assert chosen.source == jinja.read_text() and chosen.name == f"{jinja} (given)"
 
 
 @pytest.mark.parametrize("value, needle", [("gemma4", "neither a built-in template"),
@@ -71,7 +71,7 @@ def gemma_like(tmp_path_factory):
 
 
 def test_a_gemma_vocabulary_without_a_template_renders_gemma_turns(gemma_like):
-    engine = load_engine(str(gemma_like), parallel=1, ctx_size=256)
+    engine = open_engine(EngineConfig(str(gemma_like), parallel=1, ctx_size=256))
     try:
         assert engine.info.chat_template == "gemma (built in: the file has none)"
         tokens = engine.tokenize_messages([Message("user", "hi")])
@@ -92,7 +92,7 @@ def test_chat_template_flag_and_verbose_name_the_template(gemma_like, tmp_path):
     proc = localchat("run", "-m", str(gemma_like), "-n", "2", "--chat-template", "chatml",
                      "--verbose", "hi")
     assert proc.returncode == 0, proc.stderr
-    assert "chat template:        chatml (--chat-template)" in proc.stderr
+    assert "chat template:        chatml (given)" in proc.stderr
     proc = localchat("run", "-m", str(gemma_like), "--chat-template", str(tmp_path / "no"), "hi")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [

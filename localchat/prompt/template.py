@@ -8,14 +8,14 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from localchat.chat.builtin_templates import BUILTIN_TEMPLATES, MAX_TEMPLATE_CHARS
-from localchat.chat.sandbox import (
+from localchat.prompt.builtin_templates import BUILTIN_TEMPLATES, MAX_TEMPLATE_CHARS
+from localchat.prompt.sandbox import (
     DEFAULT_MAX_OUTPUT_CHARS,
     DEFAULT_TIME_LIMIT_S,
     RenderLimits,
     compile_template,
 )
-from localchat.engine.base import Message
+from localchat.message import Message
 from localchat.errors import TemplateError
 
 # Text that looks like a control token in some model family.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from localchat.errors import UsageError
+from localchat.errors import ConfigError
 
 MAX_TEMPLATE_CHARS = 1024 * 1024
 
@@ -116,7 +116,7 @@ def choose_template(file_template: str | None, architecture: str,
                     vocabulary_markers: tuple[str, ...], override: str | None = None
                     ) -> ChosenTemplate:
     """--chat-template (a built-in NAME or a Jinja FILE) first, then the file's own template,
-    then the built-in format its vocabulary or architecture points to. UsageError for a bad
+    then the built-in format its vocabulary or architecture points to. ConfigError for a bad
     override."""
     if override is not None:
         return _override(override)
@@ -128,23 +128,23 @@ def choose_template(file_template: str | None, architecture: str,
 
 def _override(value: str) -> ChosenTemplate:
     if value in BUILTIN_TEMPLATES:
-        return ChosenTemplate(BUILTIN_TEMPLATES[value], f"{value} (--chat-template)")
+        return ChosenTemplate(BUILTIN_TEMPLATES[value], f"{value} (given)")
     path = Path(value).expanduser()
     names = ", ".join(BUILTIN_TEMPLATES)
     if not path.is_file():
-        raise UsageError(f"--chat-template {value!r} is neither a built-in template "
+        raise ConfigError("chat_template", f"{value!r} is neither a built-in template "
                          f"({names}) nor a file")
     try:
         if path.stat().st_size > MAX_TEMPLATE_CHARS * 4:
-            raise UsageError(f"--chat-template {path}: longer than {MAX_TEMPLATE_CHARS} characters")
+            raise ConfigError("chat_template", f"{path}: longer than {MAX_TEMPLATE_CHARS} characters")
         source = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise UsageError(f"--chat-template {path}: not UTF-8 text") from None
+        raise ConfigError("chat_template", f"{path}: not UTF-8 text") from None
     except OSError as exc:
-        raise UsageError(f"--chat-template {path}: cannot read it ({exc.strerror or exc})") \
+        raise ConfigError("chat_template", f"{path}: cannot read it ({exc.strerror or exc})") \
             from None
     if len(source) > MAX_TEMPLATE_CHARS:
-        raise UsageError(f"--chat-template {path}: longer than {MAX_TEMPLATE_CHARS} characters")
+        raise ConfigError("chat_template", f"{path}: longer than {MAX_TEMPLATE_CHARS} characters")
     if not source.strip():
-        raise UsageError(f"--chat-template {path}: the file is empty")
-    return ChosenTemplate(source, f"{path} (--chat-template)")
+        raise ConfigError("chat_template", f"{path}: the file is empty")
+    return ChosenTemplate(source, f"{path} (given)")

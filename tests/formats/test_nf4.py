@@ -1,5 +1,6 @@
-"""NF4 in bitsandbytes' layout: the quantizer's layout and error, NF4Linear, and a whole
-NF4 model (the bundled one, exported and quantized) in the torch engine."""
+"""NF4 in bitsandbytes' layout (localchat/formats/nf4.py): the quantizer's layout and error,
+NF4Linear, and a whole NF4 model (the bundled one, exported and quantized) in the torch
+engine."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import torch
 from localchat.engine.base import Message, Request, SamplingParams
 from localchat.engine.executors.torch.hf_weights import load_hf_weights
 from localchat.engine.executors.torch.model import KVStore, LlamaModel
-from localchat.engine.executors.torch.nf4 import NF4_LEVELS, NF4Linear, dequantize, load_nf4
-from quantize.nf4 import dequantize_nf4, dynamic_map, quantize_nf4
+from localchat.engine.executors.torch.qlinear import NF4Linear
+from localchat.formats.nf4 import (NF4_LEVELS, dequantize, dequantize_nf4, dynamic_map, load_nf4,
+                                   quantize_nf4)
 from quantize.nf4_hf import quantize_hf_dir_to_nf4
 
 LEVELS = torch.tensor(NF4_LEVELS)
@@ -99,11 +101,11 @@ def test_nf4_model_runs_in_the_torch_engine(nf4_dir, hf_dir):
     (wrong nibble order, wrong levels) scores near 0."""
     from pydoc_data.topics import topics
 
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
 
     torch.set_num_threads(2)
-    eng = load_engine(str(nf4_dir), engine="torch", ctx_size=512, threads=2,
-                      kv_memory=1024 * 23040)
+    eng = open_engine(EngineConfig(str(nf4_dir), engine="torch", ctx_size=512, threads=2,
+                      kv_memory=1024 * 23040))
     try:
         assert eng.info.quant_type == "NF4"
         reply = eng.complete(Request(messages=[Message("user", "What is the capital of France?")],

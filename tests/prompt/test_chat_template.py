@@ -10,7 +10,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from localchat.chat.template import RenderedPrompt, Segment, render_chat
+from localchat.prompt.template import RenderedPrompt, Segment, render_chat
 from localchat.engine.base import Message
 from localchat.errors import TemplateError
 
@@ -221,6 +221,33 @@ def test_output_size_limit(template: str) -> None:
     with pytest.raises(TemplateError, match="limit|too large"):
         render_chat(template, [Message("user", "hi")])
     assert time.monotonic() - start < 5
+
+
+WIDTH_BOMBS = [  # issue 39 #5: widths and precisions taken from the arguments
+    "{{ '%*s' % (100000000, 'a') }}",
+    "{{ '%.*f' % (100000000, 1.5) }}",
+    "{{ '%*s'|format(100000000, 'a') }}",
+    "{{ '{:>{}}'.format('a', 10**8) }}",
+    "{{ '{:>{w}}'.format('a', w=10**8) }}",
+    "{{ '{x:>{w}}'.format_map({'x': 'a', 'w': 10**8}) }}",
+    "{{ ('a' * 100).translate({97: 'x' * 1000000}) }}",
+]
+
+
+@pytest.mark.parametrize("template", WIDTH_BOMBS)
+def test_width_bombs_are_refused_before_allocating(template: str) -> None:
+    """Refused in one line before Python builds the 100 MB of padding (it used to build it,
+    then refuse it: RSS grew by the bomb's size under `serve`)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(TemplateError, match="output limit"):
+            render_chat(template, [Message("user", "hi")])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 * 2**20, f"{peak / 2**20:.0f} MiB allocated before the refusal"
 
 
 def test_smaller_output_limit_is_enforced() -> None:

@@ -1,0 +1,106 @@
+"""`localchat bench --draft-model SPEC` (or `--draft ngram|auto`) measured: decode speed with and without
+the draft on the same prompts at temperature 0, with α, c, β and γ as the engine measured them,
+and whether the outputs were identical (greedy speculation changes the speed, never the text)."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from dataclasses import replace
+
+from localchat.engine.base import Message, Request, SamplingParams
+from localchat.engine import open_engine
+from localchat.engine.config import NO_DRAFT, EngineConfig
+
+PASSAGE = (
+    "The river ran quietly past the old mill, where the miller's daughter sat every evening "
+    "to watch the light fade over the water. She knew every bend of the river, every stone "
+    "that broke its surface, and every bird that nested in the reeds along its banks. When "
+    "the floods came in the spring, the river rose above the stones and the birds moved "
+    "higher up the bank, but by summer everything returned to its place, as if the river "
+    "had only been dreaming.")
+
+TASKS = {
+    "chat": (
+        "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+        "Explain how a hash table works, step by step, with an example in Python.",
+        "Describe the water cycle to a ten-year-old.",
+        "Give three tips for staying focused while studying, with a reason for each.",
+        "Compare Python lists and tuples: when would you use each?",
+        "Write a polite email asking a neighbour to turn their music down at night.",
+    ),
+    "quote": (  # replies that copy their prompt: where prompt lookup pays
+        "Repeat the following text exactly, fixing only its spelling mistakes:\n\n" + PASSAGE,
+        "Rewrite the following text word for word, but change every 'river' to 'stream':\n\n"
+        + PASSAGE,
+        "Correct the grammar of the following text and give it back in full:\n\n" + PASSAGE,
+    ),
+}
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def _decode(engine, prompt: str, gen_tokens: int) -> tuple[float, tuple[int, ...], dict]:
+    """One greedy reply: (decode tok/s, its tokens, the draft's stats)."""
+    tokens: list[int] = []
+    result = None
+    for event in engine.generate(Request(messages=[Message("user", prompt)], sampling=GREEDY,
+                                         max_tokens=gen_tokens)):
+        tokens += getattr(event, "token_ids", ())
+        result = event
+    return result.stats.decode_tok_s, tuple(tokens), result.stats.draft or {}
+
+
+def _task(plain, drafted, prompts, gen_tokens: int) -> dict:
+    """Each prompt plain, with the draft, plain again: a ratio against the two plain runs
+    around it, so drift on a shared machine cancels (each prompt once: the draft remembers)."""
+    base_rates, rates, ratios, drafts, identical = [], [], [], [], True
+    for prompt in prompts:
+        before, base_out, _ = _decode(plain, prompt, gen_tokens)
+        rate, out, stats = _decode(drafted, prompt, gen_tokens)
+        after = _decode(plain, prompt, gen_tokens)[0]
+        base = (before + after) / 2
+        base_rates.append(base)
+        rates.append(rate)
+        ratios.append(rate / base if base else 0.0)
+        drafts.append(stats)
+        identical = identical and out == base_out
+    proposed = sum(d.get("proposed", 0) for d in drafts)
+    accepted = sum(d.get("accepted", 0) for d in drafts)
+
+    def mean(key):
+        values = [d[key] for d in drafts if d.get(key) is not None and d.get("proposed")]
+        return statistics.mean(values) if values else None
+
+    return {
+        "no_draft_tok_s": statistics.median(base_rates), "draft_tok_s": statistics.median(rates),
+        "speedup": statistics.median(ratios),
+        "alpha": accepted / proposed if proposed else 0.0,
+        "c": mean("c"), "beta": mean("beta"), "gamma": drafts[-1].get("gamma"),
+        "predicted_speedup": mean("predicted_speedup"),
+        "tokens_per_target_pass": statistics.mean(d.get("tokens_per_target_pass", 1.0) for d in drafts),
+        "identical_output": identical, "prompts": len(prompts),
+        "per_prompt": {"no_draft_tok_s": base_rates, "draft_tok_s": rates, "draft_stats": drafts},
+    }
+
+
+def bench_speculative(config: EngineConfig, gen_tokens: int) -> dict:
+    """The target loaded twice (plain, and with the draft), each prompt run on both; speedup
+    is the median of the per-prompt ratios. Top-level figures are the chat task's."""
+    plain = open_engine(replace(config, draft=NO_DRAFT, num_draft_tokens=None))
+    try:
+        drafted = open_engine(config)
+        try:
+            source = getattr(getattr(drafted, "draft", None), "source", config.draft.label())
+            print(f"benchmarking draft {source} against no draft…", file=sys.stderr)
+            warm = Request(messages=[Message("user", "Hi")], sampling=GREEDY, max_tokens=4)
+            plain.complete(warm)
+            drafted.complete(warm)
+            tasks = {task: _task(plain, drafted, prompts, gen_tokens)
+                     for task, prompts in TASKS.items()}
+        finally:
+            drafted.close()
+    finally:
+        plain.close()
+    head = {k: v for k, v in tasks["chat"].items() if k != "per_prompt"}
+    return {"draft": config.draft.record(), "source": source, "engine": config.engine,
+            "gen_tokens": gen_tokens, **head, "tasks": tasks}

@@ -1,0 +1,83 @@
+"""The executor contract, in one place: what the runtime asks of an executor (forward passes
+over a batch of Chunks), the shape of its KV memory (KVLayout) and its Vocabulary. No
+scheduling and no sampling happen inside an executor."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+from localchat.engine.base import Message, ModelInfo
+
+BLOCK_SIZE = 16  # tokens per KV block
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What an executor's KV memory looks like to the block manager."""
+
+    pools: int  # 1 for a shared pool; the number of slots for an exclusive layout
+    blocks_per_pool: int
+    exclusive: bool  # at most one live sequence per pool
+    cache_key: bytes  # model + KV dtype: different caches never share blocks
+    prefix_cache: bool = True  # False where the KV cannot be cut back (recurrent state)
+    block_size: int = BLOCK_SIZE
+    slot_copy: bool = False  # exclusive: the executor can copy one slot's KV into another
+
+
+class Vocabulary(Protocol):
+    def tokenize_messages(self, template: str | None, messages: Sequence[Message]) -> list[int]:
+        """Render with the template and tokenize, special tokens only where trusted."""
+
+    def tokenize_text(self, text: str) -> list[int]:
+        """Plain text to tokens, special-token look-alikes left as text."""
+
+    def detokenize(self, token: int) -> bytes:
+        """One token's bytes (possibly part of a UTF-8 character); b"" for control tokens."""
+
+    def is_end_of_generation(self, token: int) -> bool: ...
+
+    def constraint_tokenizer(self) -> object:
+        """llguidance's LLTokenizer for this vocabulary (constrained decoding)."""
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Chunk:
+    """New tokens of one sequence: they become positions start.. of the sequence in
+    `slot`, replacing whatever that slot held at those positions and after them."""
+
+    slot: int
+    tokens: list[int]
+    start: int
+    n_logits: int  # logits wanted for this many of the last tokens (0: none)
+    block_table: list[int]  # the sequence's blocks in position order (a shared pool's addresses)
+    write_from: int  # positions before this already hold their KV (shared blocks): not written
+    n_prompt: int = 0  # positions from here on are generated tokens (an executor may treat
+    # them alike however they are batched, so they compute the same bits alone or together)
+    copy_from: int | None = None  # first make this slot's KV a copy of that slot's
+    # (KVLayout.slot_copy; every copy in a pass happens before any chunk runs)
+
+
+class Executor(ABC):
+    name: str  # what the UI calls the engine: "llama.cpp", "torch"
+    info: ModelInfo
+    vocab: Vocabulary
+    layout: KVLayout
+    supports_rollback: bool = True  # False: cached KV cannot be cut back (recurrent state)
+
+    @abstractmethod
+    def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
+        """Run every chunk in one pass; the wanted logits, chunk by chunk, as [R, vocab]
+        float32 on the CPU. Called on the compute thread only."""
+
+    def memory(self) -> dict:
+        """The executor's own accounting of its KV cache (for tests and verbose output)."""
+        return {}
+
+    def close(self) -> None:
+        """Release the model and its memory. Safe to call twice."""

@@ -1,0 +1,116 @@
+"""Constrained decoding with llguidance: a Constraint compiles to a grammar once, each sequence
+gets its own matcher (a Guide), and a step's token masks are computed for all its guided rows
+at once (drafted positions included). No grammar engine of our own."""
+
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+import llguidance
+import numpy as np
+import torch
+from llguidance.numpy import (fill_next_token_bitmask_par,
+                              fill_next_token_bitmask_par_with_draft_tokens)
+
+from localchat.engine.constraint import Constraint
+from localchat.errors import ConstraintError
+
+# bounded time and memory for any schema or grammar a request brings
+LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+# JSON as models write it, one way only: '{"a": 1, "b": [2, 3]}' (no free whitespace
+# a small model could spend its whole budget on; more of the text is forced)
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+_executor: llguidance.LLExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def grammar_for(constraint: Constraint) -> str:
+    """llguidance's grammar for a constraint (not yet checked against a tokenizer)."""
+    try:
+        if constraint.kind == "json_schema":
+            return llguidance.LLMatcher.grammar_from_json_schema(constraint.text,
+                                                                 defaults=JSON_OPTIONS)
+        if constraint.kind == "json_object":
+            return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}',
+                                                                 defaults=JSON_OPTIONS)
+        if constraint.kind == "gbnf":
+            return llguidance.grammar_from("gbnf", constraint.text)
+        return llguidance.LLMatcher.grammar_from_lark(constraint.text)
+    except ValueError as e:
+        raise ConstraintError(f"invalid {constraint.label}: {_one_line(str(e))}") from None
+
+
+class Guide:
+    """One sequence's matcher: what may come next, forced tokens, and the end."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, end_token: int, vocab_size: int) -> None:
+        self.matcher = matcher
+        self.vocab_size = vocab_size  # the tokenizer's (its masks' width)
+        self.end_token = end_token  # handed out when the grammar is complete
+        self.forced_proposed = 0  # fast-forward tokens proposed as drafts, and kept
+        self.forced_kept = 0
+        self.mask_s = 0.0  # time spent computing this sequence's masks
+
+    @classmethod
+    def start(cls, tokenizer: llguidance.LLTokenizer, grammar: str,
+              constraint: Constraint) -> "Guide":
+        """A fresh matcher; ConstraintError (llguidance's reason, one line) if the grammar is
+        invalid for this tokenizer."""
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=LIMITS)
+        if matcher.is_error():
+            raise ConstraintError(f"invalid {constraint.label}: {_one_line(matcher.get_error())}")
+        return cls(matcher, tokenizer.eos_token, tokenizer.vocab_size)
+
+    def forced(self) -> list[int]:
+        """Tokens the grammar forces next (llguidance's fast-forward)."""
+        return self.matcher.compute_ff_tokens() if not self.matcher.is_stopped() else []
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of tokens the grammar accepts in a row from here."""
+        return self.matcher.validate_tokens(list(tokens)) if tokens else 0
+
+    def consume(self, token: int) -> bool:
+        return self.matcher.consume_token(token)
+
+    @property
+    def complete(self) -> bool:
+        """Nothing but the end may follow: the reply is over."""
+        return self.matcher.is_stopped() and not self.matcher.is_error()
+
+    @property
+    def error(self) -> str:
+        return self.matcher.get_error()
+
+
+def step_masks(guided: list[tuple[Guide, int, list[int]]], n_rows: int,
+               vocab: int) -> dict[int, torch.Tensor]:
+    """Per logits row of a step that a guide constrains, the tokens allowed there ([vocab]
+    bool). guided: (guide, its first row, the drafts verified in the rows after it)."""
+    global _executor
+    if _executor is None:
+        with _executor_lock:
+            _executor = _executor or llguidance.LLExecutor()
+    width = (guided[0][0].vocab_size + 31) // 32
+    bits = np.full((n_rows, width), -1, dtype=np.int32)
+    plain = [(g.matcher, row) for g, row, drafts in guided if not drafts]
+    drafted = [(g.matcher, row, list(drafts)) for g, row, drafts in guided if drafts]
+    if plain:
+        fill_next_token_bitmask_par(_executor, plain, bits)
+    if drafted:
+        fill_next_token_bitmask_par_with_draft_tokens(_executor, drafted, bits)
+    unpacked = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")
+    if unpacked.shape[1] < vocab:  # logits past the tokenizer's vocabulary: never allowed
+        unpacked = np.pad(unpacked, ((0, 0), (0, vocab - unpacked.shape[1])))
+    allowed = torch.from_numpy(unpacked[:, :vocab]).bool()
+    out = {}
+    for guide, row, drafts in guided:
+        for r in range(row, row + len(drafts) + 1):
+            out[r] = allowed[r]
+    return out
+
+
+def _one_line(message: str) -> str:
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    return lines[0] if lines else "rejected by llguidance"
