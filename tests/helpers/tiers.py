@@ -18,7 +18,8 @@ TIERS = ("model", "subprocess", "tui", "slow")  # what the fast tier leaves out
 # Session fixtures that load the bundled model (tests/conftest.py)
 MODEL_FIXTURES = {"engine", "small_engine", "torch_engine", "hf_dir"}
 # (module, name) of what a test uses that loads a model or starts a process
-MODEL_CALLS = {("localchat.engine", "load_engine"), ("llama_cpp.llama", "Llama"),
+MODEL_CALLS = {("localchat.engine", "open_engine"), ("localchat.engine", "load_engine"),
+               ("llama_cpp.llama", "Llama"),
                ("localchat.engine.executors.torch.model", "LlamaModel"),
                ("localchat.engine.executors.llamacpp", "LlamaCppExecutor"),
                ("localchat.models.specs", "resolve_model"),  # the bundled model's file
@@ -82,7 +83,10 @@ def _calls(obj, out: set[tuple[str, str]], seen: set[CodeType]) -> None:
     if TESTS_DIR not in Path(func.__code__.co_filename).resolve().parents:
         return
     seen.add(func.__code__)
-    for name in _global_names(func.__code__):
+    names = _global_names(func.__code__)
+    # `from M import N` inside the function: both M and N are among the code's names
+    out.update(t for t in MODEL_CALLS | SUBPROCESS_CALLS if t[0] in names and t[1] in names)
+    for name in names:
         used = func.__globals__.get(name)
         if used is None:
             continue
