@@ -23,7 +23,7 @@ chat: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The tests that need no model, process or TUI (tests/helpers/tiers.py): a few minutes less.
+# The tests that need no model, process or TUI (tests/helpers/tiers.py, docs/testing.md).
 test-fast: $(STAMP)
 	$(PY) -m pytest --fast $(PYTEST_ARGS)
 
