@@ -1,6 +1,6 @@
 """Test tiers: marks each test `model`, `subprocess` or `tui` by what it needs, and the
 fast tier (`pytest --fast`: none of those, nor `slow`), in which loading a model or
-starting a process fails the test, so the tier cannot silently grow slow."""
+starting Python or tmux fails the test, so the tier cannot silently grow slow."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ TUI_DIR = TESTS_DIR / "tui"
 def add_option(parser: pytest.Parser) -> None:
     parser.addoption("--fast", action="store_true",
                      help="run only the fast tier: tests marked none of " + ", ".join(TIERS)
-                          + "; one that loads a model or starts a process fails")
+                          + "; one that loads a model or starts Python fails")
 
 
 def mark_and_select(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -43,8 +43,9 @@ def mark_and_select(config: pytest.Config, items: list[pytest.Item]) -> None:
             item.add_marker(name)
     if not config.getoption("fast"):
         return
-    keep = [item for item in items if not any(item.get_closest_marker(t) for t in TIERS)]
-    dropped = [item for item in items if item not in set(keep)]
+    keep, dropped = [], []
+    for item in items:
+        (dropped if any(item.get_closest_marker(t) for t in TIERS) else keep).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
