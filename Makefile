@@ -15,13 +15,17 @@ CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 endif
 export CMAKE_ARGS
 
-.PHONY: chat test setup
+.PHONY: chat test test-fast setup
 
 chat: $(STAMP)
 	$(VENV)/bin/localchat $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The tests that need no model, process or TUI (tests/helpers/tiers.py, docs/testing.md).
+test-fast: $(STAMP)
+	$(PY) -m pytest --fast $(PYTEST_ARGS)
 
 setup: $(STAMP)
 

@@ -7,10 +7,25 @@ import os
 
 import pytest
 
+from helpers import tiers
+
 os.environ["HF_HUB_OFFLINE"] = "1"
 # The torch executor's layer pieces run eagerly here: compiling every tiny test model's shapes
 # would double the run. test_runtime.py and test_layer_steps.py run them compiled.
 os.environ.setdefault("LOCALCHAT_EAGER", "1")
+
+
+def pytest_addoption(parser):
+    tiers.add_option(parser)
+
+
+@pytest.hookimpl(tryfirst=True)  # marks first, so that -m sees them
+def pytest_collection_modifyitems(config, items):
+    tiers.mark_and_select(config, items)
+
+
+def pytest_sessionstart(session):
+    tiers.guard_fast_tier(session.config)
 
 
 @pytest.fixture(autouse=True)

@@ -272,6 +272,7 @@ def test_a_context_beyond_the_trained_one_is_refused_before_allocating():
     assert_one_line_error(proc, "-c 1000000000 is more than", "trained context of 8192 tokens")
 
 
+@pytest.mark.model  # loads the model before refusing its cache
 @pytest.mark.parametrize("engine_name", ["llama.cpp", "torch"])
 def test_a_kv_cache_the_memory_cannot_hold_is_refused_before_allocating(monkeypatch,
                                                                          engine_name):

@@ -330,6 +330,7 @@ def test_tiny_cut_at_every_offset(tmp_path: Path) -> None:
     load(path)
 
 
+@pytest.mark.model  # reads the bundled model file
 def test_bundled_cut_at_50_offsets(tmp_path: Path) -> None:
     bundled = bundled_path()
     size = bundled.stat().st_size
@@ -419,6 +420,7 @@ def stock_reader() -> gguf.GGUFReader:
     return gguf.GGUFReader(bundled_path())  # ~4 s: it builds one numpy view per token
 
 
+@pytest.mark.model  # reads the bundled model file
 def test_bundled_matches_gguf_py(stock_reader: gguf.GGUFReader) -> None:
     with read_gguf(bundled_path()) as f:
         assert [t.name for t in stock_reader.tensors] == list(f.tensors)

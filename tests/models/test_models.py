@@ -72,6 +72,7 @@ def test_local_path_resolves_and_is_remembered(tmp_path: Path, isolated: Path) -
     assert [p.name for p in isolated.iterdir()] == ["models.json"]  # no temp files left
 
 
+@pytest.mark.model  # tries to load a model
 def test_a_model_that_validates_but_cannot_load_is_forgotten(tmp_path: Path) -> None:
     from localchat.engine import EngineConfig, open_engine
     from localchat.errors import LocalchatError

@@ -39,6 +39,7 @@ def _check_consistent(prompt: RenderedPrompt) -> None:
 # --- fidelity ------------------------------------------------------------------------
 
 
+@pytest.mark.model  # reads the bundled model file
 def test_smollm2_template_adds_its_default_system_prompt(smollm2_template: str) -> None:
     prompt = render_chat(smollm2_template, [Message("user", "Hello!")])
     assert prompt.text == (
@@ -50,6 +51,7 @@ def test_smollm2_template_adds_its_default_system_prompt(smollm2_template: str) 
     assert [s.text for s in prompt.segments if not s.trusted] == ["Hello!"]
 
 
+@pytest.mark.model  # reads the bundled model file
 def test_smollm2_template_with_system_and_history(smollm2_template: str) -> None:
     messages = [
         Message("system", "Be brief."),

@@ -82,6 +82,7 @@ def test_quality_measures_on_known_distributions():
     assert speedup(0.0, 4, 0.3) == pytest.approx(1 / 2.2)
 
 
+@pytest.mark.model  # evaluates the bundled model
 def test_eval_table_json_shape(capsys):
     """A reduced table (64 scored tokens, two schemes) through the real CLI."""
     assert main(["eval", "--table", "--schemes", "int4-tensor,Q8_0", "--tokens", "64",

@@ -251,6 +251,7 @@ def _fail_after(monkeypatch, n: int, exc: BaseException) -> None:
     monkeypatch.setattr(gq, "_encode", failing)
 
 
+@pytest.mark.model  # quantizes the bundled model
 def test_disk_full_mid_write_leaves_nothing(tmp_path, monkeypatch, capsys):
     tmp_path = tmp_path / "out"  # (tmp_path itself also holds the test's LOCALCHAT_HOME)
     tmp_path.mkdir()
@@ -264,6 +265,7 @@ def test_disk_full_mid_write_leaves_nothing(tmp_path, monkeypatch, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.model  # quantizes the bundled model
 def test_crash_mid_write_leaves_nothing_and_keeps_the_old_output(tmp_path, monkeypatch):
     tmp_path = tmp_path / "out"  # (tmp_path itself also holds the test's LOCALCHAT_HOME)
     tmp_path.mkdir()

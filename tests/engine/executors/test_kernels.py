@@ -201,6 +201,7 @@ def test_a_kernel_that_is_missing_or_wrong_is_not_used(monkeypatch):
     assert record["kernel"] in ("q8q8", "int8pack-bf16", "int8pack-f32")
 
 
+@pytest.mark.model  # loads the bundled model
 def test_the_bundled_model_keeps_its_file_size_and_names_each_layers_kernel():
     from localchat.engine import EngineConfig, open_engine
 

@@ -89,6 +89,7 @@ def fresh_engine():
     eng.close()
 
 
+@pytest.mark.model  # its fixture loads an engine
 def test_kv_bytes_match_llama_cpps_own_cache_size(fresh_engine):
     """2 · layers · kv_heads · head_dim · 2 bytes · cells equals llama.cpp's figure, and
     the gauge's bytes in use follow llama.cpp's own count of the cells a reply holds."""

@@ -102,6 +102,7 @@ def test_run_command_with_the_torch_engine():
     assert proc.stderr == ""  # llama.cpp's vocab loader logs nothing on the terminal
 
 
+@pytest.mark.model  # loads engines
 def test_kv_memory_budget_and_auto_engine():
     from localchat.engine import EngineConfig, open_engine
     from localchat.errors import UsageError
