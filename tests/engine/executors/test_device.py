@@ -25,7 +25,7 @@ def test_auto_picks_the_best_available_device():
 def test_missing_cuda_is_a_clear_usage_error():
     with pytest.raises(UsageError, match="no CUDA device"):
         pick_device("cuda")
-    with pytest.raises(UsageError, match="unknown device"):
+    with pytest.raises(UsageError, match="device .tpu. is unknown"):
         pick_device("tpu")
 
 

@@ -64,5 +64,5 @@ def test_unsupported_rope_scaling_points_to_llama_cpp(tmp_path):
     from localchat.engine.executors.torch.weights import LlamaConfig
 
     meta = {"general.architecture": "llama", "llama.rope.scaling.type": "yarn"}
-    with pytest.raises(EngineError, match="yarn.*--engine llama.cpp"):
+    with pytest.raises(EngineError, match="yarn.*use the llama.cpp engine"):
         LlamaConfig.from_metadata(meta)

@@ -57,5 +57,5 @@ def test_prefill_then_decode_equals_one_prefill(model, varied_tokens):
 
 
 def test_unsupported_architecture_points_to_llama_cpp():
-    with pytest.raises(EngineError, match="--engine llama.cpp"):
+    with pytest.raises(EngineError, match="use the llama.cpp engine"):
         LlamaConfig.from_metadata({"general.architecture": "gemma3"})
