@@ -86,7 +86,6 @@ def greedy_gaps(path: Path, monkeypatch) -> tuple[list[float], str]:
             logits = reference.forward(seq, torch.arange(n), torch.arange(n), torch.arange(n),
                                        KVStore(reference.config, 256, dtype=torch.float16),
                                        all_logits=True)[len(tokens) - 1:n - 1]
-            assert len(new) >= 4, f"only {len(new)} tokens for {prompt!r}"
             gaps += (logits.max(-1).values - logits[torch.arange(len(new)), new]).tolist()
     finally:
         eng.close()
@@ -97,6 +96,7 @@ def greedy_gaps(path: Path, monkeypatch) -> tuple[list[float], str]:
 @pytest.mark.parametrize("type_name", HF_TYPES + GGUF_TYPES)
 def test_engine_greedy_tokens_are_the_plain_forward_passs(type_name, model_files, monkeypatch):
     gaps, text = greedy_gaps(model_files(type_name), monkeypatch)
+    assert len(gaps) >= NEW_TOKENS, (type_name, gaps, text)  # a prompt may end at once
     exact = sum(g == 0 for g in gaps)
     print(f"{type_name}: {exact}/{len(gaps)} tokens the reference's argmax, largest gap "
           f"{max(gaps):.3f}: {text!r}")
