@@ -57,6 +57,7 @@ class Runner:
         self.forced_drafts = True
         self.mask_s = 0.0  # time spent computing constraint masks, and the rows masked
         self.masked_rows = 0
+        self.forced_proposed = self.forced_kept = 0  # forced tokens drafted, and kept
         COMPUTE.add(self)
 
     # ---- caller side ---------------------------------------------------------------
@@ -142,7 +143,7 @@ class Runner:
             if chunk.drafts:
                 self._cut_rejected(chunk, new_tokens[chunk.seq.seq_id])
                 if chunk.forced:
-                    chunk.seq.guide.forced_kept += len(chunk.drafts)
+                    self.forced_kept += len(chunk.drafts)
         self.scheduler.after_step(chunks)
         step_s = time.perf_counter() - t0
         self.steps += 1
@@ -201,7 +202,7 @@ class Runner:
         for chunk, ff in forced:
             self._append_drafts(chunk, ff, None)
             chunk.forced = True
-            chunk.seq.guide.forced_proposed += len(chunk.drafts)
+            self.forced_proposed += len(chunk.drafts)
         out = []
         for chunk, (drafts, q) in zip(owners, proposals):
             if chunk.seq.guide is not None:
