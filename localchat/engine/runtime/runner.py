@@ -184,8 +184,7 @@ class Runner:
                 continue
             room = min(self.n_ctx - len(seq.tokens) - 1,
                        seq.budget - len(seq.completion) - 1, budget)
-            ff = seq.guide.forced()[:max(0, room)] \
-                if seq.guide is not None and self.forced_drafts else []
+            ff = seq.guide.forced()[:max(0, room)] if self._forces(seq) else []
             if ff:
                 budget -= len(ff)
                 forced.append((chunk, ff))
@@ -210,6 +209,13 @@ class Runner:
             self._append_drafts(chunk, drafts, q)
             out.append((chunk, len(chunk.drafts)))
         return out
+
+    def _forces(self, seq: Sequence) -> bool:
+        """Its grammar's forced tokens go to the target as drafts: not for a seeded
+        sampled request, whose generator must be drawn the same however many drafts
+        fit in a step (reproducible alone or batched), as for auto drafts."""
+        return seq.guide is not None and self.forced_drafts and (
+            seq.params.temperature == 0 or seq.params.seed is None)
 
     @staticmethod
     def _grammatical(guide: Guide, drafts: list[int], q: torch.Tensor | None
