@@ -62,6 +62,12 @@ class Guide:
         """How many of tokens the grammar accepts in a row from here."""
         return self.matcher.validate_tokens(list(tokens)) if tokens else 0
 
+    def follow(self, tokens: list[int]) -> None:
+        """Tokens already in the reply (a reply being continued); ConstraintError if
+        the grammar refuses them."""
+        if not self.matcher.consume_tokens(tokens):
+            raise ConstraintError("the reply being continued does not match the constraint")
+
     def consume(self, token: int) -> bool:
         return self.matcher.consume_token(token)
 

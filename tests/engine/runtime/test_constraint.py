@@ -172,3 +172,15 @@ def test_seeded_sampling_under_a_constraint_is_reproducible(engine):
         engine.runner.forced_drafts = True
     assert engine.complete(request).text == reference
     jsonschema.validate(json.loads(reference), schema)
+
+
+def test_a_continued_reply_keeps_to_the_constraint(engine):
+    prompt, schema = SCHEMAS["enum"]
+    constraint = Constraint.json_schema(schema)
+    result = engine.complete(Request(messages=[Message("user", prompt)], sampling=GREEDY,
+                                     max_tokens=20, constraint=constraint,
+                                     assistant_prefix='{"colour": "gr'))
+    assert result.text == 'een"}' and result.finish_reason == "stop"
+    with pytest.raises(UsageError, match="does not match"):
+        engine.complete(Request(messages=[Message("user", prompt)], max_tokens=5,
+                                constraint=constraint, assistant_prefix="[1"))
