@@ -28,6 +28,10 @@ def add_parser(sub, model: argparse.ArgumentParser) -> None:
                        help="also serve N concurrent requests (64 tokens each): the runtime "
                             "batching them on each executor, and llama.cpp one after "
                             "another, e.g. 1,4,16")
+    bench.add_argument("--task", choices=("speed", "json"), default="speed",
+                       help="speed: prefill and decode; json: free vs JSON-schema-constrained "
+                            "decoding of the same prompts, with and without forced drafts "
+                            "(-g tokens at most, at each --concurrency level; default 1)")
     bench.add_argument("--json", action="store_true", help="print JSON")
     bench.set_defaults(handler=cmd_bench)
 
@@ -36,6 +40,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if min(args.prompt_tokens, args.gen_tokens, args.repeats) < 1:
         raise UsageError("prompt tokens, gen tokens and repeats must each be >= 1")
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if getattr(args, "task", "speed") == "json":
+        return _bench_json_task(args, engines)
     levels = None
     if args.concurrency:
         from localchat.cli.bench_concurrency import parse_levels
@@ -87,6 +93,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from localchat.cli.bench_concurrency import format_concurrency
 
             print("\n" + format_concurrency(report["concurrency"]))
+    return 0
+
+
+def _bench_json_task(args: argparse.Namespace, engines: list[str]) -> int:
+    from localchat.cli.bench_concurrency import parse_levels
+    from localchat.cli.bench_json import bench_json, format_json_report
+
+    levels = parse_levels(args.concurrency) if args.concurrency else [1]
+    report: dict = {"task": "json", "gen_tokens": args.gen_tokens, "engines": {}}
+    for name in engines:
+        settings = ChatSettings(model=args.model, engine=name, ctx_size=args.ctx_size,
+                                threads=args.threads).with_parallel(max(levels))
+        engine = settings.load_engine()
+        try:
+            report["model"] = f"{engine.info.name} ({engine.info.quant_type})"
+            print(f"benchmarking {name} (json)…", file=sys.stderr)
+            report["engines"][name] = [bench_json(engine, args.gen_tokens, level,
+                                                  max(1, args.repeats // 5))
+                                       for level in levels]
+        finally:
+            engine.close()
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print("\n".join(format_json_report(name, r) for name, runs in report["engines"].items()
+                        for r in runs))
     return 0
 
 

@@ -50,6 +50,8 @@ class RuntimeEngine(VocabMixin, Engine):
         t_start = time.perf_counter()
         prompt, budget = self.prompt_and_budget(request)
         guide = self.guide(request.constraint) if request.constraint is not None else None
+        if guide is not None and request.assistant_prefix:  # the reply so far meets it too
+            guide.follow(self.tokenize_text(request.assistant_prefix))
         cancel = cancel or threading.Event()
         if cancel.is_set():  # given up before it was submitted: compute nothing
             yield from stream_events(request, prompt, iter(()), self._hooks(prompt, None),

@@ -59,6 +59,7 @@ class Runner:
         self.forced_drafts = True
         self.mask_s = 0.0  # time spent computing constraint masks, and the rows masked
         self.masked_rows = 0
+        self.forced_proposed = self.forced_kept = 0  # forced tokens drafted, and kept
         COMPUTE.add(self)
 
     # ---- caller side ---------------------------------------------------------------
@@ -144,7 +145,7 @@ class Runner:
             if chunk.drafts:
                 self._cut_rejected(chunk, new_tokens[chunk.seq.seq_id])
                 if chunk.forced:
-                    chunk.seq.guide.forced_kept += len(chunk.drafts)
+                    self.forced_kept += len(chunk.drafts)
         self.scheduler.after_step(chunks)
         step_s = time.perf_counter() - t0
         self.steps += 1
@@ -185,8 +186,7 @@ class Runner:
                 continue
             room = min(self.n_ctx - len(seq.tokens) - 1,
                        seq.budget - len(seq.completion) - 1, budget)
-            ff = seq.guide.forced()[:max(0, room)] \
-                if seq.guide is not None and self.forced_drafts else []
+            ff = seq.guide.forced()[:max(0, room)] if self._forces(seq) else []
             if ff:
                 budget -= len(ff)
                 forced.append((chunk, ff))
@@ -203,7 +203,7 @@ class Runner:
         for chunk, ff in forced:
             self._append_drafts(chunk, ff, None)
             chunk.forced = True
-            chunk.seq.guide.forced_proposed += len(chunk.drafts)
+            self.forced_proposed += len(chunk.drafts)
         out = []
         for chunk, (drafts, q) in zip(owners, proposals):
             if chunk.seq.guide is not None:
@@ -211,6 +211,13 @@ class Runner:
             self._append_drafts(chunk, drafts, q)
             out.append((chunk, len(chunk.drafts)))
         return out
+
+    def _forces(self, seq: Sequence) -> bool:
+        """Its grammar's forced tokens go to the target as drafts: not for a seeded
+        sampled request, whose generator must be drawn the same however many drafts
+        fit in a step (reproducible alone or batched), as for auto drafts."""
+        return seq.guide is not None and self.forced_drafts and (
+            seq.params.temperature == 0 or seq.params.seed is None)
 
     @staticmethod
     def _grammatical(guide: Guide, drafts: list[int], q: torch.Tensor | None

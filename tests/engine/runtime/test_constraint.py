@@ -157,3 +157,41 @@ def test_constrained_speculation_with_a_draft_source(engine):
         assert result.stats.draft["proposed"] > 0
     finally:
         speculative.close()
+
+
+def test_seeded_sampling_under_a_constraint_is_reproducible(engine):
+    """A seeded sampled request draws its generator once per token whatever the step
+    holds: forced tokens are not drafted for it, so forced drafts change nothing."""
+    seeded = SamplingParams(temperature=0.9, seed=11)
+    prompt, schema = SCHEMAS["person"]
+    request = ask(prompt, Constraint.json_schema(schema), seeded)
+    engine.runner.forced_drafts = False
+    try:
+        reference = engine.complete(request).text
+    finally:
+        engine.runner.forced_drafts = True
+    assert engine.complete(request).text == reference
+    jsonschema.validate(json.loads(reference), schema)
+
+
+def test_a_continued_reply_keeps_to_the_constraint(engine):
+    prompt, schema = SCHEMAS["enum"]
+    constraint = Constraint.json_schema(schema)
+    result = engine.complete(Request(messages=[Message("user", prompt)], sampling=GREEDY,
+                                     max_tokens=20, constraint=constraint,
+                                     assistant_prefix='{"colour": "gr'))
+    assert result.text == 'een"}' and result.finish_reason == "stop"
+    with pytest.raises(UsageError, match="does not match"):
+        engine.complete(Request(messages=[Message("user", prompt)], max_tokens=5,
+                                constraint=constraint, assistant_prefix="[1"))
+
+
+def test_a_hugging_face_directory_builds_its_tokenizer_from_tokenizer_json(hf_dir):
+    from localchat.engine import load_engine
+
+    eng = load_engine(str(hf_dir), engine="torch", ctx_size=512, threads=2)
+    try:
+        prompt, schema = SCHEMAS["enum"]
+        check_valid("enum", eng.complete(ask(prompt, Constraint.json_schema(schema))))
+    finally:
+        eng.close()
