@@ -97,15 +97,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench_json_task(args: argparse.Namespace, engines: list[str]) -> int:
+    from localchat.bench.json_task import bench_json
     from localchat.cli.bench_concurrency import parse_levels
-    from localchat.cli.bench_json import bench_json, format_json_report
+    from localchat.cli.bench_json import format_json_report
 
     levels = parse_levels(args.concurrency) if args.concurrency else [1]
     report: dict = {"task": "json", "gen_tokens": args.gen_tokens, "engines": {}}
+    config = engine_config(args)
     for name in engines:
-        settings = ChatSettings(model=args.model, engine=name, ctx_size=args.ctx_size,
-                                threads=args.threads).with_parallel(max(levels))
-        engine = settings.load_engine()
+        engine = load_for_run(replace(config, engine=name, draft=NO_DRAFT, num_draft_tokens=None,
+                                      parallel=max(levels)))
         try:
             report["model"] = f"{engine.info.name} ({engine.info.quant_type})"
             print(f"benchmarking {name} (json)…", file=sys.stderr)

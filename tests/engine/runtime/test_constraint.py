@@ -187,9 +187,9 @@ def test_a_continued_reply_keeps_to_the_constraint(engine):
 
 
 def test_a_hugging_face_directory_builds_its_tokenizer_from_tokenizer_json(hf_dir):
-    from localchat.engine import load_engine
+    from localchat.engine import EngineConfig, open_engine
 
-    eng = load_engine(str(hf_dir), engine="torch", ctx_size=512, threads=2)
+    eng = open_engine(EngineConfig(str(hf_dir), engine="torch", ctx_size=512, threads=2))
     try:
         prompt, schema = SCHEMAS["enum"]
         check_valid("enum", eng.complete(ask(prompt, Constraint.json_schema(schema))))
