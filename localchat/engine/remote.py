@@ -323,5 +323,5 @@ def _constraint_fields(constraint) -> dict:
     if constraint.kind == "json_schema":
         return {"response_format": {"type": "json_schema", "json_schema": {
             "name": "reply", "schema": json.loads(constraint.text), "strict": True}}}
-    raise UsageError(f"a {constraint.label} needs a local model; an --endpoint takes "
+    raise UsageError(f"a {constraint.label} needs a local model; a remote endpoint takes "
                      "JSON schemas only")

@@ -44,7 +44,7 @@ class ModelSize:
         return round(self.n_params * BITS_PER_WEIGHT[quant] / 8)
 
 
-CACHE_TYPE_BYTES = {"f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32}  # llama.cpp's -ctk/-ctv, per value
+CACHE_TYPE_BYTES = {"f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32}  # llama.cpp's cache types, bytes per value
 
 
 def default_cache_types(facts: GGUFFacts, on_cpu: bool = True) -> tuple[str, str]:

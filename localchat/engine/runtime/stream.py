@@ -95,7 +95,7 @@ def stream_events(
     if finish == "length" and cancel.is_set() and len(completion) < budget:
         finish = "cancelled"  # the tokens stopped coming because of the cancel
     if not stops.stopped:
-        # Bytes still pending are the start of a character the cut (-n, cancel) left
+        # Bytes still pending are the start of a character the cut (max_tokens, cancel) left
         # unfinished: dropped, never shown as U+FFFD (invalid bytes were replaced already).
         tail = stops.flush()
         if tail:
