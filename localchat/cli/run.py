@@ -106,7 +106,9 @@ def continued_params(params: ReplyParams, conv, args: argparse.Namespace) -> Rep
     """A continued conversation's stored params, with the flags given explicitly over them."""
     stored = ReplyParams.from_record(conv.params, conv.system_prompt, params)
     system = args.system if args.system is not None else stored.system
-    return replace(stored.updated(explicit_sampling(args)), system=system or None)
+    constraint = params.constraint or stored.constraint  # -j given now, else the stored one
+    return replace(stored.updated(explicit_sampling(args)), system=system or None,
+                   constraint=constraint)
 
 
 def add_parser(sub, *parents: argparse.ArgumentParser) -> None:
@@ -183,8 +185,8 @@ def take_model_word(args: argparse.Namespace) -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = engine_config(args, parallel=args.parallel or 1)  # one request: one KV slot
-    params = reply_params(args)
-    constraint = constraint_from_args(args)  # a bad schema file: said before the model loads
+    # a bad schema file is said before the model loads
+    params = replace(reply_params(args), constraint=constraint_from_args(args))
     typed = read_prompt(prompt_argument(args), file=args.prompt_file)
     prompt = with_attachments(typed, getattr(args, "attach", []))
     store = conv = writer = None
@@ -223,12 +225,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             if not tokens:
                 raise UsageError("the prompt has no tokens")
             request = Request(prompt_tokens=tokens, sampling=params.sampling,
-                              max_tokens=params.max_tokens, constraint=constraint)
+                              max_tokens=params.max_tokens, constraint=params.constraint)
         else:
             if engine.info.base_model:
                 print(f"localchat: {BASE_MODEL_NOTE} (--raw sends the prompt as plain text)",
                       file=sys.stderr)
-            request = params.request(messages, constraint=constraint)
+            request = params.request(messages)
         cancel = threading.Event()
         result = None
         with ctrl_c_cancels(cancel):

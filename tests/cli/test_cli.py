@@ -244,7 +244,7 @@ def test_an_endpoint_that_accepts_and_never_answers_fails_in_one_line_after_time
     try:
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
         proc = localchat("run", "--endpoint", url, "--timeout", "1", "hi", timeout=60)
-        assert_one_line_error(proc, f"{url} did not answer within 1 s", "--timeout")
+        assert_one_line_error(proc, f"{url} did not answer within 1 s", "raise the timeout")
         proc = localchat("run", "--endpoint", url, "--timeout", "0", "hi", timeout=60)
         assert_one_line_error(proc, "--timeout must be a number of seconds > 0")
     finally:

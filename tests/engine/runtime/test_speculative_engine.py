@@ -131,7 +131,7 @@ def test_a_draft_with_another_vocabulary_is_refused(tmp_path):
     for engine_name in ("torch", "llama.cpp"):
         done = localchat("run", "--engine", engine_name, "--draft-model", str(other), "hi", timeout=300)
         assert done.returncode == 2, done.stderr
-        assert done.stderr.startswith("localchat: error: draft model") and "token 1000" in done.stderr
+        assert done.stderr.startswith("localchat: error: --draft-model ") and "token 1000" in done.stderr
         assert "Traceback" not in done.stderr
 
 
