@@ -76,7 +76,11 @@ def deep_fixture(k: int) -> Path:
     return path
 
 
-def resolve_deep(spec: str) -> Path | None:
-    """The fixture's path for a `deep:K` spec; None for any other spec."""
-    m = DEEP_SPEC.fullmatch(spec or "")
-    return deep_fixture(int(m[1])) if m else None
+def resolve_deep(spec: str) -> Path:
+    """The fixture's path for a `deep:K` spec."""
+    m = DEEP_SPEC.fullmatch(spec)
+    if m is None:
+        raise UsageError(f"{spec!r}: a deep fixture is deep:K, K in 1..{MAX_K}")
+    if not 1 <= int(m[1]) <= MAX_K:
+        raise UsageError(f"K must be 1..{MAX_K}, got {m[1]}")
+    return deep_fixture(int(m[1]))
