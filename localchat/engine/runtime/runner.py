@@ -166,10 +166,11 @@ class Runner:
         for chunk in chunks:
             if chunk.samples:
                 self._hand_out(chunk, new_tokens[chunk.seq.seq_id])
-        draft_s = t_drafted - t0 - (self.draft.catch_up_s if speculating else 0.0)
+        catch_up_s = self.draft.catch_up_s if speculating else 0.0
+        draft_s = max(0.0, t_drafted - t0 - catch_up_s)
         for chunk, proposed in speculating:
-            chunk.seq.speculation.record(proposed, len(chunk.drafts), max(0.0, draft_s),
-                                         t_verified - t_drafted, step_s)
+            chunk.seq.speculation.record(proposed, len(chunk.drafts), draft_s,
+                                         t_verified - t_drafted, step_s, catch_up_s)
         return True
 
     def _executor_chunk(self, chunk: ScheduledChunk) -> Chunk:

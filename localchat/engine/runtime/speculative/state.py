@@ -35,10 +35,11 @@ class Speculation:
         return max(0, min(self.adaptive.choose(key), limit))
 
     def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float,
-               step_s: float) -> None:
+               step_s: float, catch_up_s: float = 0.0) -> None:
         """A decode step of this request: `proposed` drafts (0: a plain step), `accepted`
         of them kept; draft_s drafting them, verify_s the target's pass, step_s the whole
-        step (the draft's catch-up included)."""
+        step, catch_up_s of it the draft's catch-up (a one-off after rounds off: the
+        guard does not count it against drafting)."""
         self.decode_s += step_s
         s = self.stats
         s.target_passes += 1
@@ -50,7 +51,7 @@ class Speculation:
         s.accepted += accepted
         s.accepted_runs[accepted] += 1
         self.adaptive.observe_round(proposed, accepted, draft_s, verify_s, self.key)
-        self._recent.append((accepted + 1, step_s))
+        self._recent.append((accepted + 1, step_s - catch_up_s))
         self._judge()
 
     def recent_speedup(self) -> float | None:
