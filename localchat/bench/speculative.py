@@ -77,6 +77,7 @@ def _task(plain, drafted, prompts, gen_tokens: int) -> dict:
         "alpha": accepted / proposed if proposed else 0.0,
         "c": mean("c"), "beta": mean("beta"), "gamma": drafts[-1].get("gamma"),
         "predicted_speedup": mean("predicted_speedup"),
+        "engine_measured_speedup": mean("measured_speedup"),  # the controller's own figure
         "tokens_per_target_pass": statistics.mean(d.get("tokens_per_target_pass", 1.0) for d in drafts),
         "identical_output": identical, "prompts": len(prompts),
         "per_prompt": {"no_draft_tok_s": base_rates, "draft_tok_s": rates, "draft_stats": drafts},

@@ -36,6 +36,24 @@ def add_parser(sub, model: argparse.ArgumentParser) -> None:
     bench.set_defaults(handler=cmd_bench)
 
 
+FIXTURE_NOTE = ("a speed fixture (scripts/deep-model: the bundled model with silent extra "
+                "layers), for timing only; its replies are the bundled model's")
+
+
+def speed_fixture(spec: str):
+    """deep:K (built into the cache the first time) or a deep-model file's path; None for
+    any other model."""
+    import re
+    from pathlib import Path
+
+    if spec.startswith("deep:"):
+        from quantize.deep_model import resolve_deep  # the quantize package loads only here
+
+        return resolve_deep(spec)
+    path = Path(spec)
+    return path if re.match(r"deep-\d+", path.name) and path.is_file() else None
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if min(args.prompt_tokens, args.gen_tokens, args.repeats) < 1:
         raise UsageError("prompt tokens, gen tokens and repeats must each be >= 1")
@@ -50,6 +68,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     report: dict = {"model": None, "threads": args.threads, "prompt_tokens": args.prompt_tokens,
                     "gen_tokens": args.gen_tokens, "repeats": args.repeats, "engines": {}}
     config = engine_config(args)
+    fixture = speed_fixture(config.model)
+    if fixture is not None:
+        config = replace(config, model=str(fixture))
+        report["fixture"] = FIXTURE_NOTE
+        print(f"{args.model}: {FIXTURE_NOTE}", file=sys.stderr)
     for name in engines:
         engine = load_for_run(replace(config, engine=name, draft=NO_DRAFT, num_draft_tokens=None,
                                       parallel=None))
@@ -83,6 +106,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report))
     else:
+        if "fixture" in report:
+            print(f"{args.model}: {FIXTURE_NOTE}")
         if report["engines"]:
             print(format_table(report))
         if "speculative" in report:

@@ -10,13 +10,16 @@ def format_speculative(s: dict) -> str:
     lines = [f"speculative decoding, draft {s['source']} ({s['engine']} engine), temperature 0, "
              f"median over prompts × {s['gen_tokens']} tokens (each between two plain runs)",
              f"  {'task':6s} {'no draft':>9s} {'draft':>9s} {'speedup':>8s} {'α':>5s} {'c':>5s} "
-             f"{'β':>5s} {'γ':>3s} {'predicted':>9s} {'tok/pass':>8s}  identical"]
+             f"{'β':>5s} {'γ':>3s} {'predicted':>9s} {'engine':>7s} {'tok/pass':>8s}  identical"]
     for task, t in s["tasks"].items():
         lines.append(
             f"  {task:6s} {t['no_draft_tok_s']:9.1f} {t['draft_tok_s']:9.1f} {t['speedup']:7.2f}x "
             f"{t['alpha']:5.2f} {num(t['c']):>5s} {num(t['beta']):>5s} {t['gamma']!s:>3s} "
-            f"{num(t['predicted_speedup']):>8s}x {t['tokens_per_target_pass']:8.2f}  "
+            f"{num(t['predicted_speedup']):>8s}x {num(t.get('engine_measured_speedup')):>6s}x "
+            f"{t['tokens_per_target_pass']:8.2f}  "
             f"{'yes' if t['identical_output'] else 'NO'}")
     lines.append("  (tok/s: decode rate; α: drafts kept ÷ proposed; c: a draft step ÷ a target "
-                 "step; β: a verify pass's extra cost per draft token, in target steps)")
+                 "step; β: a verify pass's extra cost per draft token, in target steps; predicted: from "
+                 "α, c, β; engine: the speedup the controller measured against its timed plain "
+                 "steps)")
     return "\n".join(lines)

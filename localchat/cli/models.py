@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from localchat.errors import ModelNotFoundError, UsageError
+from localchat.models.draft_pairs import DRAFT_PAIRS, paired_draft, paired_draft_on_disk
 from localchat.models.specs import ModelEntry, forget, list_models, resolve_model, resolve_model_facts
 from localchat.units import human_bytes
 
@@ -19,7 +20,10 @@ COLUMNS = ("SOURCE", "SPEC/NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "KV/TOKEN"
 def add_pull_parser(sub) -> None:
     pull = sub.add_parser("pull", help="download a model from Hugging Face")
     pull.add_argument("spec", metavar="SPEC", help="OWNER/REPO:FILE.gguf or OWNER/REPO:QUANT")
-    pull.set_defaults(handler=lambda args: cmd_pull(args.spec))
+    pull.add_argument("--with-draft", action="store_true",
+                      help="also fetch the small model of its family that drafts for it "
+                           "(speculative decoding; `--draft auto` then uses it)")
+    pull.set_defaults(handler=lambda args: cmd_pull(args.spec, with_draft=args.with_draft))
 
 
 def add_models_parser(sub) -> None:
@@ -39,9 +43,18 @@ def add_models_parser(sub) -> None:
     ps.set_defaults(handler=lambda args: cmd_ps(as_json=args.json))
 
 
-def cmd_pull(spec: str) -> int:
-    """Download (if needed) and validate a model; print where it lives."""
-    print(resolve_model(spec, local_only=False))
+def cmd_pull(spec: str, with_draft: bool = False) -> int:
+    """Download (if needed) and validate a model; print where it lives. with_draft: its
+    paired draft too (a UsageError if its family has none)."""
+    facts = resolve_model_facts(spec, local_only=False)
+    print(facts.path)
+    if with_draft:
+        draft = paired_draft(facts)
+        if draft is None:
+            raise UsageError(f"{facts.name} has no known draft model (known pairs: "
+                             f"{', '.join(sorted({d for _, d in DRAFT_PAIRS}))} for their "
+                             "families' larger models)")
+        print(resolve_model(draft, local_only=False))
     return 0
 
 
@@ -56,7 +69,12 @@ def cmd_models(as_json: bool = False) -> int:
         return 0
     rows = [_row(e) for e in entries]
     for line, entry in zip(_table(COLUMNS, rows), [None, *entries]):
-        print(line + (f"  error: {entry.error}" if entry is not None and entry.error else ""))
+        if entry is not None and entry.error:
+            line += f"  error: {entry.error}"
+        elif entry is not None and (draft := _draft(entry)) is not None:
+            line += f"  draft: {draft['name']}" + ("" if draft["on_disk"] else
+                                                  " (pull --with-draft)")
+        print(line)
     return 0
 
 
@@ -184,5 +202,14 @@ def _as_dict(entry: ModelEntry) -> dict[str, Any]:
         vocab_size=f.vocab_size,
         kv_bytes_per_token=f.kv_bytes_per_token(),
         has_chat_template=f.chat_template is not None,
+        draft=_draft(entry),
     )
     return out
+
+
+def _draft(entry: ModelEntry) -> dict | None:
+    """The entry's paired draft: its short name and whether it is on disk."""
+    name = paired_draft(entry.facts) if entry.facts is not None else None
+    if name is None:
+        return None
+    return {"name": name, "on_disk": paired_draft_on_disk(entry.facts) is not None}

@@ -95,24 +95,26 @@ def capped_threads(threads: int | None) -> tuple[int | None, tuple[str, ...]]:
 
 
 def choose_draft(draft: DraftChoice, facts: GGUFFacts) -> DraftPlan | None:
-    """auto: the distilled draft kept for this model, else prompt lookup; a draft model
-    must share the target's vocabulary."""
+    """auto: the distilled draft kept for this model, else its family's paired draft where
+    that is on disk (and shares the vocabulary), else prompt lookup; a draft model must
+    share the target's vocabulary."""
     from localchat.models.drafts import kept_draft
 
     if draft.kind == "none":
         return None
     if draft.kind == "ngram":
         return DraftPlan()
+    from localchat.models.vocab_match import check_same_vocabulary
+
     if draft.kind == "auto":
         kept = None if facts.path.is_dir() else kept_draft(facts)
         if kept is None:
-            return DraftPlan(auto=True)
+            return DraftPlan(paired_draft_for(facts), auto=True)
         draft = DraftChoice("model", str(kept))
         auto = True
     else:
         auto = False
     from localchat.models.specs import resolve_model_facts
-    from localchat.models.vocab_match import check_same_vocabulary
 
     draft_facts = resolve_model_facts(draft.spec)
     if facts.path.is_dir() or draft_facts.path.is_dir():
@@ -120,6 +122,24 @@ def choose_draft(draft: DraftChoice, facts: GGUFFacts) -> DraftPlan | None:
                                    "GGUF files for the model and the draft")
     check_same_vocabulary(facts.path, draft_facts.path, draft_facts.name)
     return DraftPlan(draft_facts, auto=auto)
+
+
+def paired_draft_for(facts: GGUFFacts) -> GGUFFacts | None:
+    """The family's paired draft (models/draft_pairs.py) if it is on disk, is another file
+    and shares the vocabulary; None otherwise (auto then looks up the prompt instead)."""
+    from localchat.models.draft_pairs import paired_draft_on_disk
+    from localchat.models.vocab_match import check_same_vocabulary
+
+    if facts.path.is_dir():
+        return None
+    paired = paired_draft_on_disk(facts)
+    if paired is None or paired.path.resolve() == facts.path.resolve():
+        return None
+    try:
+        check_same_vocabulary(facts.path, paired.path, paired.name)
+    except ConfigError:
+        return None
+    return paired
 
 
 def with_chat_template(facts: GGUFFacts, override: str | None) -> GGUFFacts:

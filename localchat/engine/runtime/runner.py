@@ -21,7 +21,7 @@ from localchat.engine.runtime.guide import Guide, step_masks
 from localchat.engine.runtime.sampler import Row, argmax, distributions, penalized, sample
 from localchat.engine.runtime.scheduler import ScheduledChunk, Scheduler
 from localchat.engine.runtime.sequence import FINISHED, Sequence
-from localchat.engine.runtime.speculative.adaptive import AdaptiveGamma
+from localchat.engine.runtime.speculative.adaptive import AdaptiveGamma, structural_c
 from localchat.engine.runtime.speculative.drafts import DraftSource
 from localchat.engine.runtime.speculative.rule import accept_drafts, accept_greedy
 from localchat.engine.runtime.speculative.state import Speculation
@@ -30,6 +30,16 @@ from localchat.errors import EngineError
 _DONE = object()
 CANCEL_POLL_S = 0.05  # how often a reader waiting for a token looks at its cancel event
 FROM_DRAFT = True  # queued as (token, FROM_DRAFT) for tokens a draft proposed and the target kept
+
+
+def draft_cost_prior(draft: DraftSource | None, target: Executor) -> float:
+    """c before any round is timed: a draft model's structural ratio to the target (weight
+    bytes, layers), prompt lookup's ~0."""
+    executor = getattr(draft, "executor", None)
+    if draft is None or executor is None:
+        return 0.0 if draft is not None else AdaptiveGamma.c_prior
+    d, t = executor.info, target.info
+    return structural_c(d.weights_bytes, d.n_layers, t.weights_bytes, t.n_layers)
 
 
 class Runner:
@@ -45,7 +55,9 @@ class Runner:
         self.n_ctx = n_ctx
         self.draft = draft
         self.adaptive = AdaptiveGamma(fixed=num_draft_tokens,
-                                      alpha_priors=draft.alpha_priors if draft else {})
+                                      alpha_priors=draft.alpha_priors if draft else {},
+                                      c_prior=draft_cost_prior(draft, executor))
+        self.clock = time.perf_counter
         self._is_end = is_end_of_generation
         self._ids = itertools.count()
         self._inbox: list[Sequence] = []
@@ -61,6 +73,18 @@ class Runner:
         self.masked_rows = 0
         self.forced_proposed = self.forced_kept = 0  # forced tokens drafted, and kept
         COMPUTE.add(self)
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """What steps (and the draft's catch-up) are timed with; tests inject timings."""
+        return self._clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        for source in (self.draft, getattr(self.draft, "model", None)):
+            if hasattr(source, "clock"):
+                source.clock = clock
 
     # ---- caller side ---------------------------------------------------------------
 
@@ -136,9 +160,9 @@ class Runner:
         chunks = self.scheduler.schedule()
         if not chunks:
             return False
-        t0 = time.perf_counter()
+        t0 = self.clock()
         speculating = self._propose(chunks)
-        t_drafted = time.perf_counter()
+        t_drafted = self.clock()
         logits = self.executor.forward([self._executor_chunk(c) for c in chunks])
         new_tokens = self._choose(chunks, logits)
         for chunk in chunks:
@@ -147,16 +171,18 @@ class Runner:
                 if chunk.forced:
                     self.forced_kept += len(chunk.drafts)
         self.scheduler.after_step(chunks)
-        step_s = time.perf_counter() - t0
+        t_verified = self.clock()
+        step_s = t_verified - t0
         self.steps += 1
         self.steps_by_batch_size[len(chunks)] += 1
         for chunk in chunks:
             if chunk.samples:
                 self._hand_out(chunk, new_tokens[chunk.seq.seq_id])
+        catch_up_s = self.draft.catch_up_s if speculating else 0.0
+        draft_s = max(0.0, t_drafted - t0 - catch_up_s)
         for chunk, proposed in speculating:
-            kept = len(chunk.drafts)
-            chunk.seq.speculation.record(proposed, kept, t_drafted - t0 if proposed else 0.0,
-                                         step_s)
+            chunk.seq.speculation.record(proposed, len(chunk.drafts), draft_s,
+                                         t_verified - t_drafted, step_s, catch_up_s)
         return True
 
     def _executor_chunk(self, chunk: ScheduledChunk) -> Chunk:

@@ -45,6 +45,18 @@ def _load(executor: str, **options):
                            kv_memory=16 * 512 * 23040 if executor == "torch" else None, **options))
 
 
+def _log_passes(executor) -> list[list]:
+    """Wrap executor.forward to log each pass's chunks."""
+    passes, forward = [], executor.forward
+
+    def logged(chunks):
+        passes.append(list(chunks))
+        return forward(chunks)
+
+    executor.forward = logged
+    return passes
+
+
 @pytest.fixture(scope="module", params=["llama.cpp", "torch"])
 def runtime(request):
     engine = _load(request.param)
@@ -77,13 +89,19 @@ def test_greedy_with_a_draft_batched_is_identical(runtime, alone, draft):
     requests share each step: the tokens never change, only how many steps they take."""
     engine = _load(runtime.name, draft=draft, num_draft_tokens=3)
     try:
+        verify = _log_passes(engine.runner.executor)
+        drafting = _log_passes(engine.draft.executor) if draft == "default" else []
         results = _together(engine, [_request(i) for i in range(8)])
         assert results == alone[:8]
         stats = engine.memory()["draft"]
         assert stats["proposed"] > 0
         if draft == "default":  # the draft runs eagerly: its activations round apart now and then
             assert stats["acceptance_rate"] >= 0.8
+            # one draft pass per draft position serves every speculating sequence
+            assert max(sum(1 for c in p if c.n_logits == 1) for p in drafting) >= 4
         assert max(engine.runner.steps_by_batch_size) > 1  # speculation no longer serialises requests
+        # one verify pass: several sequences' drafts scored in the same forward
+        assert max(sum(1 for c in p if c.n_logits > 1) for p in verify) >= 4
     finally:
         engine.close()
 

@@ -1,11 +1,18 @@
 """How many tokens to draft: α and the cost ratios are measured online across requests, γ
 maximises the expected speedup, and speculation switches itself off (probing less and less
-often) when no γ is predicted to pay. DraftStats is what results report."""
+often) when no γ is predicted to pay. DraftStats is what results report.
+
+The cost model: c = the draft's time per drafted token ÷ the target's time per plain step,
+β = the verify pass's extra cost per draft token (in plain steps); both are medians over the
+last `window` measurements, the plain step re-timed every `remeasure_every` rounds, and
+structural priors (structural_c: weight bytes and layers of draft vs target) stand in
+until measured. The draft's catch-up (its prefill of tokens it has not seen) is not c."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
+from statistics import median
 
 
 def expected_speedup(alpha: float, gamma: int, c: float, verify_extra: float = 0.0) -> float:
@@ -18,6 +25,16 @@ def expected_speedup(alpha: float, gamma: int, c: float, verify_extra: float = 0
     return tokens / (gamma * c + 1 + verify_extra * gamma)
 
 
+def structural_c(draft_bytes: int, draft_layers: int, target_bytes: int,
+                 target_layers: int, default: float = 0.3) -> float:
+    """The prior c before any draft round is timed: the mean of the weight-bytes ratio (a
+    bandwidth-bound step reads every weight) and the layer ratio (per-layer overheads);
+    `default` where either model's sizes are unknown."""
+    if min(draft_bytes, draft_layers, target_bytes, target_layers) <= 0:
+        return default
+    return (draft_bytes / target_bytes + draft_layers / target_layers) / 2
+
+
 def nearest(table: dict[int, float], gamma: int) -> float | None:
     """The value measured at the γ nearest to gamma (the larger on a tie) within half of
     gamma (at least 1); None if none is that near."""
@@ -27,27 +44,49 @@ def nearest(table: dict[int, float], gamma: int) -> float | None:
 
 @dataclass
 class AdaptiveGamma:
-    """Online estimates of α (per evidence key: a prompt-lookup match length, say), c (draft
-    step ÷ target step) and the verify pass's extra cost per draft token (per γ), shared by
-    an engine's requests; choose(key) returns γ for the next round (0 = plain step)."""
+    """Online estimates of α (per evidence key: a prompt-lookup match length, say), c and β
+    (medians of recent timings; c per key, β per γ), shared by an engine's requests;
+    choose(key) returns γ for the next round (0 = plain step)."""
 
     gamma_max: int = 16
     fixed: int | None = None  # num_draft_tokens set: no adaptation
     probe_every: int = 16  # plain steps before the first probe while speculation is off
     probe_max: int = 256  # a probe that finds no gain doubles the wait, up to this
-    smoothing: float = 0.2
+    window: int = 16  # timings kept per estimate; the estimate is their median
+    remeasure_every: int = 32  # rounds in a row before a plain step re-times the target
+    smoothing: float = 0.2  # α's exponential average
     alpha: float = 0.6  # all rounds' acceptance; also the prior of keys with none below
     alpha_priors: dict = field(default_factory=dict)  # key -> prior α for that evidence
-    c: float = 0.3  # all rounds' draft cost; also the prior of keys with none below
-    verify_extra: float = 0.5  # prior, for a γ with none measured near it (CPU-like)
-    extra_by_gamma: dict = field(default_factory=dict)  # γ -> the extra measured at that γ
-    target_step_s: float | None = None
+    c_prior: float = 0.3  # c until a round is timed (structural_c where the sizes are known)
+    verify_extra: float = 0.5  # β's prior, for a γ with none measured near it (CPU-like)
     gamma: int = 0
-    _alpha_by_key: dict = field(default_factory=dict)
+    _plain: deque = field(default_factory=deque)
+    _c_all: deque = field(default_factory=deque)
     _c_by_key: dict = field(default_factory=dict)  # lookup and model drafts cost differently
+    _extra: dict = field(default_factory=dict)  # γ -> recent extras measured at that γ
+    _alpha_by_key: dict = field(default_factory=dict)
     _plain_since_probe: int = 0
     _probe_wait: int = 0
     _probing: bool = False
+    _rounds_in_a_row: int = 0
+
+    @property
+    def target_step_s(self) -> float | None:
+        """The median of the recent plain steps' times; None before the first."""
+        return median(self._plain) if self._plain else None
+
+    @property
+    def c(self) -> float:
+        """All recent rounds' c (median), else the prior."""
+        return median(self._c_all) if self._c_all else self.c_prior
+
+    def c_for(self, key=None) -> float:
+        recent = self._c_by_key.get(key)
+        return median(recent) if recent else self.c
+
+    @property
+    def extra_by_gamma(self) -> dict[int, float]:
+        return {g: median(v) for g, v in self._extra.items() if v}
 
     def choose(self, key=None) -> int:
         if self.target_step_s is None:
@@ -57,10 +96,14 @@ class AdaptiveGamma:
         else:
             best = max(range(1, self.gamma_max + 1), key=lambda g: self.predicted(g, key))
             if self.predicted(best, key) > 1.0:
-                self.gamma, self._probe_wait = best, self.probe_every
-            else:  # off; now and then a one-token round, so α and the costs stay current
+                self._probe_wait = self.probe_every
+                self._rounds_in_a_row += 1
+                # now and then a plain step, so the target's step time follows the load
+                self.gamma = 0 if self._rounds_in_a_row > self.remeasure_every else best
+            else:  # off: a one-token round at once if none was timed yet, then now and then
                 self._plain_since_probe += 1
-                self._probing = self._plain_since_probe >= (self._probe_wait or self.probe_every)
+                self._probing = not self._c_all or \
+                    self._plain_since_probe >= (self._probe_wait or self.probe_every)
                 self.gamma = 1 if self._probing else 0
                 if self._probing:
                     self._plain_since_probe = 0
@@ -68,14 +111,16 @@ class AdaptiveGamma:
 
     def predicted(self, gamma: int | None = None, key=None) -> float:
         g = self.gamma if gamma is None else gamma
-        return expected_speedup(self.alpha_for(key), g, self._c_by_key.get(key, self.c),
-                                self.extra_at(g))
+        return expected_speedup(self.alpha_for(key), g, self.c_for(key), self.extra_at(g))
 
     def extra_at(self, gamma: int) -> float:
-        """The verify pass's extra cost per draft token at γ: measured there or near it (CPU
-        matmuls tile, so 8 rows can cost less than 9), else the prior."""
-        extra = nearest(self.extra_by_gamma, gamma)
-        return self.verify_extra if extra is None else extra
+        """β at γ: measured there or near it (CPU matmuls tile, so 8 rows can cost less
+        than 9), else at the nearest γ measured, else the prior."""
+        table = self.extra_by_gamma
+        if not table:
+            return self.verify_extra
+        extra = nearest(table, gamma)
+        return table[min(table, key=lambda g: (abs(g - gamma), -g))] if extra is None else extra
 
     def alpha_for(self, key=None) -> float:
         """The acceptance expected after this evidence (the overall α where there is none)."""
@@ -86,22 +131,30 @@ class AdaptiveGamma:
     def _ema(self, old: float, new: float) -> float:
         return (1 - self.smoothing) * old + self.smoothing * new
 
+    def _keep(self, recent: deque, value: float) -> None:
+        recent.append(value)
+        while len(recent) > self.window:
+            recent.popleft()
+
     def observe_plain(self, step_s: float) -> None:
-        self.target_step_s = step_s if self.target_step_s is None else self._ema(self.target_step_s, step_s)
+        self._rounds_in_a_row = 0
+        self._keep(self._plain, step_s)
 
     def observe_round(self, gamma: int, accepted: int, draft_s: float, verify_s: float,
                       key=None) -> None:
+        """A round of gamma drafts, accepted of them kept; draft_s: drafting them (not
+        the draft's catch-up), verify_s: the target's pass over them."""
         tried = accepted + (1 if accepted < gamma else 0)
         self.alpha = self._ema(self.alpha, accepted / tried)
         if key is not None:
             self._alpha_by_key[key] = self._ema(self.alpha_for(key), accepted / tried)
-        if self.target_step_s:
-            c = draft_s / gamma / self.target_step_s
-            self.c = self._ema(self.c, c)
-            self._c_by_key[key] = self._ema(self._c_by_key.get(key, c), c)
-            extra = max(0.0, verify_s / self.target_step_s - 1) / gamma
-            known = self.extra_by_gamma.get(gamma)
-            self.extra_by_gamma[gamma] = extra if known is None else self._ema(known, extra)
+        step = self.target_step_s
+        if step:
+            c = draft_s / gamma / step
+            self._keep(self._c_all, c)
+            self._keep(self._c_by_key.setdefault(key, deque()), c)
+            self._keep(self._extra.setdefault(gamma, deque()),
+                       max(0.0, verify_s / step - 1) / gamma)
         if self._probing:  # a probe that still predicts no gain waits twice as long next time
             self._probing = False
             if max(self.predicted(g, key) for g in range(1, self.gamma_max + 1)) <= 1.0:
@@ -125,6 +178,7 @@ class DraftStats:
     beta: float = 0.0  # the verify pass's extra cost per draft token, in target steps
     predicted_speedup: float = 1.0
     measured_speedup: float | None = None  # decode rate ÷ the measured plain-step rate
+    switched_off: int = 0  # times this request's measured speedup turned its drafting off
 
     def as_dict(self) -> dict:
         return {
@@ -135,4 +189,5 @@ class DraftStats:
             "accepted_run_histogram": {str(k): v for k, v in sorted(self.accepted_runs.items())},
             "gamma": self.gamma, "alpha": self.alpha, "c": self.c, "beta": self.beta,
             "predicted_speedup": self.predicted_speedup, "measured_speedup": self.measured_speedup,
+            "switched_off": self.switched_off,
         }

@@ -1,10 +1,13 @@
 """Where draft tokens come from: a second model (any executor, same vocabulary, own block manager)
-or the sequence itself (prompt lookup). Each serves a step's speculating sequences at once:
-evidence() before γ is chosen, propose() γ tokens each, settle() to final tokens, retain() live."""
+or the sequence itself (prompt lookup). Each serves a step's speculating sequences at once
+(a model draft runs them as one batch per draft position): evidence() before γ is chosen,
+propose() γ tokens each, settle() to final tokens, retain() live."""
 
 from __future__ import annotations
 
 from typing import Protocol
+
+import time
 
 import torch
 
@@ -20,6 +23,7 @@ class DraftSource(Protocol):
     source: str
     auto: bool  # chosen for the user: seeded requests (reproducible ones) do not speculate
     alpha_priors: dict  # evidence key -> the acceptance expected before any is measured
+    catch_up_s: float  # seconds the last propose() spent on the draft's own catch-up
 
     def evidence(self, seq: Sequence) -> object:
         """What this draft knows before drafting for seq: a key the acceptance is tracked
@@ -40,11 +44,14 @@ class ModelDraft:
 
     auto = False
     alpha_priors: dict = {}
+    CATCH_UP_AFTER = 2  # more unseen tokens than this: a separate pass, not timed as drafting
 
     def __init__(self, executor: Executor, name: str) -> None:
         self.executor = executor
         self.blocks = BlockManager(executor.layout)
         self.source = f"model:{name}"
+        self.catch_up_s = 0.0
+        self.clock = time.perf_counter  # the runner's, so that catch_up_s is on its clock
         self._mirrors: dict[int, Sequence] = {}  # target seq_id -> the draft's copy
 
     def evidence(self, seq: Sequence) -> None:
@@ -55,6 +62,7 @@ class ModelDraft:
         dists: list[list[torch.Tensor]] = [[] for _ in requests]
         live = [i for i, (seq, gamma) in enumerate(requests)
                 if gamma > 0 and self._catch_up(seq)]
+        self._prefill([self._mirrors[requests[i][0].seq_id] for i in live])
         for step in range(max((requests[i][1] for i in live), default=0)):
             live = [i for i in live if len(drafts[i]) == step and requests[i][1] > step]
             if not live:
@@ -62,12 +70,7 @@ class ModelDraft:
             chunks = []
             for i in live:
                 mirror = self._mirrors[requests[i][0].seq_id]
-                chunks.append(Chunk(slot=mirror.slot, tokens=mirror.tokens[mirror.computed:],
-                                    start=mirror.computed, n_logits=1,
-                                    block_table=self.blocks.block_table(mirror),
-                                    write_from=self.blocks.num_committed(mirror),
-                                    n_prompt=mirror.n_prompt,
-                                    copy_from=self.blocks.take_copy(mirror)))
+                chunks.append(self._chunk(mirror, len(mirror.tokens), n_logits=1))
             logits = self.executor.forward(chunks)
             rows = [Row(seq.params, seq.completion + drafts[i], seq.generator)
                     for seq, i in ((requests[i][0], i) for i in live)]
@@ -82,6 +85,25 @@ class ModelDraft:
                 mirror.tokens.append(token)
                 drafts[i].append(token)
         return [(d, torch.stack(q) if q else None) for d, q in zip(drafts, dists)]
+
+    def _prefill(self, mirrors: list[Sequence]) -> None:
+        """One pass over the mirrors' unseen tokens but the last, where more than
+        CATCH_UP_AFTER wait (after a prompt, or rounds off): timed as catch_up_s, so that c
+        measures drafting alone."""
+        t0 = self.clock()
+        behind = [m for m in mirrors if len(m.tokens) - m.computed > self.CATCH_UP_AFTER]
+        if behind:
+            self.executor.forward([self._chunk(m, len(m.tokens) - 1, n_logits=0) for m in behind])
+            for m in behind:
+                m.computed = len(m.tokens) - 1
+        self.catch_up_s = self.clock() - t0
+
+    def _chunk(self, mirror: Sequence, end: int, n_logits: int) -> Chunk:
+        return Chunk(slot=mirror.slot, tokens=mirror.tokens[mirror.computed:end],
+                     start=mirror.computed, n_logits=n_logits,
+                     block_table=self.blocks.block_table(mirror),
+                     write_from=self.blocks.num_committed(mirror),
+                     n_prompt=mirror.n_prompt, copy_from=self.blocks.take_copy(mirror))
 
     @staticmethod
     def _choose(logits: torch.Tensor, rows: list[Row], dists: list[list[torch.Tensor]]) -> list[int]:
@@ -144,6 +166,7 @@ class NgramDraft:
 
     source = "ngram"
     auto = False
+    catch_up_s = 0.0
     MAX_MATCH = 16  # tokens of the tail compared
     HISTORY_TOKENS = 65_536  # earlier replies kept for lookup
     # acceptance after a match of 1, 2, ... 8+ tokens, before any is measured
@@ -221,6 +244,14 @@ class LookupThenModel:
         self.source = f"ngram+{model.source}"
         self.alpha_priors = lookup.alpha_priors
         self._looked_up: set[int] = set()  # sequences whose next proposal is the lookup's
+
+    @property
+    def executor(self) -> Executor:
+        return self.model.executor
+
+    @property
+    def catch_up_s(self) -> float:
+        return self.model.catch_up_s
 
     def evidence(self, seq: Sequence) -> int | None:
         key = self.lookup.evidence(seq)

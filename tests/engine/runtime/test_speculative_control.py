@@ -1,0 +1,125 @@
+"""The speculation controller against synthetic timings: its cost model (c, β as medians,
+structural priors, the target re-timed), γ at the predicted peak, and the per-request guard
+that turns drafting off when it is measured slower than plain decoding."""
+
+from __future__ import annotations
+
+import pytest
+
+from localchat.engine.runtime.speculative.adaptive import AdaptiveGamma, structural_c
+from localchat.engine.runtime.speculative.state import FLOOR, Speculation
+
+STEP = 0.10  # a plain target step, seconds
+
+
+def drive(a: AdaptiveGamma, steps: int, *, accept, c: float, beta: float, step_s=STEP,
+          spec: Speculation | None = None) -> list[int]:
+    """Run the controller for `steps` steps with timings from the cost model itself:
+    drafting γ costs γ·c·step, verifying γ+1 tokens (1 + β·γ)·step."""
+    choices = []
+    for _ in range(steps):
+        g = spec.choose(99) if spec else a.choose()
+        choices.append(g)
+        if g:
+            kept = accept(g)
+            draft_s, verify_s = g * c * step_s, (1 + beta * g) * step_s
+            if spec:
+                spec.record(g, kept, draft_s, verify_s, draft_s + verify_s)
+            else:
+                a.observe_round(g, kept, draft_s, verify_s)
+        elif spec:
+            spec.record(0, 0, 0.0, step_s, step_s)
+        else:
+            a.observe_plain(step_s)
+    return choices
+
+
+def test_structural_prior_is_the_bytes_and_layers_ratio():
+    # the bundled Q4_1 135M (30 layers) drafting for its deep-8 Q8_0 copy (240 layers)
+    c = structural_c(95_000_000, 30, 935_000_000, 240)
+    assert c == pytest.approx((95 / 935 + 30 / 240) / 2)
+    assert 0.1 < c < 0.13
+    assert structural_c(0, 30, 935_000_000, 240, default=0.3) == 0.3  # unknown sizes
+
+
+def test_a_draft_with_full_acceptance_and_c_013_is_on_at_the_peak_gamma():
+    a = AdaptiveGamma(c_prior=structural_c(95_000_000, 30, 935_000_000, 240))
+    choices = drive(a, 40, accept=lambda g: g, c=0.13, beta=0.03)
+    assert choices[0] == 0  # a plain step first, to time the target
+    assert all(choices[2:33])  # on from the first timed round, every step
+    assert a.c == pytest.approx(0.13) and a.extra_at(a.gamma) == pytest.approx(0.03)
+    assert a.gamma == max(range(1, a.gamma_max + 1), key=a.predicted)
+    assert a.predicted() > 4
+
+
+def test_gamma_sits_where_the_predicted_gain_peaks_for_partial_acceptance():
+    a = AdaptiveGamma(smoothing=0.5)
+    drive(a, 60, accept=lambda g: g if g <= 3 else 3, c=0.13, beta=0.05)
+    a.alpha = 0.8  # hold α still to check the choice against the formula
+    gains = {g: a.predicted(g) for g in range(1, a.gamma_max + 1)}
+    peak = max(gains, key=gains.get)
+    assert 1 < peak < a.gamma_max and a.choose() in (0, peak)
+
+
+def test_costs_are_medians_so_one_outlier_moves_nothing():
+    a = AdaptiveGamma()
+    for s in (0.1, 0.1, 2.0, 0.1, 0.1):  # the machine stalled once
+        a.observe_plain(s)
+    assert a.target_step_s == pytest.approx(0.1)
+    for draft_s in (0.013, 0.013, 0.5, 0.013):
+        a.observe_round(4, 4, draft_s * 4, 0.11)
+    assert a.c == pytest.approx(0.13)
+
+
+def test_the_target_step_is_re_timed_while_drafting_and_follows_the_load():
+    a = AdaptiveGamma(remeasure_every=8)
+    choices = drive(a, 40, accept=lambda g: g, c=0.13, beta=0.03)
+    plain = [i for i, g in enumerate(choices) if g == 0]
+    assert len(plain) >= 4  # the first, then one every 8 rounds or so
+    # another process takes a core: every step now costs twice as much, and the plain steps
+    # taken while drafting carry the new time into the median
+    drive(a, 200, accept=lambda g: g, c=0.13, beta=0.03, step_s=2 * STEP)
+    assert a.target_step_s == pytest.approx(2 * STEP)
+    assert a.c == pytest.approx(0.13)
+
+
+def test_a_request_measured_below_the_floor_stops_drafting_within_16_steps():
+    # The model predicts a gain (α = 1, c small) but each round really takes 3 plain steps
+    # (a loaded machine, say): the request's own measurement must win.
+    a = AdaptiveGamma(probe_every=16, probe_max=64)
+    spec = Speculation("model:x", a)
+    choices = []
+    for _ in range(400):
+        g = spec.choose(99)
+        choices.append(g)
+        if g:
+            spec.record(g, g, 0.01 * g, 0.1, 3 * (g + 1) * STEP)  # far slower than plain
+        else:
+            spec.record(0, 0, 0.0, STEP, STEP)
+    first_off = next(i for i in range(1, 400) if choices[i] == 0 and any(choices[:i]))
+    assert first_off <= 16
+    assert spec.switched_off >= 3  # it probed back, and was turned off again
+    gaps = [j - i for i, j in zip(*[[k for k, g in enumerate(choices) if g][n:]
+                                    for n in (0, 1)]) if j - i > 1]
+    assert gaps[0] < gaps[-1] <= 64 + 1  # the waits grow, up to probe_max
+    assert sum(1 for g in choices[40:] if g) < 0.15 * 360  # mostly plain
+    assert spec.recent_speedup() is None or spec.recent_speedup() >= 0  # defined
+
+
+def test_a_request_measured_above_the_floor_keeps_drafting():
+    a = AdaptiveGamma()
+    spec = Speculation("model:x", a)
+    choices = drive(a, 100, accept=lambda g: g, c=0.13, beta=0.03, spec=spec)
+    assert spec.switched_off == 0 and sum(1 for g in choices if g) > 90
+    assert spec.recent_speedup() > FLOOR
+
+
+def test_a_fixed_gamma_is_never_guarded():
+    a = AdaptiveGamma(fixed=3)
+    spec = Speculation("model:x", a)
+    choices = []
+    for _ in range(30):
+        g = spec.choose(99)
+        choices.append(g)
+        spec.record(g, 0, 0.1 * g, 0.2, 1.0) if g else spec.record(0, 0, 0.0, STEP, STEP)
+    assert choices[1:] == [3] * 29 and spec.switched_off == 0

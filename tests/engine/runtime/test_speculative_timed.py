@@ -1,0 +1,96 @@
+"""The controller's decisions on the real bundled model with injected timings: each forward
+pass advances a fake clock by a cost model (a bandwidth-bound target, or a compute-bound
+one), so what is asserted is the controller's decision and its measured c, never speed."""
+
+from __future__ import annotations
+
+import pytest
+
+from localchat.engine import EngineConfig, open_engine
+from localchat.engine.base import Message, Request, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+REPEAT = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
+
+
+class Clock:
+    """Seconds that pass only when a wrapped executor runs: cost(chunks) each pass."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def charge(self, executor, cost) -> list:
+        """Wrap executor.forward; returns the list every pass's chunks are logged to."""
+        passes, forward = [], executor.forward
+
+        def timed(chunks):
+            passes.append([(len(c.tokens), c.n_logits) for c in chunks])
+            self.now += cost(chunks)
+            return forward(chunks)
+
+        executor.forward = timed
+        return passes
+
+
+def tokens_of(chunks) -> int:
+    return sum(len(c.tokens) for c in chunks)
+
+
+def generate(engine, prompt: str, n: int) -> tuple[list[int], dict | None]:
+    tokens, last = [], None
+    for event in engine.generate(Request(messages=[Message("user", prompt)], sampling=GREEDY,
+                                         max_tokens=n)):
+        tokens += getattr(event, "token_ids", ())
+        last = event
+    return tokens, last.stats.draft
+
+
+@pytest.mark.slow
+def test_a_cheap_draft_on_a_bandwidth_bound_target_is_on_and_c_is_drafting_alone(engine):
+    """The bundled model drafting for itself, timed as a 1-unit target step and a
+    0.1-unit draft step (plus a little per token): c must come out near 0.1 on every
+    round -- the draft's catch-up over the prompt is a separate pass, not drafting."""
+    plain, _ = generate(engine, "Write a Python function that reverses a string.", 40)
+    eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2, draft="default"))
+    try:
+        clock = Clock()
+        runner = eng.runner
+        runner.clock = clock
+        clock.charge(runner.executor, lambda ch: 1.0 + 0.002 * tokens_of(ch))
+        drafted = clock.charge(eng.draft.executor, lambda ch: 0.1 + 0.001 * tokens_of(ch))
+        tokens, stats = generate(eng, "Write a Python function that reverses a string.", 40)
+        assert tokens == plain
+        assert stats["acceptance_rate"] == 1.0
+        a = runner.adaptive
+        assert all(0.09 < c < 0.12 for c in a._c_all), list(a._c_all)
+        assert a.gamma >= 4 and stats["predicted_speedup"] > 3
+        assert stats["measured_speedup"] > 2.5 and stats["switched_off"] == 0
+        # one catch-up pass over the prompt (no logits), then drafting passes of 1-2 tokens
+        assert drafted[0][0][1] == 0 and drafted[0][0][0] > 10
+        assert all(n <= 2 for p in drafted[1:] for n, logits in p if logits)
+    finally:
+        eng.close()
+
+
+@pytest.mark.slow
+def test_auto_on_a_compute_bound_target_stays_within_noise_of_plain(engine):
+    """Compute-bound (the bundled model on a CPU): a pass costs its token count, so no draft
+    can pay. auto (prompt lookup) must keep this request at >= 0.95x of plain decoding as
+    measured on the injected clock, with plain decoding's exact output."""
+    prompts = (REPEAT, "List the days of the week, one per line, twice.")
+    plain = [generate(engine, p, 60)[0] for p in prompts]
+    eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2, draft="auto"))
+    try:
+        clock = Clock()
+        eng.runner.clock = clock
+        clock.charge(eng.runner.executor, lambda ch: float(tokens_of(ch)))
+        for prompt, expected in zip(prompts, plain):
+            tokens, stats = generate(eng, prompt, 60)
+            assert tokens == expected
+            assert stats["source"] == "ngram" and stats["proposed"] > 0  # it did probe
+            assert stats["measured_speedup"] >= 0.95, stats
+    finally:
+        eng.close()
