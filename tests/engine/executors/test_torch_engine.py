@@ -132,8 +132,13 @@ def test_known_torch_warnings_are_hidden_and_others_still_show(torch_engine):
     import torch._inductor.codegen.cpp as inductor_cpp
     from torch.utils._pytree import LeafSpec
 
+    from localchat.engine.executors.torch.executor import quiet_library_warnings
+
     note = "bf16 and fp16 are mixed in the scheduler node."
     assert f'warnings.warn("{note}")' in inspect.getsource(inductor_cpp)  # torch's own text
+    # pytest restores the warning filters after each test, so those the session's engine
+    # set at load are gone by now: set them again, as every load does
+    quiet_library_warnings()
     with warnings.catch_warnings(record=True) as seen:
         LeafSpec()  # torch warns on its own here
         warnings.warn(note, UserWarning)
