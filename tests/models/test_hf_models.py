@@ -115,7 +115,7 @@ def test_run_command_on_an_hf_directory(hf_dir):
     assert out["engine"] == "torch" and "Paris" in out["text"]
     refused = localchat("run", "hi", "-m", str(hf_dir), "--engine", "llama.cpp")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
-    assert "needs a GGUF file" in refused.stderr and "--engine torch" in refused.stderr
+    assert "needs a GGUF file" in refused.stderr and "the torch engine" in refused.stderr
     assert "Traceback" not in refused.stderr
 
 
