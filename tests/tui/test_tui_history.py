@@ -147,7 +147,7 @@ async def test_continue_loads_the_conversations_model_context_and_draft_first(tm
         await wait_until(pilot, lambda: app.engine is not None
                          and app.query_one(GaugeBar).state == "ready")
         assert app.engine.info.path == str(other) and app.engine.info.n_ctx == 256
-        assert (app.config.model, app.config.draft) == (str(other), "ngram")
+        assert (app.config.model, app.config.draft.record()) == (str(other), "ngram")
         assert not app.query(".notice")
 
 
