@@ -5,7 +5,6 @@ shows it. The cached "models" are the bundled file under hub names (one real voc
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from localchat.engine.config import DraftChoice
 from localchat.errors import UsageError
 from localchat.models.draft_pairs import family_name, paired_draft
 from localchat.models.specs import resolve_model_facts
+from helpers.hub_cache import add_to_cache
 from helpers.tiny_models import write_random_model
 from test_models import bundled, isolated  # noqa: F401  (fixtures)
 
@@ -30,26 +30,12 @@ def hub(tmp_path: Path) -> Path:
     return tmp_path / "hub"
 
 
-def cache_file(cache: Path, repo_id: str, filename: str, source: Path) -> Path:
-    """source, as the hub cache would hold repo_id's filename (a snapshot link to a blob)."""
-    repo = cache / ("models--" + repo_id.replace("/", "--"))
-    blob = repo / "blobs" / f"{abs(hash(filename)):x}"
-    blob.parent.mkdir(parents=True)
-    blob.symlink_to(source)
-    link = repo / "snapshots" / COMMIT / filename
-    link.parent.mkdir(parents=True)
-    link.symlink_to(os.path.relpath(blob, link.parent))
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(COMMIT)
-    return link
-
-
 @pytest.fixture
 def target(hub, bundled, tmp_path):
     """The "360M" target: a copy of the bundled file (the draft is the file itself)."""
     copy = tmp_path / "target.gguf"
     copy.write_bytes(bundled.read_bytes())
-    cache_file(hub, *TARGET, copy)
+    add_to_cache(hub, *TARGET, source=copy, commit=COMMIT)
     return resolve_model_facts("smollm2:360m", local_only=True)
 
 
@@ -73,7 +59,7 @@ def test_the_table_pairs_each_family_with_its_small_model():
 
 def test_auto_uses_the_paired_draft_only_when_it_is_on_disk(hub, bundled, target):
     assert choose_draft(DraftChoice("auto"), target).facts is None  # not pulled: lookup
-    cache_file(hub, *DRAFT, bundled)
+    add_to_cache(hub, *DRAFT, source=bundled, commit=COMMIT)
     plan = choose_draft(DraftChoice("auto"), target)
     assert plan.auto and plan.facts is not None
     assert plan.facts.path.name == DRAFT[1] and "SmolLM2-135M" in str(plan.facts.path)
@@ -81,14 +67,14 @@ def test_auto_uses_the_paired_draft_only_when_it_is_on_disk(hub, bundled, target
 
 def test_auto_skips_a_paired_draft_with_another_vocabulary(hub, target, tmp_path):
     other = write_random_model(tmp_path / "other.gguf", renamed_token=1000)
-    cache_file(hub, *DRAFT, other)
+    add_to_cache(hub, *DRAFT, source=other, commit=COMMIT)
     assert choose_draft(DraftChoice("auto"), target).facts is None
 
 
 def test_pull_with_draft_fetches_the_pair_and_models_shows_it(hub, bundled, target, capsys):
     assert cmd_models() == 0
     assert "draft: smollm2:135m (pull --with-draft)" in capsys.readouterr().out
-    cache_file(hub, *DRAFT, bundled)  # what the download would write (offline here)
+    add_to_cache(hub, *DRAFT, source=bundled, commit=COMMIT)  # what the download would write (offline here)
     assert cmd_pull("smollm2:360m", with_draft=True) == 0
     printed = capsys.readouterr().out.split()
     assert printed[0].endswith(TARGET[1]) and printed[1].endswith(DRAFT[1])

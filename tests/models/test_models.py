@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import socket
 from pathlib import Path
 
@@ -15,9 +13,9 @@ from localchat.errors import ModelFormatError, ModelNotFoundError, UnsafeCheckpo
 from localchat.cli.models import cmd_models, cmd_pull
 from localchat.units import human_bytes
 from localchat.models.specs import bundled_model_path, list_models, remembered_paths, resolve_model
+from helpers.hub_cache import add_to_cache
 from helpers.tiny_files import write_tiny_gguf
 
-COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
 
 
 @pytest.fixture(autouse=True)
@@ -122,19 +120,6 @@ def test_corrupt_record_ignored(tmp_path: Path, isolated: Path, junk: str) -> No
     assert remembered_paths() == [model]
 
 
-def _add_to_cache(cache: Path, repo_id: str, filename: str, content: bytes) -> Path:
-    repo_dir = cache / ("models--" + repo_id.replace("/", "--"))
-    blob = repo_dir / "blobs" / hashlib.sha256(content).hexdigest()
-    blob.parent.mkdir(parents=True)
-    blob.write_bytes(content)
-    link = repo_dir / "snapshots" / COMMIT / filename
-    link.parent.mkdir(parents=True)
-    link.symlink_to(os.path.relpath(blob, link.parent))
-    (repo_dir / "refs").mkdir()
-    (repo_dir / "refs" / "main").write_text(COMMIT)
-    return link
-
-
 def test_list_models(tmp_path: Path, bundled: Path) -> None:
     local = write_tiny_gguf(tmp_path / "mine.gguf")
     resolve_model(str(local))
@@ -144,7 +129,7 @@ def test_list_models(tmp_path: Path, bundled: Path) -> None:
     broken = write_tiny_gguf(tmp_path / "broken.gguf")
     resolve_model(str(broken))
     broken.write_bytes(broken.read_bytes()[:100])
-    cached = _add_to_cache(Path(constants.HF_HUB_CACHE), "owner/repo", "tiny-F32.gguf", local.read_bytes())
+    cached = add_to_cache(Path(constants.HF_HUB_CACHE), "owner/repo", "tiny-F32.gguf", content=local.read_bytes())
 
     entries = {e.spec: e for e in list_models()}
     assert set(entries) == {"default", "owner/repo:tiny-F32.gguf", str(local), str(broken)}
@@ -204,8 +189,7 @@ def test_a_configured_short_name_resolves_offline_and_names_the_cached_file(
     isolated.mkdir()
     (isolated / "config.toml").write_text('[models]\n"tiny:1m" = "owner/repo:F32"\n')
     local = write_tiny_gguf(tmp_path / "tiny.gguf")
-    cached = _add_to_cache(Path(constants.HF_HUB_CACHE), "owner/repo", "tiny-F32.gguf",
-                           local.read_bytes())
+    cached = add_to_cache(Path(constants.HF_HUB_CACHE), "owner/repo", "tiny-F32.gguf", content=local.read_bytes())
     assert resolve_model("tiny:1m") == cached
     hub = next(e for e in list_models() if e.source == "hub")
     assert hub.spec == "tiny:1m" and resolve_model(hub.spec) == cached
@@ -254,7 +238,7 @@ def test_rm_deletes_a_cached_hub_model_and_forgets_a_local_one(
     local = write_tiny_gguf(tmp_path / "mine.gguf")
     resolve_model(str(local))
     cache = Path(constants.HF_HUB_CACHE)
-    cached = _add_to_cache(cache, "owner/repo", "tiny-F32.gguf", local.read_bytes())
+    cached = add_to_cache(cache, "owner/repo", "tiny-F32.gguf", content=local.read_bytes())
     blob = cached.resolve()
     assert main(["rm", "owner/repo:tiny-F32.gguf"]) == 0
     assert f"({human_bytes(local.stat().st_size)} freed)" in capsys.readouterr().out

@@ -8,10 +8,12 @@ import json
 from collections import Counter
 
 import pytest
+
+from helpers.replies import reply_tokens
 import torch
 
 from localchat.engine import EngineConfig, open_engine
-from localchat.engine.base import Message, Request, SamplingParams
+from localchat.engine.base import Message, SamplingParams
 from localchat.engine.runtime.sampler import Row, distributions
 from localchat.engine.runtime.speculative.rule import accept_drafts
 from helpers.tiny_models import write_random_model
@@ -25,12 +27,7 @@ N_TOKENS = 40
 
 
 def reply(engine, prompt: str, sampling=GREEDY, n=N_TOKENS) -> tuple[list[int], dict | None]:
-    tokens, last = [], None
-    for event in engine.generate(Request(messages=[Message("user", prompt)], sampling=sampling,
-                                         max_tokens=n)):
-        tokens += getattr(event, "token_ids", ())
-        last = event
-    return tokens, last.stats.draft
+    return reply_tokens(engine, prompt, n, sampling)
 
 
 @pytest.fixture(scope="module")

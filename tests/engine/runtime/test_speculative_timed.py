@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.replies import reply_tokens
+
 from localchat.engine import EngineConfig, open_engine
-from localchat.engine.base import Message, Request, SamplingParams
+from localchat.engine.base import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 REPEAT = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
@@ -40,12 +42,7 @@ def tokens_of(chunks) -> int:
 
 
 def generate(engine, prompt: str, n: int) -> tuple[list[int], dict | None]:
-    tokens, last = [], None
-    for event in engine.generate(Request(messages=[Message("user", prompt)], sampling=GREEDY,
-                                         max_tokens=n)):
-        tokens += getattr(event, "token_ids", ())
-        last = event
-    return tokens, last.stats.draft
+    return reply_tokens(engine, prompt, n)
 
 
 @pytest.mark.slow
