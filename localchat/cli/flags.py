@@ -55,14 +55,17 @@ def engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
 
 def load_for_run(config: EngineConfig, *, verbose: bool = False) -> Engine:
     """The engine for a command: the plan's notes (threads capped, ...) on stderr, and with
-    --verbose which engine runs the file and why."""
+    --verbose which engine runs the file and why, and what computes (CPU variant, kernels)."""
     plan = choose(config)
     for note in plan.notes:
         print(f"localchat: note: {note}", file=sys.stderr)
     if verbose and plan.facts is not None:
         why = "as asked" if config.engine is not None else "chosen for the file"
         print(f"localchat: engine {plan.engine} ({why})", file=sys.stderr)
-    return open_engine(config, plan)
+    engine = open_engine(config, plan)
+    if verbose and engine.info.compute:
+        print(f"localchat: compute: {engine.info.compute}", file=sys.stderr)
+    return engine
 
 
 def draft_choice(args: argparse.Namespace) -> DraftChoice:
@@ -104,7 +107,8 @@ def model_flags() -> argparse.ArgumentParser:
                         "architecture), localchat's torch model (Llama-family GGUF, NF4, "
                         "INT8/INT4, GPTQ, Hugging Face directories), or auto (torch where it "
                         "supports the model) (default: from the file: llama.cpp for a GGUF, "
-                        "torch for a Hugging Face directory)")
+                        "torch for a Hugging Face directory; serve: torch for Llama-family GGUF "
+                        "files of a type its kernels run, which it serves faster)")
     g.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
                    help="context window in tokens (default: min(model's, 4096); 0 = model's)")
     g.add_argument("-t", "--threads", type=int, default=None, metavar="N",
@@ -121,7 +125,8 @@ def model_flags() -> argparse.ArgumentParser:
                         "(default: 10%% of available memory, at least one context)")
     g.add_argument("-np", "--parallel", type=int, default=None, metavar="N",
                    help="requests computed at once; the llama.cpp engine keeps a KV slot of "
-                        "one full context for each (default: 4)")
+                        "one full context for each (default: 4; serve: min(--max-queue, 16), "
+                        "fewer where their KV passes half the free memory)")
     for kv in ("k", "v"):
         g.add_argument(f"-ct{kv}", f"--cache-type-{kv}", dest=f"cache_type_{kv}", default=None,
                        choices=["f16", "bf16", "q8_0"],

@@ -24,6 +24,9 @@ def add_parser(sub, model: argparse.ArgumentParser) -> None:
     serve.add_argument("--quiet", action="store_true",
                        help="no line per request on stderr (method, path, status, tokens, "
                             "seconds)")
+    serve.add_argument("--verbose", action="store_true",
+                       help="name what computes at start-up (llama.cpp's CPU variant and its "
+                            "instruction sets, or the torch kernels')")
     serve.set_defaults(handler=run_server)
 
 
@@ -35,7 +38,7 @@ def run_server(args: argparse.Namespace) -> int:
     from localchat.server import ServeOptions, cmd_serve  # the ASGI stack loads only later
 
     options = ServeOptions(host=args.host, port=args.port, api_key=args.api_key,
-                           max_queue=args.max_queue, quiet=args.quiet)
+                           max_queue=args.max_queue, quiet=args.quiet, verbose=args.verbose)
     try:
         code = cmd_serve(options, engine_config(args))
     except KeyboardInterrupt:  # Ctrl+C, re-raised by uvicorn after a clean stop

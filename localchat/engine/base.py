@@ -137,10 +137,12 @@ class ModelInfo:
     chat_template: str = ""  # which chat template renders prompts, and where it came from
     base_model: bool = False  # no chat template and no chat tokens in the file: replies continue text
     kernels: dict[str, str] = field(default_factory=dict)  # "ffn_down 576x1536 Q4_1" -> "int4pack"
+    compute: str = ""  # what computes: llama.cpp's CPU variant and features, torch's kernels' ISA
 
     @classmethod
     def from_facts(cls, facts: "GGUFFacts", *, n_ctx: int, kv_bytes_per_token: int,
-                   weights_bytes: int, kernels: dict[str, str] | None = None) -> "ModelInfo":
+                   weights_bytes: int, kernels: dict[str, str] | None = None,
+                   compute: str = "") -> "ModelInfo":
         """The file's facts plus what only the loaded engine knows."""
         return cls(
             name=facts.name, path=str(facts.path), architecture=facts.architecture,
@@ -149,7 +151,7 @@ class ModelInfo:
             n_kv_heads=facts.n_kv_heads, head_dim=facts.head_dim,
             kv_bytes_per_token=kv_bytes_per_token, weights_bytes=weights_bytes,
             chat_template=facts.chat_template_name, base_model=facts.base_model,
-            kernels=dict(kernels or {}),
+            kernels=dict(kernels or {}), compute=compute,
         )
 
 

@@ -56,6 +56,12 @@ def default_cache_types(facts: GGUFFacts, on_cpu: bool = True) -> tuple[str, str
     return ("q8_0", "f16") if facts.head_dim % 32 == 0 else ("f16", "bf16")
 
 
+def chosen_cache_types(facts: GGUFFacts, asked: tuple[str | None, str | None],
+                       on_cpu: bool = True) -> tuple[str, str]:
+    """The K and V types llama.cpp runs with: those asked for, default_cache_types for the rest."""
+    return tuple(t or d for t, d in zip(asked, default_cache_types(facts, on_cpu)))
+
+
 def engine_kv_bytes_per_token(facts: GGUFFacts, engine: str = "llama.cpp",
                               cache_types: tuple[str, str] | None = None) -> int:
     """KV bytes one token costs as `engine` keeps it (llama.cpp: cache_types, by default

@@ -18,13 +18,15 @@ API_KEY_ENV = "LOCALCHAT_API_KEY"
 @dataclass(frozen=True)
 class ServeOptions:
     """How the server listens: the address, its API key (None: $LOCALCHAT_API_KEY, else
-    none), how many requests it admits at once, and whether it logs each request."""
+    none), how many requests it admits at once, whether it logs each request, and whether
+    its start-up names what computes (verbose)."""
 
     host: str = "127.0.0.1"
     port: int = 8080
     api_key: str | None = None
     max_queue: int = 64
     quiet: bool = False
+    verbose: bool = False
 
 
 def cmd_serve(options: ServeOptions, config: EngineConfig) -> int:

@@ -13,6 +13,7 @@ import uvicorn
 
 from localchat.engine import open_engine
 from localchat.engine.config import EngineConfig
+from localchat.engine.serving import serving_config
 from localchat.server import instances
 from localchat.server.app import Server
 from localchat.server.connections import TimedH11Protocol
@@ -38,8 +39,10 @@ class Uvicorn(uvicorn.Server):
 
 def serve(options, config: EngineConfig, sock: socket.socket, *, loopback: bool,
           api_key: str | None) -> int:
-    """options: ServeOptions (server/__init__.py)."""
-    engine = open_engine(config)
+    """options: ServeOptions (server/__init__.py). The engine and llama.cpp slots the flags
+    leave unset are serve's defaults (engine/serving.py), said in the start-up line."""
+    choice = serving_config(config, options.max_queue)
+    engine = open_engine(choice.config)
     path = Path(engine.info.path)
     server = Server(engine, max_queue=options.max_queue,
                     aliases=tuple(str(a) for a in (config.model, path.name, path.stem) if a))
@@ -55,7 +58,10 @@ def serve(options, config: EngineConfig, sock: socket.socket, *, loopback: bool,
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         print(f"localchat: serving {engine.info.name} on http://{shown}:{port}/v1 "
-              f"(engine {engine.name})", file=sys.stderr, flush=True)
+              f"(engine {engine.name})" + (f", {choice.why}" if choice.why else ""),
+              file=sys.stderr, flush=True)
+        if options.verbose and engine.info.compute:
+            print(f"localchat: compute: {engine.info.compute}", file=sys.stderr, flush=True)
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
         state = instances.register(f"http://{shown}:{port}/v1", engine.info.name,
                                    str(engine.info.path), engine.name, engine.info.n_ctx)

@@ -554,6 +554,10 @@ def test_ps_lists_a_running_server_and_ctrl_c_says_what_it_stops(tmp_path):
 
     try:
         assert ps() == [(server.proc.pid, server.url + "/v1", server.model, server.engine, 256)]
+        # serve's default for the bundled Q4_1 Llama file is the executor that serves it faster
+        assert server.engine == "torch"
+        assert ("(engine torch), chosen: its kernels run Q4_1 llama files and batch requests "
+                "faster than the llama.cpp executor") in server.stderr()
     finally:
         code = server.stop(signal.SIGINT)
     assert code == 130 and "Traceback" not in server.stderr()

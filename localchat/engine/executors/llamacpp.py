@@ -16,11 +16,12 @@ import torch
 from llama_cpp._internals import LlamaContext, LlamaModel
 
 from localchat.engine.base import ModelInfo
+from localchat.engine.executors.llamacpp_backends import cpu_backend, load_cpu_backend
 from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary, llama_log_mark, load_error
 from localchat.engine.runtime.executor_api import BLOCK_SIZE, Chunk, Executor, KVLayout
 from localchat.errors import EngineError
 from localchat.models.facts import GGUFFacts
-from localchat.models.planner import default_cache_types, engine_kv_bytes_per_token
+from localchat.models.planner import chosen_cache_types, engine_kv_bytes_per_token
 from localchat.units import refuse_beyond_available
 
 GGML_TYPE_BF16 = 30  # ggml.h (llama-cpp-python names no constant for it)
@@ -86,14 +87,14 @@ class LlamaCppExecutor(Executor):
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED if not flash_attn
             else llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if on_cpu
             else llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO)
-        defaults = default_cache_types(facts, on_cpu)
-        self.cache_types = tuple(t or d for t, d in zip(cache_types, defaults))
+        self.cache_types = chosen_cache_types(facts, cache_types, on_cpu)
         params.type_k, params.type_v = (CACHE_TYPES[t] for t in self.cache_types)
         kv_bytes = engine_kv_bytes_per_token(facts, "llama.cpp", self.cache_types)
         if on_cpu:
             refuse_beyond_available(
                 facts.file_size + kv_bytes * parallel * slot_cells,
                 f"{facts.name} with a KV cache of {parallel} slot(s) x {slot_cells} tokens")
+        load_cpu_backend()  # before the first model: a GGML_BACKEND_DL build registers none
         mark = llama_log_mark()
         try:
             self._model = LlamaModel(path_model=str(facts.path), params=model_params,
@@ -115,7 +116,8 @@ class LlamaCppExecutor(Executor):
                                prefix_cache=self.supports_rollback, slot_copy=True)
         self.info = ModelInfo.from_facts(facts, n_ctx=n_ctx,
                                          kv_bytes_per_token=kv_bytes,
-                                         weights_bytes=self._model.size())
+                                         weights_bytes=self._model.size(),
+                                         compute=cpu_backend() if on_cpu else "llama.cpp GPU offload")
         self.slot_cells = slot_cells
         self._filled = [0] * parallel  # positions each slot's stream holds
         self._batch = _Batch(MAX_BATCH)

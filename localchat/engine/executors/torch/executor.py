@@ -17,7 +17,7 @@ from localchat.engine.base import ModelInfo
 from localchat.engine.runtime.executor_api import Chunk, Executor
 from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary
 from localchat.engine.executors.torch.device import pick_device
-from localchat.engine.executors.torch.kernels import KernelChooser
+from localchat.engine.executors.torch.kernels import KernelChooser, kernel_isa
 from localchat.engine.executors.torch.model import Batch, KVStore, LlamaModel
 from localchat.engine.executors.torch.weights import ModelWeights, load_weights
 from localchat.engine.runtime.executor_api import BLOCK_SIZE, KVLayout
@@ -115,7 +115,8 @@ class TorchExecutor(Executor):
         self.info = ModelInfo.from_facts(facts, n_ctx=n_ctx,
                                          kv_bytes_per_token=self.kv.bytes_per_token,
                                          weights_bytes=weights.nbytes(),
-                                         kernels={**chooser.chosen, **self.model.describe()})
+                                         kernels={**chooser.chosen, **self.model.describe()},
+                                         compute=kernel_isa(self.device))
 
     def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
         bs = BLOCK_SIZE

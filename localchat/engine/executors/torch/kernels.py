@@ -341,3 +341,13 @@ def device_name(device: torch.device) -> str:
         pass
     digest = hashlib.blake2b(flags.encode(), digest_size=4).hexdigest() if flags else "?"
     return f"{name} (flags {digest}, {torch.backends.cpu.get_cpu_capability()})"
+
+
+def kernel_isa(device: torch.device) -> str:
+    """The instruction sets this machine's kernels run on, for --verbose and bench --json:
+    PyTorch's CPU capability and the q4q8 ops' path, or the GPU's name."""
+    if device.type != "cpu":
+        return f"torch {device.type} ({device_name(device)})"
+    q4q8_isa = q4q8.isa()
+    return (f"torch CPU capability {torch.backends.cpu.get_cpu_capability()}, q4q8 kernels "
+            f"{q4q8_isa or 'not available (no AVX2 or no C++ compiler)'}")

@@ -9,32 +9,19 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import platform
 import shutil
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
+from localchat.cpu_features import cpu_flags, has_avx2
 from localchat.errors import EngineError
 from localchat.paths import cache_dir
 
 GROUP = 32  # weights per scale: GGUF's blocks
 
 _SOURCE = (Path(__file__).parent / "q4q8.cpp").read_text(encoding="utf-8")
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags") and ":" in line:
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 SOURCE_DIGEST = hashlib.blake2b(f"{torch.__version__}{_SOURCE}".encode(), digest_size=8).hexdigest()
 
 
@@ -42,7 +29,7 @@ SOURCE_DIGEST = hashlib.blake2b(f"{torch.__version__}{_SOURCE}".encode(), digest
 def available() -> bool:
     """Whether the ops are loaded in this process: an x86-64 CPU with AVX2, FMA and F16C, and
     a C++ compiler for the first build (~20 s, then loaded from the cache dir)."""
-    if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma", "f16c"} <= _cpu_flags():
+    if not has_avx2():
         return False
     if not any(shutil.which(cc) for cc in ("g++", "c++")):
         return False
@@ -60,6 +47,19 @@ def available() -> bool:
         torch.library.register_fake(f"localchat::{op}")(
             lambda x, w, *rest: x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32))
     return True
+
+
+VNNI_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}  # q4q8.cpp's has_vnni()
+ISA_ENV = "LOCALCHAT_Q4Q8_ISA"  # "avx2": the path every x86 CPU takes, even where VNNI is
+
+
+def isa() -> str | None:
+    """The instruction set the ops run on here, as q4q8.cpp's has_vnni() decides:
+    'avx512-vnni', 'avx2', or None where they are not available."""
+    if not available():
+        return None
+    vnni = VNNI_FLAGS <= cpu_flags() and os.environ.get(ISA_ENV) != "avx2"
+    return "avx512-vnni" if vnni else "avx2"
 
 
 def _build(build) -> None:
