@@ -204,6 +204,8 @@ def format_table(report: dict) -> str:
                      f"{a['prefill_tok_s'] / b['prefill_tok_s']:.2f}x, decode "
                      f"{a['decode_tok_s'] / b['decode_tok_s']:.2f}x")
     for name in names:
+        if report["engines"][name].get("compute"):
+            lines.append(f"{name} computes with: {report['engines'][name]['compute']}")
         chosen = report["engines"][name].get("kernels")
         if chosen:
             lines.append(f"{name} kernels (measured on this machine): " +

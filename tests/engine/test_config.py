@@ -77,3 +77,4 @@ def test_the_cli_says_a_settings_error_with_its_flag_and_notes_a_thread_cap():
     assert proc.returncode == 0, proc.stderr
     assert f"localchat: note: threads capped at {CPUS}" in proc.stderr
     assert "localchat: engine llama.cpp (chosen for the file)" in proc.stderr
+    assert "localchat: compute: llama.cpp CPU " in proc.stderr  # its variant and features
