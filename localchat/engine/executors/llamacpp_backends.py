@@ -87,8 +87,12 @@ def choose_variant(scores: dict[str, int], forced: str | None, amx_allowed: bool
 
 
 def _ggml() -> ctypes.CDLL:
-    """libggml as libllama loaded it (the same file: the same handle)."""
-    lib = ctypes.CDLL(str(library_dir() / "libggml.so"))
+    """The libggml libllama loaded (by its soname: its registry is the one llama.cpp reads,
+    wherever its RUNPATH found it); else the one beside libllama."""
+    try:
+        lib = ctypes.CDLL("libggml.so.0", mode=os.RTLD_NOLOAD)
+    except OSError:
+        lib = ctypes.CDLL(str(library_dir() / "libggml.so"))
     lib.ggml_backend_reg_count.restype = ctypes.c_size_t
     lib.ggml_backend_load.argtypes = [ctypes.c_char_p]
     lib.ggml_backend_load.restype = ctypes.c_void_p

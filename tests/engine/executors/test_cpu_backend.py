@@ -4,18 +4,18 @@ the torch kernels' ISA; and, in a GGML_BACKEND_DL build, the variant chosen at r
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from localchat.cpu_features import cpu_flags, has_avx2
-from localchat.engine.executors.llamacpp_backends import (AMX_VARIANTS, choose_variant,
-                                                          variant_files)
+from localchat.engine.executors.llamacpp_backends import (AMX_VARIANTS, VARIANT_ENV,
+                                                          choose_variant, variant_files)
 from localchat.errors import EngineError
 
 # llama_print_system_info's names -> /proc/cpuinfo's
@@ -62,31 +62,50 @@ def test_the_torch_engine_names_its_kernels_isa(torch_engine):
         assert compute.endswith(f"q4q8 kernels {'avx512-vnni' if vnni else 'avx2'}"), compute
 
 
-def _greedy_reply(env_extra: dict[str, str]) -> dict:
-    code = (
-        "import json\n"
-        "from localchat.engine import open_engine\n"
-        "from localchat.engine.config import EngineConfig\n"
-        "from helpers.replies import reply_tokens\n"
-        "e = open_engine(EngineConfig(engine='llama.cpp', ctx_size=256, threads=2))\n"
-        "print(json.dumps({'compute': e.info.compute,\n"
-        "                  'tokens': reply_tokens(e, 'Name three colours.', 24)[0]}))\n"
-        "e.close()\n")
-    env = {**os.environ, **env_extra,
-           "PYTHONPATH": os.pathsep.join([str(CHECKOUT), str(CHECKOUT / "tests"),
-                                          os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, env=env)
+LOGITS = """
+import sys
+import numpy as np
+from localchat.engine.executors.llamacpp import LlamaCppExecutor
+from localchat.engine.runtime.executor_api import Chunk
+from localchat.models.specs import resolve_model_facts
+ex = LlamaCppExecutor(resolve_model_facts("default"), n_ctx=256, threads=2, parallel=1)
+tokens = ex.vocab.tokenize_text("The capital of France is Paris. The capital of Italy is Rome. "
+                                "Water boils at one hundred degrees. The largest planet is")
+logits = ex.forward([Chunk(0, tokens, 0, len(tokens), list(range(16)), 0)])
+np.save(sys.argv[1], logits.float().numpy())
+print(ex.info.compute)
+ex.close()
+"""
+MARGIN = 2.0  # logits apart: the lowest variant rounds differently (up to 1.3 seen, Zen 3)
+
+
+def _logits(tmp_path: Path, variant: str | None) -> tuple[str, np.ndarray]:
+    """(what computed, every prompt position's logits) from a fresh process, the CPU
+    variant forced by $LOCALCHAT_GGML_CPU where given."""
+    out = tmp_path / f"{variant or 'best'}.npy"
+    env = {k: v for k, v in os.environ.items() if k != VARIANT_ENV}
+    env.update({VARIANT_ENV: variant} if variant else {})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHECKOUT), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", LOGITS, str(out)], capture_output=True,
+                          text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return done.stdout.strip().splitlines()[-1], np.load(out)
 
 
 @pytest.mark.skipif(not variant_files(), reason="this llama-cpp-python links its CPU backend in "
                                                  "(built without GGML_BACKEND_DL)")
-def test_a_forced_lower_variant_runs_and_replies_the_same():
-    best = _greedy_reply({})
-    assert not any(f"variant {v} " in best["compute"] for v in AMX_VARIANTS)
-    lower = "haswell" if has_avx2() and "variant haswell" not in best["compute"] else "x64"
-    forced = _greedy_reply({"LOCALCHAT_GGML_CPU": lower})
-    assert forced["compute"].startswith(f"llama.cpp CPU variant {lower} ")
-    assert forced["tokens"] == best["tokens"]
+def test_forced_lower_variants_run_and_agree_with_the_best(tmp_path):
+    best_compute, best = _logits(tmp_path, None)
+    assert not any(f"variant {v} " in best_compute for v in AMX_VARIANTS)
+    top2 = np.sort(best, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > MARGIN  # positions whose greedy token is not a near tie
+    lower = ["haswell"] if has_avx2() and "haswell" in variant_files() else []
+    for variant in lower + ["x64"]:  # AVX2 only (no AVX-512, no AMX); any x86-64
+        compute, logits = _logits(tmp_path, variant)
+        assert compute.startswith(f"llama.cpp CPU variant {variant} ("), compute
+        if f"variant {variant} " in best_compute:
+            assert np.array_equal(logits, best)
+            continue
+        assert clear.any()
+        assert (logits.argmax(1) == best.argmax(1))[clear].all(), variant
+        assert np.sqrt(((logits - best) ** 2).mean() / (best ** 2).mean()) < 0.1, variant
