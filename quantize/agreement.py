@@ -100,6 +100,9 @@ def llama_cpp_logits(path, tokens: list[int], threads: int = 2) -> torch.Tensor:
     import llama_cpp
 
     from localchat.engine.executors import llamacpp_vocab  # noqa: F401  (keeps llama.cpp's log off the terminal)
+    from localchat.engine.executors.llamacpp_backends import load_cpu_backend
+
+    load_cpu_backend()  # a GGML_BACKEND_DL build registers no CPU backend of its own
 
     llm = llama_cpp.Llama(str(path), n_ctx=len(tokens), n_batch=512, logits_all=True,
                           n_threads=threads, n_threads_batch=threads, verbose=False)
