@@ -543,7 +543,8 @@ def test_quiet_serve_logs_no_requests(tmp_path):
 
 
 def test_ps_lists_a_running_server_and_ctrl_c_says_what_it_stops(tmp_path):
-    server = ServerProcess(["-m", "default", "-c", "256", "--threads", "1"], tmp_path)
+    server = ServerProcess(["-m", "default", "-c", "256", "--threads", "1", "--verbose"],
+                           tmp_path)
 
     def ps() -> list:
         done = subprocess.run([str(LOCALCHAT), "ps", "--json"], capture_output=True, text=True,
@@ -558,6 +559,7 @@ def test_ps_lists_a_running_server_and_ctrl_c_says_what_it_stops(tmp_path):
         assert server.engine == "torch"
         assert ("(engine torch), chosen: its kernels run Q4_1 llama files and batch requests "
                 "faster than the llama.cpp executor") in server.stderr()
+        assert "localchat: compute: torch CPU capability " in server.stderr()  # --verbose
     finally:
         code = server.stop(signal.SIGINT)
     assert code == 130 and "Traceback" not in server.stderr()
