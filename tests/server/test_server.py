@@ -85,7 +85,7 @@ def assert_error(response: httpx2.Response, status: int, param: str | None = Non
 def test_startup_line_names_model_url_and_engine(server):
     lines = server.stderr().splitlines()
     assert lines[0] == (f"localchat: serving {server.model} on {server.url}/v1 "
-                        f"(engine llama.cpp)")
+                        f"(engine llama.cpp), as asked; 2 KV slots")  # min(--max-queue 2, 16)
     assert server.port > 0
 
 
