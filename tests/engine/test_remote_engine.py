@@ -300,7 +300,7 @@ def serve_url(tmp_path_factory):
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "localchat", "serve", "-m", "default", "--port", "0",
-             "-c", "1024", "--threads", "2"],
+             "--engine", "llama.cpp", "-c", "1024", "--threads", "2"],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             env={k: v for k, v in os.environ.items() if k != "LOCALCHAT_API_KEY"})
     try:
