@@ -7,7 +7,9 @@ import json
 import secrets
 import time
 
-from localchat.engine.base import Result, Stats
+from localchat.engine.base import Result, Stats, ToolCall
+from localchat.prompt.tool_calls import ToolFormat
+from localchat.server.tool_replies import call_deltas, call_dicts
 
 SSE_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -56,9 +58,11 @@ def timings(stats: Stats) -> dict:
 class Reply:
     """The objects of one response: a chat completion or a text completion."""
 
-    def __init__(self, chat: bool, model: str) -> None:
+    def __init__(self, chat: bool, model: str, tools: ToolFormat | None = None) -> None:
+        """tools: the format a reply's tool calls are read in (None: no tools offered)."""
         self.chat = chat
         self.model = model
+        self.tools = tools
         self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
 
@@ -69,7 +73,12 @@ class Reply:
     def body(self, result: Result) -> dict:
         """The whole (non-streamed) response."""
         choice = {"index": 0, "finish_reason": finish_reason(result), "logprobs": None}
-        if self.chat:
+        parsed = self.tools.parse(result.text) if self.tools is not None else None
+        if parsed is not None:
+            choice["message"] = {"role": "assistant", "content": parsed.content,
+                                 "tool_calls": call_dicts(parsed.calls)}
+            choice["finish_reason"] = "tool_calls"
+        elif self.chat:
             choice["message"] = {"role": "assistant", "content": result.text}
         else:
             choice["text"] = result.text
@@ -78,10 +87,11 @@ class Reply:
                 "usage": usage(result.stats), "timings": timings(result.stats)}
 
     def chunk(self, text: str | None = None, finish: Result | None = None,
-              role: bool = False) -> dict:
-        """One streamed chunk: the role (chat, first), a piece of text, or the finish."""
-        choice: dict = {"index": 0, "finish_reason": finish_reason(finish) if finish else None,
-                        "logprobs": None}
+              role: bool = False, calls: tuple[ToolCall, ...] = ()) -> dict:
+        """One streamed chunk: the role (chat, first), a piece of text, or the finish
+        ("tool_calls" if `calls` were sent)."""
+        reason = ("tool_calls" if calls else finish_reason(finish)) if finish else None
+        choice: dict = {"index": 0, "finish_reason": reason, "logprobs": None}
         if self.chat:
             delta: dict = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
@@ -94,6 +104,12 @@ class Reply:
         if finish is not None:
             out["timings"] = timings(finish.stats)
         return out
+
+    def call_chunks(self, calls: tuple[ToolCall, ...]) -> list[dict]:
+        """delta.tool_calls chunks: each call's id and name, then its arguments."""
+        return [self._envelope("chat.completion.chunk", [
+            {"index": 0, "finish_reason": None, "logprobs": None,
+             "delta": {"tool_calls": [delta]}}]) for delta in call_deltas(calls)]
 
     def usage_chunk(self, result: Result) -> dict:
         """stream_options.include_usage: a last chunk with no choices and the usage."""
