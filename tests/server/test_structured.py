@@ -1,6 +1,6 @@
 """Structured output through a real `localchat serve` and the official `openai` client:
 response_format json_schema (strict) and json_object on chat and completions, streamed and
-not, replies checked with jsonschema; a bad schema, an unsupported shape (tools) or a model
+not, replies checked with jsonschema; a bad schema, an unsupported shape (functions, echo) or a model
 we do not serve is refused with the OpenAI error naming it."""
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def test_text_format_changes_nothing(client, server):
                           "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/none"}}}},
      "response_format"),
     ({"response_format": {"type": "xml"}}, "response_format"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-    ({"tool_choice": "required"}, "tool_choice"),
+    ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+    ({"echo": True}, "echo"),
 ])
 def test_unusable_formats_and_unsupported_shapes_are_400(client, server, fields, param):
     with pytest.raises(openai.BadRequestError) as info:
