@@ -1,0 +1,85 @@
+"""Replies read as tool calls (server/tool_replies.py, responses.py), without a model: under
+`auto`, text that is no valid call is content (never a 500); a stream sends text before the
+call marker as content at once, holds the call and sends it as delta.tool_calls; the
+streamed result equals the whole one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from localchat.engine.base import Result, Stats
+from localchat.prompt.tool_calls import tool_format
+from localchat.server.responses import Reply
+from localchat.server.tool_replies import ToolStream
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+
+
+def whole(text: str, name: str = "hermes") -> dict:
+    return Reply(True, "m", tool_format(name)).body(Result(text, "stop", Stats()))["choices"][0]
+
+
+def streamed(pieces: list[str], name: str = "hermes") -> tuple[list[str], tuple]:
+    """Content pieces sent while streaming, and the calls at the end."""
+    stream = ToolStream(tool_format(name))
+    sent = [stream.feed(p) for p in pieces]
+    rest, calls = stream.finish()
+    return [s for s in sent + [rest] if s], calls
+
+
+@pytest.mark.parametrize("text", [
+    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": ",  # cut short
+    "<tool_call>\nnot json at all\n</tool_call>",
+    "I would call <tool_call> but I won't.",
+    "Plain text.",
+])
+def test_garbage_under_auto_is_content(text):
+    choice = whole(text)
+    assert choice["finish_reason"] == "stop"
+    assert choice["message"] == {"role": "assistant", "content": text}
+    sent, calls = streamed([text[i:i + 3] for i in range(0, len(text), 3)])
+    assert "".join(sent) == text and calls == ()
+
+
+def test_a_call_is_tool_calls_whole_and_streamed():
+    text = "Let me look.\n" + CALL
+    choice = whole(text)
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Let me look."
+    [call] = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    sent, calls = streamed([text[i:i + 2] for i in range(0, len(text), 2)])
+    assert "".join(sent) == "Let me look.\n"  # everything before the marker, nothing after
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather",
+                                                                   {"city": "Oslo"})]
+
+
+def test_text_that_may_begin_the_marker_is_held_only_until_it_cannot():
+    stream = ToolStream(tool_format("hermes"))
+    assert stream.feed("a <tool") == "a "
+    assert stream.feed("s are here") == "<tools are here"
+    assert stream.finish() == ("", ())
+
+
+def test_llama3_calls_only_at_the_start():
+    call = '{"name": "get_weather", "parameters": {"city": "Oslo"}}'
+    assert whole(call, "llama3")["finish_reason"] == "tool_calls"
+    sent, calls = streamed(["{\"na", call[4:]], "llama3")
+    assert sent == [] and [c.name for c in calls] == ["get_weather"]
+    sent, calls = streamed(["The answer: ", call], "llama3")
+    assert "".join(sent) == "The answer: " + call and calls == ()
+
+
+def test_stream_chunks_are_openai_shaped():
+    reply = Reply(True, "m", tool_format("hermes"))
+    _, calls = streamed([CALL])
+    chunks = reply.call_chunks(calls)
+    first, second = (c["choices"][0]["delta"]["tool_calls"][0] for c in chunks)
+    assert first == {"index": 0, "id": calls[0].id, "type": "function",
+                     "function": {"name": "get_weather", "arguments": ""}}
+    assert second == {"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}
+    finish = reply.chunk(finish=Result(CALL, "stop", Stats()), calls=calls)
+    assert finish["choices"][0]["finish_reason"] == "tool_calls"
