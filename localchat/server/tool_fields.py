@@ -110,14 +110,9 @@ def _tool(param: str, value: Any) -> Tool:
     if not isinstance(name, str) or not _NAME.match(name):
         raise _bad(f"{param}.function.name", f"{param}.function.name must be 1 to 64 letters, "
                                              "digits, _ . or -")
-    description = function.get("description", "")
-    if not isinstance(description, str):
-        raise _bad(f"{param}.function.description",
-                   f"{param}.function.description must be a string", "invalid_type")
-    strict = function.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        raise _bad(f"{param}.function.strict", f"{param}.function.strict must be true or false",
-                   "invalid_type")
+    description = _typed(f"{param}.function.description", function.get("description", ""),
+                         str, "a string")
+    _typed(f"{param}.function.strict", function.get("strict"), bool, "true or false")
     parameters = function.get("parameters", _EMPTY_PARAMETERS)
     where = f"{param}.function.parameters"
     if not isinstance(parameters, dict):
@@ -127,6 +122,13 @@ def _tool(param: str, value: Any) -> Tool:
     except ConstraintError as exc:
         raise _bad(where, f"{where}: {exc}") from None
     return Tool(name, description, json.dumps(parameters))
+
+
+def _typed(param: str, value: Any, kind: type, what: str) -> Any:
+    """value, if it is None or of `kind`; else a 400 naming param."""
+    if value is not None and not isinstance(value, kind):
+        raise _bad(param, f"{param} must be {what}", "invalid_type")
+    return value
 
 
 # --- the tool parts of messages ------------------------------------------------------
@@ -149,13 +151,9 @@ def tool_calls_field(param: str, value: Any) -> tuple[ToolCall, ...]:
         function = call["function"]
         if not isinstance(function.get("name"), str) or not function["name"]:
             raise _bad(f"{where}.function.name", f"{where}.function.name must be a string")
-        arguments = function.get("arguments", "{}")
-        if not isinstance(arguments, str):
-            raise _bad(f"{where}.function.arguments",
-                       f"{where}.function.arguments must be a string (JSON)", "invalid_type")
-        call_id = call.get("id")
-        if call_id is not None and not isinstance(call_id, str):
-            raise _bad(f"{where}.id", f"{where}.id must be a string", "invalid_type")
+        arguments = _typed(f"{where}.function.arguments", function.get("arguments", "{}"),
+                           str, "a string (JSON)")
+        call_id = _typed(f"{where}.id", call.get("id"), str, "a string")
         calls.append(ToolCall(call_id or new_call_id(), function["name"], arguments or "{}"))
     return tuple(calls)
 

@@ -12,21 +12,17 @@ import openai
 import pytest
 
 from helpers.schemas import SCHEMAS
-from helpers.server import ServerProcess
+from helpers.server import bundled_server, openai_client
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    proc = ServerProcess(["-m", "default", "--engine", "llama.cpp", "-c", "1024",
-                          "--threads", "1"], tmp_path_factory.mktemp("structured-server"))
-    yield proc
-    proc.stop()
+    yield from bundled_server(tmp_path_factory.mktemp("structured-server"))
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
-                         timeout=300)
+    return openai_client(server)
 
 
 def schema_format(name: str) -> dict:

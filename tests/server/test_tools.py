@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 
-from helpers.server import ServerProcess
+from helpers.server import bundled_server, openai_client
 
 NAME = {"type": "string", "maxLength": 16}
 TOOLS = {
@@ -49,16 +49,12 @@ def tool_list(names=TOOLS) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    proc = ServerProcess(["-m", "default", "--engine", "llama.cpp", "-c", "2048",
-                          "--threads", "1"], tmp_path_factory.mktemp("tools-server"))
-    yield proc
-    proc.stop()
+    yield from bundled_server(tmp_path_factory.mktemp("tools-server"), ctx=2048)
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
-                         timeout=300)
+    return openai_client(server)
 
 
 def check_calls(calls, allowed) -> None:
