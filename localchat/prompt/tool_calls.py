@@ -16,6 +16,7 @@ from typing import Any, Sequence
 from localchat.message import Message, Tool, ToolCall
 
 FORMATS = ("hermes", "llama3", "mistral")
+MAX_PARALLEL_CALLS = 8  # a forced reply's calls: a grammar that always completes
 # JSON as the grammar writes it (guide.py's JSON_OPTIONS): one spelling, no free whitespace
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _TOOLS_VARIABLE = re.compile(r"\btools\b")
@@ -176,7 +177,7 @@ class Hermes(ToolFormat):
 
     def grammar(self, tools: Sequence[Tool], parallel: bool) -> str:
         body = {"x-guidance": _JSON_OPTIONS, **self._call_schema(tools)}
-        more = ' ("\\n" call)*' if parallel else ""
+        more = f' ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
         return (f"start: call{more}\n"
                 'call: "<tool_call>\\n" body "\\n</tool_call>"\n'
                 f"body: %json{_dumps(body)}\n")
@@ -248,7 +249,7 @@ class Mistral(ToolFormat):
 
     def grammar(self, tools: Sequence[Tool], parallel: bool) -> str:
         calls = {"x-guidance": _JSON_OPTIONS, "type": "array", "items": self._call_schema(tools),
-                 "minItems": 1, **({} if parallel else {"maxItems": 1})}
+                 "minItems": 1, "maxItems": MAX_PARALLEL_CALLS if parallel else 1}
         return f'start: "[TOOL_CALLS] " %json{_dumps(calls)}\n'
 
 

@@ -121,8 +121,7 @@ class Server:
             job.start(engine_request)
         finally:
             job.release()  # only if it never started
-        reply = Reply(chat, self.engine.info.name,
-                      body.tools.writer if body.tools is not None else None)
+        reply = Reply(chat, self.engine.info.name, body.tools)
         try:
             if body.stream:
                 first = await job.next_or_disconnect(request.receive)

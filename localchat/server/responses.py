@@ -8,7 +8,7 @@ import secrets
 import time
 
 from localchat.engine.base import Result, Stats, ToolCall
-from localchat.prompt.tool_calls import ToolFormat
+from localchat.server.tool_fields import ToolUse
 from localchat.server.tool_replies import call_deltas, call_dicts
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -58,8 +58,8 @@ def timings(stats: Stats) -> dict:
 class Reply:
     """The objects of one response: a chat completion or a text completion."""
 
-    def __init__(self, chat: bool, model: str, tools: ToolFormat | None = None) -> None:
-        """tools: the format a reply's tool calls are read in (None: no tools offered)."""
+    def __init__(self, chat: bool, model: str, tools: ToolUse | None = None) -> None:
+        """tools: the tools a reply may call, read in their format (None: none offered)."""
         self.chat = chat
         self.model = model
         self.tools = tools
@@ -73,7 +73,7 @@ class Reply:
     def body(self, result: Result) -> dict:
         """The whole (non-streamed) response."""
         choice = {"index": 0, "finish_reason": finish_reason(result), "logprobs": None}
-        parsed = self.tools.parse(result.text) if self.tools is not None else None
+        parsed = self.tools.read(result.text) if self.tools is not None else None
         if parsed is not None:
             choice["message"] = {"role": "assistant", "content": parsed.content,
                                  "tool_calls": call_dicts(parsed.calls)}

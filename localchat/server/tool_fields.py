@@ -13,7 +13,7 @@ from typing import Any
 from localchat.engine.base import Tool, ToolCall
 from localchat.engine.constraint import Constraint
 from localchat.errors import ConstraintError
-from localchat.prompt.tool_calls import ToolFormat, new_call_id, tool_format
+from localchat.prompt.tool_calls import ParsedReply, ToolFormat, new_call_id, tool_format
 from localchat.server.errors import ApiError
 
 MAX_TOOLS = 128
@@ -30,11 +30,18 @@ class ToolUse:
     format: str  # tool_calls.py's family name: how calls are written and read
     required: bool = False
     only: str | None = None
-    parallel: bool = True
+    parallel: bool = False  # llama-server's default: a small model repeats calls otherwise
 
     @property
     def writer(self) -> ToolFormat:
         return tool_format(self.format)
+
+    def read(self, text: str) -> ParsedReply | None:
+        """The reply's calls (only the first unless parallel); None if it holds none."""
+        parsed = self.writer.parse(text)
+        if parsed is None or self.parallel:
+            return parsed
+        return ParsedReply(parsed.content, parsed.calls[:1])
 
     def constraint(self) -> Constraint | None:
         """The grammar a forced call is decoded under; None when the model may answer."""
@@ -53,19 +60,17 @@ def parse_tool_use(body: dict, tool_format_name: str) -> ToolUse | None:
     (no tools, or tool_choice "none": then the tools are not rendered either)."""
     tools = _tools(body.get("tools"))
     choice = body.get("tool_choice")
-    parallel = body.get("parallel_tool_calls", True)
-    if parallel is not None and not isinstance(parallel, bool):
-        raise _bad("parallel_tool_calls", "parallel_tool_calls must be true or false",
-                   "invalid_type")
+    parallel = _typed("parallel_tool_calls", body.get("parallel_tool_calls"), bool,
+                      "true or false") is True
     if choice is None or choice == "none":
-        return ToolUse(tools, tool_format_name, parallel=parallel is not False) \
+        return ToolUse(tools, tool_format_name, parallel=parallel) \
             if tools and choice is None else None
     if not tools:
         raise _bad("tool_choice", "tool_choice needs tools to choose from")
     if choice == "auto":
-        return ToolUse(tools, tool_format_name, parallel=parallel is not False)
+        return ToolUse(tools, tool_format_name, parallel=parallel)
     if choice == "required":
-        return ToolUse(tools, tool_format_name, required=True, parallel=parallel is not False)
+        return ToolUse(tools, tool_format_name, required=True, parallel=parallel)
     name = _named_choice(choice)
     if name not in {t.name for t in tools}:
         raise _bad("tool_choice", f"tool_choice names the function {name!r}, which is not "

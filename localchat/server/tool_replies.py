@@ -5,7 +5,7 @@ if it is no valid call, sent as content: never a 500)."""
 from __future__ import annotations
 
 from localchat.engine.base import ToolCall
-from localchat.prompt.tool_calls import ToolFormat
+from localchat.server.tool_fields import ToolUse
 
 
 def call_dicts(calls: tuple[ToolCall, ...]) -> list[dict]:
@@ -28,8 +28,9 @@ def call_deltas(calls: tuple[ToolCall, ...]) -> list[dict]:
 class ToolStream:
     """Splits streamed text into content to send now and a held tail that may be calls."""
 
-    def __init__(self, writer: ToolFormat) -> None:
-        self.writer = writer
+    def __init__(self, tools: ToolUse) -> None:
+        self.tools = tools
+        self.writer = tools.writer
         self.text = ""
         self.sent = 0  # characters of text already handed out as content
         self.holding = False  # the marker has come: the rest is held until the end
@@ -65,7 +66,7 @@ class ToolStream:
 
     def finish(self) -> tuple[str, tuple[ToolCall, ...]]:
         """The content still to send and the calls, once the reply has ended."""
-        parsed = self.writer.parse(self.text) if not self.passing else None
+        parsed = self.tools.read(self.text) if not self.passing else None
         if parsed is None:
             return self._release(len(self.text)), ()
         return "", parsed.calls

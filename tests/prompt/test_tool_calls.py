@@ -16,6 +16,7 @@ from localchat.prompt.builtin_templates import BUILTIN_TEMPLATES
 from localchat.prompt.template import render_chat
 from localchat.prompt.tool_calls import (
     FORMATS,
+    MAX_PARALLEL_CALLS,
     template_takes_tools,
     tool_format,
     tool_format_for,
@@ -116,6 +117,8 @@ def test_each_grammar_accepts_its_own_calls_with_valid_arguments_only(vocab, nam
         both = writer.call_text(CALLS)
         assert accepts(vocab, writer.grammar([WEATHER, TIME], parallel=True), both)
         assert not accepts(vocab, writer.grammar([WEATHER, TIME], parallel=False), both)
+        nine = writer.call_text(CALLS[:1] * (MAX_PARALLEL_CALLS + 1))
+        assert not accepts(vocab, writer.grammar([WEATHER, TIME], parallel=True), nine)
     assert not accepts(vocab, writer.grammar([WEATHER], parallel=True),
                        "Sure! " + writer.call_text(one))
 

@@ -10,20 +10,21 @@ import json
 import pytest
 
 from localchat.engine.base import Result, Stats
-from localchat.prompt.tool_calls import tool_format
 from localchat.server.responses import Reply
+from localchat.server.tool_fields import ToolUse
 from localchat.server.tool_replies import ToolStream
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
 
 
 def whole(text: str, name: str = "hermes") -> dict:
-    return Reply(True, "m", tool_format(name)).body(Result(text, "stop", Stats()))["choices"][0]
+    return Reply(True, "m", ToolUse((), name, parallel=True)).body(
+        Result(text, "stop", Stats()))["choices"][0]
 
 
 def streamed(pieces: list[str], name: str = "hermes") -> tuple[list[str], tuple]:
     """Content pieces sent while streaming, and the calls at the end."""
-    stream = ToolStream(tool_format(name))
+    stream = ToolStream(ToolUse((), name, parallel=True))
     sent = [stream.feed(p) for p in pieces]
     rest, calls = stream.finish()
     return [s for s in sent + [rest] if s], calls
@@ -58,7 +59,7 @@ def test_a_call_is_tool_calls_whole_and_streamed():
 
 
 def test_text_that_may_begin_the_marker_is_held_only_until_it_cannot():
-    stream = ToolStream(tool_format("hermes"))
+    stream = ToolStream(ToolUse((), "hermes"))
     assert stream.feed("a <tool") == "a "
     assert stream.feed("s are here") == "<tools are here"
     assert stream.finish() == ("", ())
@@ -74,7 +75,7 @@ def test_llama3_calls_only_at_the_start():
 
 
 def test_stream_chunks_are_openai_shaped():
-    reply = Reply(True, "m", tool_format("hermes"))
+    reply = Reply(True, "m", ToolUse((), "hermes"))
     _, calls = streamed([CALL])
     chunks = reply.call_chunks(calls)
     first, second = (c["choices"][0]["delta"]["tool_calls"][0] for c in chunks)
@@ -83,3 +84,10 @@ def test_stream_chunks_are_openai_shaped():
     assert second == {"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}
     finish = reply.chunk(finish=Result(CALL, "stop", Stats()), calls=calls)
     assert finish["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_without_parallel_tool_calls_only_the_first_call_is_returned():
+    two = CALL + "\n" + CALL.replace("Oslo", "Rome")
+    for parallel, cities in ((True, ["Oslo", "Rome"]), (False, ["Oslo"])):
+        parsed = ToolUse((), "hermes", parallel=parallel).read(two)
+        assert [json.loads(c.arguments)["city"] for c in parsed.calls] == cities

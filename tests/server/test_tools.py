@@ -183,3 +183,17 @@ def test_tools_on_text_completions_are_400(client, server):
         client.completions.create(model=server.model, prompt="Hi", max_tokens=4,
                                   extra_body={"tools": tool_list(["get_weather"])})
     assert info.value.body["param"] == "tools"
+
+
+@pytest.mark.slow
+def test_parallel_required_calls_all_validate_and_end(client, server):
+    """parallel_tool_calls=true: one to eight calls, each valid; the grammar bounds them,
+    so even a model that repeats itself ends with tool_calls, not at max_tokens."""
+    reply = client.chat.completions.create(
+        model=server.model, tools=tool_list(), tool_choice="required",
+        messages=[{"role": "user", "content": "What is the weather in Paris and in Rome?"}],
+        parallel_tool_calls=True, temperature=0, max_tokens=600)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert 1 <= len(choice.message.tool_calls) <= 8
+    check_calls(choice.message.tool_calls, TOOLS)
