@@ -7,9 +7,9 @@ import json
 import secrets
 import time
 
-from localchat.engine.base import Result, Stats, ToolCall
+from localchat.engine.base import Result, Stats
 from localchat.server.tool_fields import ToolUse
-from localchat.server.tool_replies import call_deltas, call_dicts
+from localchat.server.tool_replies import call_dicts
 
 SSE_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -87,10 +87,10 @@ class Reply:
                 "usage": usage(result.stats), "timings": timings(result.stats)}
 
     def chunk(self, text: str | None = None, finish: Result | None = None,
-              role: bool = False, calls: tuple[ToolCall, ...] = ()) -> dict:
+              role: bool = False, called: bool = False) -> dict:
         """One streamed chunk: the role (chat, first), a piece of text, or the finish
-        ("tool_calls" if `calls` were sent)."""
-        reason = ("tool_calls" if calls else finish_reason(finish)) if finish else None
+        ("tool_calls" if the reply was `called`)."""
+        reason = ("tool_calls" if called else finish_reason(finish)) if finish else None
         choice: dict = {"index": 0, "finish_reason": reason, "logprobs": None}
         if self.chat:
             delta: dict = {"role": "assistant", "content": ""} if role else {}
@@ -105,11 +105,12 @@ class Reply:
             out["timings"] = timings(finish.stats)
         return out
 
-    def call_chunks(self, calls: tuple[ToolCall, ...]) -> list[dict]:
-        """delta.tool_calls chunks: each call's id and name, then its arguments."""
-        return [self._envelope("chat.completion.chunk", [
+    def pieces(self, text: str, deltas: list[dict]) -> list[dict]:
+        """Chunks for streamed content (if any) and then each delta.tool_calls piece."""
+        chunks = [self.chunk(text=text)] if text else []
+        return chunks + [self._envelope("chat.completion.chunk", [
             {"index": 0, "finish_reason": None, "logprobs": None,
-             "delta": {"tool_calls": [delta]}}]) for delta in call_deltas(calls)]
+             "delta": {"tool_calls": [delta]}}]) for delta in deltas]
 
     def usage_chunk(self, result: Result) -> dict:
         """stream_options.include_usage: a last chunk with no choices and the usage."""

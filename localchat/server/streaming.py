@@ -50,22 +50,20 @@ async def _chunks(stream: JobStream, job: Job, reply: Reply, first: Event,
             if event.finish_reason == "cancelled" and job.jobs.closing:
                 yield sse(shutting_down().body())  # cut short: no finish, no [DONE]
                 return
-            calls = ()
+            called = False
             if tools is not None:
-                rest, calls = tools.finish()
-                if rest:
-                    yield sse(reply.chunk(text=rest))
-                for chunk in reply.call_chunks(calls):
+                rest, deltas, called = tools.finish()
+                for chunk in reply.pieces(rest, deltas):
                     yield sse(chunk)
-            yield sse(reply.chunk(finish=event, calls=calls))
+            yield sse(reply.chunk(finish=event, called=called))
             if include_usage:
                 yield sse(reply.usage_chunk(event))
             yield SSE_DONE
             return
         if isinstance(event, Delta) and event.text:
-            text = tools.feed(event.text) if tools is not None else event.text
-            if text:
-                yield sse(reply.chunk(text=text))
+            text, deltas = tools.feed(event.text) if tools is not None else (event.text, [])
+            for chunk in reply.pieces(text, deltas):
+                yield sse(chunk)
         try:
             event = await job.next()
         except Exception:  # the headers are sent: the error goes in the stream
