@@ -152,7 +152,8 @@ class ToolStream:
         whether the reply was calls (finish_reason "tool_calls")."""
         if self.forced is not None:
             return "", [], self.forced.index >= 0 and self.forced.state == "seek"
-        parsed = self.tools.read(self.text) if not self.passing else None
+        held = self.text[self.sent:]  # what was sent as content stays content
+        parsed = self.tools.read(held) if held and not self.passing else None
         if parsed is None:
             return self._release(len(self.text)), [], False
         return "", call_deltas(parsed.calls), True

@@ -127,3 +127,12 @@ def test_without_parallel_tool_calls_only_the_first_call_is_returned():
     for parallel, cities in ((True, ["Oslo", "Rome"]), (False, ["Oslo"])):
         parsed = ToolUse((), "hermes", parallel=parallel).read(two)
         assert [json.loads(c.arguments)["city"] for c in parsed.calls] == cities
+
+
+def test_content_already_streamed_is_never_read_as_a_call_too():
+    """Mistral's marker may be a control token the text lacks: a bare call array is a
+    call whole, but streamed it has gone out as content and stays content."""
+    text = '[{"name": "get_weather", "arguments": {"city": "Oslo"}}]'
+    assert whole(text, "mistral")["finish_reason"] == "tool_calls"
+    sent, deltas, called = streamed([text[:5], text[5:]], "mistral")
+    assert "".join(sent) == text and deltas == [] and not called
