@@ -1,7 +1,7 @@
 """Structured output through a real `localchat serve` and the official `openai` client:
 response_format json_schema (strict) and json_object on chat and completions, streamed and
-not, replies checked with jsonschema; a bad schema, an unsupported shape (functions, echo) or a model
-we do not serve is refused with the OpenAI error naming it."""
+not, replies checked with jsonschema; a bad schema, an unsupported shape (functions, echo)
+or a model we do not serve is refused with the OpenAI error naming it."""
 
 from __future__ import annotations
 

@@ -93,7 +93,8 @@ class HFVocabulary:
 
     def tokenize_messages(self, template: str | None, messages: Sequence[Message],
                           tools: Sequence[Tool] = ()) -> list[int]:
-        rendered = render_chat(template, messages, tools=tools, bos_token=self.bos_text, eos_token=self.eos_text)
+        rendered = render_chat(template, messages, tools=tools, bos_token=self.bos_text,
+                               eos_token=self.eos_text)
         tokens: list[int] = []
         for segment in rendered.segments:
             tokenizer = self.trusted if segment.trusted else self.plain
