@@ -49,9 +49,12 @@ class RenderedPrompt:
 
 
 def _split(rendered: str, sentinels: list[str], contents: list[str]) -> list[Segment] | None:
-    """Cut the sentinel render at each sentinel; None unless each occurs exactly once."""
+    """Cut the sentinel render at each sentinel; None unless each occurs exactly once
+    (an empty content has none: templates may leave it out)."""
     spots = []
     for i, sentinel in enumerate(sentinels):
+        if not sentinel:
+            continue
         if rendered.count(sentinel) != 1:
             return None
         spots.append((rendered.index(sentinel), i))
@@ -138,7 +141,7 @@ def render_chat(
 
     contents = [m.content for m in messages]
     nonce = secrets.token_hex(6)
-    sentinels = [f"\ue000Msg{nonce}:{i}\ue001" for i in range(len(messages))]
+    sentinels = [f"\ue000Msg{nonce}:{i}\ue001" if c else "" for i, c in enumerate(contents)]
     with_sentinels = limits.render(compiled, context(sentinels))
     real = limits.render(compiled, context(contents))
 
