@@ -204,3 +204,17 @@ def test_no_tools_renders_as_before():
 ])
 def test_the_family_format_comes_from_the_template(template, expected):
     assert tool_format_for(template) == expected
+
+
+def test_the_bundled_smollm2_template_ignores_tools_so_the_hermes_section_is_used():
+    import gguf
+    from localchat.models.specs import resolve_model
+
+    template = gguf.GGUFReader(resolve_model("default")).fields[
+        "tokenizer.chat_template"].contents()
+    assert not template_takes_tools(template) and tool_format_for(template) == "hermes"
+    prompt = render_chat(template, HISTORY, tools=[WEATHER])
+    assert prompt.text.startswith("<|im_start|>system\n# Tools\n")  # not SmolLM's default
+    assert "<tool_response>\n18 C\n</tool_response>" in prompt.text
+    assert render_chat(template, HISTORY[:1]).text.startswith(
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
