@@ -62,13 +62,11 @@ def parse_tool_use(body: dict, tool_format_name: str) -> ToolUse | None:
     choice = body.get("tool_choice")
     parallel = _typed("parallel_tool_calls", body.get("parallel_tool_calls"), bool,
                       "true or false") is True
-    if choice is None or choice == "none":
+    if choice in (None, "auto", "none"):  # "auto" without tools changes nothing
         return ToolUse(tools, tool_format_name, parallel=parallel) \
-            if tools and choice is None else None
+            if tools and choice != "none" else None
     if not tools:
         raise _bad("tool_choice", "tool_choice needs tools to choose from")
-    if choice == "auto":
-        return ToolUse(tools, tool_format_name, parallel=parallel)
     if choice == "required":
         return ToolUse(tools, tool_format_name, required=True, parallel=parallel)
     name = _named_choice(choice)
