@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Iterator, Literal, Sequence, Union
 
 from localchat.engine.constraint import Constraint
 from localchat.errors import UsageError
-from localchat.message import Message, Role  # noqa: F401 -- part of the engine interface
+from localchat.message import (  # noqa: F401 -- part of the engine interface
+    Message, Role, Tool, ToolCall)
+from localchat.prompt.tool_calls import tool_format_for
 from localchat.sampling_fields import FIELD, check_sampling
 
 if TYPE_CHECKING:  # no import at run time: base.py stays free of file-format code
@@ -52,6 +54,9 @@ class Request:
     # what the reply must look like (a JSON schema, any JSON object, a grammar); the
     # runtime masks sampling by it and ends the reply when it is complete
     constraint: Constraint | None = None
+    # functions the prompt offers the model (rendered by the chat template, or as its
+    # family's tools section); reading calls out of the reply is the caller's part
+    tools: tuple[Tool, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.messages and not self.prompt_tokens:
@@ -138,6 +143,7 @@ class ModelInfo:
     base_model: bool = False  # no chat template and no chat tokens in the file: replies continue text
     kernels: dict[str, str] = field(default_factory=dict)  # "ffn_down 576x1536 Q4_1" -> "int4pack"
     compute: str = ""  # what computes: llama.cpp's CPU variant and features, torch's kernels' ISA
+    tool_format: str = "hermes"  # how its chat template's family writes tool calls
 
     @classmethod
     def from_facts(cls, facts: "GGUFFacts", *, n_ctx: int, kv_bytes_per_token: int,
@@ -152,6 +158,7 @@ class ModelInfo:
             kv_bytes_per_token=kv_bytes_per_token, weights_bytes=weights_bytes,
             chat_template=facts.chat_template_name, base_model=facts.base_model,
             kernels=dict(kernels or {}), compute=compute,
+            tool_format=tool_format_for(facts.chat_template),
         )
 
 

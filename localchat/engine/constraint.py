@@ -38,6 +38,24 @@ class Constraint:
         return {"json_schema": "JSON schema", "json_object": "JSON object constraint",
                 "lark": "Lark grammar", "gbnf": "GBNF grammar"}[self.kind]
 
+    def check(self) -> None:
+        """llguidance's verdict on a JSON schema or Lark grammar, without a tokenizer:
+        ConstraintError with its reason (one line). Checked once more when decoding."""
+        import llguidance  # a compiled extension: loaded only when a schema is checked
+
+        try:
+            if self.kind == "json_schema":
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(self.text)
+            elif self.kind == "lark":
+                grammar = llguidance.LLMatcher.grammar_from_lark(self.text)
+            else:
+                return
+            error = llguidance.LLMatcher.validate_grammar(grammar)
+        except ValueError as e:
+            error = str(e)
+        if error:
+            raise ConstraintError(f"invalid {self.label}: {' '.join(error.split())[:500]}")
+
     @classmethod
     def json_schema(cls, schema: Any) -> "Constraint":
         """From a schema as a dict (or bool) or as JSON text; checked to be JSON and not

@@ -17,6 +17,7 @@ from localchat.engine.remote_http import (ConnectionLost, server_message, split_
 from localchat.engine.sse import BackgroundStream, Cancelled, sse_data
 from localchat.errors import ConfigError, EngineError, ModelNotFoundError, UsageError
 from localchat.models.facts import DEFAULT_CTX
+from localchat.prompt.tool_calls import has_tool_turns
 from localchat.sampling_fields import SAMPLING_PARAMS
 
 CONNECT_TIMEOUT_S = 10.0
@@ -174,6 +175,8 @@ class RemoteEngine(Engine):
             # message with a new reply rather than continuing it: refuse, not garble.
             raise UsageError("continuing a stopped reply is not supported with a remote endpoint: "
                              "the server would start a new reply instead")
+        if request.tools or has_tool_turns(request.messages):
+            raise UsageError("tools are not supported with a remote endpoint yet")
         cancel = cancel or threading.Event()
         start = time.perf_counter()
         stream = BackgroundStream(lambda stopped: self._post(request, stream=True,

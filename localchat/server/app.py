@@ -105,7 +105,8 @@ class Server:
     # -- completions ----------------------------------------------------------------
 
     async def chat_completions(self, request: Request) -> Response:
-        body = parse_chat(parse_json(await read_body(request)), self.engine.info.n_ctx)
+        body = parse_chat(parse_json(await read_body(request)), self.engine.info.n_ctx,
+                          self.engine.info.tool_format)
         return await self._complete(request, body, chat=True)
 
     async def completions(self, request: Request) -> Response:
@@ -120,14 +121,16 @@ class Server:
             job.start(engine_request)
         finally:
             job.release()  # only if it never started
-        reply = Reply(chat, self.engine.info.name)
+        reply = Reply(chat, self.engine.info.name, body.tools)
         try:
             if body.stream:
                 first = await job.next_or_disconnect(request.receive)
             else:
                 first = await job.result(request.receive)
         except LocalchatError as exc:
-            raise _engine_error(exc, self.engine.info.n_ctx, chat) from None
+            raise _engine_error(exc, self.engine.info.n_ctx, chat,
+                                "tools" if body.tools is not None else "response_format") \
+                from None
         if first is None:
             raise internal_error()
         if isinstance(first, Result) and first.finish_reason == "cancelled":
@@ -150,17 +153,19 @@ class Server:
         try:
             return EngineRequest(messages=body.messages, prompt_tokens=prompt_tokens,
                                  sampling=body.sampling, max_tokens=body.max_tokens,
-                                 stop=body.stop, constraint=body.constraint)
+                                 stop=body.stop, constraint=body.constraint,
+                                 tools=body.tools.tools if body.tools is not None else ())
         except LocalchatError as exc:  # schema.py checks first; this is the engine's word
             raise ApiError(400, str(exc)) from None
 
 
-def _engine_error(exc: LocalchatError, n_ctx: int, chat: bool) -> ApiError:
+def _engine_error(exc: LocalchatError, n_ctx: int, chat: bool,
+                  constraint_param: str) -> ApiError:
     """An engine error as the client should see it; its own text only where it cannot
     hold a path (EngineError messages name files)."""
     param = "messages" if chat else "prompt"
     if isinstance(exc, ConstraintError):  # llguidance refused the schema or grammar
-        return ApiError(400, str(exc), param="response_format", code="invalid_value")
+        return ApiError(400, str(exc), param=constraint_param, code="invalid_value")
     if isinstance(exc, ContextOverflowError):
         return ApiError(400, f"the prompt does not fit in the context window ({n_ctx} "
                              "tokens)", param=param, code="context_length_exceeded")

@@ -8,6 +8,8 @@ import secrets
 import time
 
 from localchat.engine.base import Result, Stats
+from localchat.server.tool_fields import ToolUse
+from localchat.server.tool_replies import call_dicts
 
 SSE_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -56,9 +58,11 @@ def timings(stats: Stats) -> dict:
 class Reply:
     """The objects of one response: a chat completion or a text completion."""
 
-    def __init__(self, chat: bool, model: str) -> None:
+    def __init__(self, chat: bool, model: str, tools: ToolUse | None = None) -> None:
+        """tools: the tools a reply may call, read in their format (None: none offered)."""
         self.chat = chat
         self.model = model
+        self.tools = tools
         self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
 
@@ -69,7 +73,12 @@ class Reply:
     def body(self, result: Result) -> dict:
         """The whole (non-streamed) response."""
         choice = {"index": 0, "finish_reason": finish_reason(result), "logprobs": None}
-        if self.chat:
+        parsed = self.tools.read(result.text) if self.tools is not None else None
+        if parsed is not None:
+            choice["message"] = {"role": "assistant", "content": parsed.content,
+                                 "tool_calls": call_dicts(parsed.calls)}
+            choice["finish_reason"] = "tool_calls"
+        elif self.chat:
             choice["message"] = {"role": "assistant", "content": result.text}
         else:
             choice["text"] = result.text
@@ -78,10 +87,11 @@ class Reply:
                 "usage": usage(result.stats), "timings": timings(result.stats)}
 
     def chunk(self, text: str | None = None, finish: Result | None = None,
-              role: bool = False) -> dict:
-        """One streamed chunk: the role (chat, first), a piece of text, or the finish."""
-        choice: dict = {"index": 0, "finish_reason": finish_reason(finish) if finish else None,
-                        "logprobs": None}
+              role: bool = False, called: bool = False) -> dict:
+        """One streamed chunk: the role (chat, first), a piece of text, or the finish
+        ("tool_calls" if the reply was `called`)."""
+        reason = ("tool_calls" if called else finish_reason(finish)) if finish else None
+        choice: dict = {"index": 0, "finish_reason": reason, "logprobs": None}
         if self.chat:
             delta: dict = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
@@ -94,6 +104,13 @@ class Reply:
         if finish is not None:
             out["timings"] = timings(finish.stats)
         return out
+
+    def pieces(self, text: str, deltas: list[dict]) -> list[dict]:
+        """Chunks for streamed content (if any) and then each delta.tool_calls piece."""
+        chunks = [self.chunk(text=text)] if text else []
+        return chunks + [self._envelope("chat.completion.chunk", [
+            {"index": 0, "finish_reason": None, "logprobs": None,
+             "delta": {"tool_calls": [delta]}}]) for delta in deltas]
 
     def usage_chunk(self, result: Result) -> dict:
         """stream_options.include_usage: a last chunk with no choices and the usage."""

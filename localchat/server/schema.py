@@ -1,13 +1,14 @@
 """Request bodies of /v1/chat/completions and /v1/completions, checked field by field: a bad
 field is a 400 naming it, never a 500. Unimplemented fields that would change the shape of
-the answer (n > 1, tools, echo, ...) are refused with a 400 naming them; others (user,
-penalties we do not apply) are ignored, as llama.cpp's server does."""
+the answer (n > 1, echo, the deprecated functions, ...) are refused with a 400 naming them;
+others (user, penalties we do not apply) are ignored, as llama.cpp's server does. Tools:
+tool_fields.py."""
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from localchat.engine.base import Message, SamplingParams
@@ -16,12 +17,19 @@ from localchat.errors import ConstraintError, UsageError
 from localchat.json_text import first_lone_surrogate
 from localchat.sampling_fields import SAMPLING_PARAMS
 from localchat.server.errors import ApiError
+from localchat.server.tool_fields import (
+    ToolUse,
+    parse_tool_use,
+    tool_call_id_field,
+    tool_calls_field,
+)
 
 MAX_MESSAGES = 1024
 MAX_STOPS = 16
 MAX_STOP_CHARS = 1000
 SEED_RANGE = 2 ** 32  # llama.cpp seeds are 32-bit; larger seeds are folded into it
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+          "tool": "tool"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class CompletionBody:
     include_usage: bool
     constraint: Constraint | None = None  # response_format (or llama.cpp's json_schema/grammar)
     model: str | None = None  # the model the client names (None: the served one)
+    tools: ToolUse | None = None  # functions the reply may call (chat only)
 
 
 def parse_json(raw: bytes) -> dict:
@@ -66,11 +75,25 @@ def _refuse_lone_surrogates(body: dict) -> None:
                                    "which is not valid Unicode", "invalid_value")
 
 
-def parse_chat(body: dict, n_ctx: int) -> CompletionBody:
-    return _common(body, n_ctx, messages=_messages(body.get("messages")), prompt=None)
+def parse_chat(body: dict, n_ctx: int, tool_format: str = "hermes") -> CompletionBody:
+    """tool_format: how the served model's family writes tool calls (tool_calls.py)."""
+    parsed = _common(body, n_ctx, messages=_messages(body.get("messages")), prompt=None)
+    tools = parse_tool_use(body, tool_format)
+    if tools is None:
+        return parsed
+    forced = tools.constraint()
+    if parsed.constraint is not None:
+        given = next(n for n in ("response_format", "json_schema", "grammar") if body.get(n))
+        raise _bad(given, f"{given} cannot be combined with tools (give tool_choice \"none\" "
+                          "or leave the tools out)")
+    return replace(parsed, tools=tools, constraint=forced)
 
 
 def parse_text(body: dict, n_ctx: int) -> CompletionBody:
+    for name in _CHAT_ONLY:
+        if body.get(name) is not None:
+            raise _bad(name, f"{name} is only accepted by /v1/chat/completions",
+                       "unsupported_parameter")
     return _common(body, n_ctx, messages=(), prompt=_prompt(body.get("prompt")))
 
 
@@ -106,10 +129,12 @@ def _common(body: dict, n_ctx: int, *, messages: tuple[Message, ...],
     )
 
 
-# fields that would change the answer's shape, with the value that changes nothing
-_SHAPE_FIELDS = {"tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
-                 "function_call": (None, "none"), "echo": (None, False), "suffix": (None, ""),
+# fields that would change the answer's shape, with the value that changes nothing;
+# functions/function_call (OpenAI's deprecated form of tools) are refused: send tools
+_SHAPE_FIELDS = {"functions": (None, []), "function_call": (None, "none"),
+                 "echo": (None, False), "suffix": (None, ""),
                  "best_of": (None, 1), "logit_bias": (None, {})}
+_CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
 
 
 def _refuse_unsupported_shapes(body: dict) -> None:
@@ -196,11 +221,16 @@ def _message(i: int, value: Any) -> Message:
     role = value.get("role")
     if not isinstance(role, str) or role not in _ROLES:
         raise _bad(f"{param}.role", f"{param}.role must be one of system, developer, user, "
-                                    "assistant")
+                                    "assistant, tool")
     content = value.get("content")
+    calls = tool_calls_field(f"{param}.tool_calls", value.get("tool_calls")) \
+        if role == "assistant" else ()
     if content is None and role == "assistant":
         content = ""
-    return Message(_ROLES[role], _content(f"{param}.content", content))
+    call_id = tool_call_id_field(f"{param}.tool_call_id", value.get("tool_call_id")) \
+        if role == "tool" else None
+    return Message(_ROLES[role], _content(f"{param}.content", content), tool_calls=calls,
+                   tool_call_id=call_id)
 
 
 def _content(param: str, value: Any) -> str:

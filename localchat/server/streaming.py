@@ -15,6 +15,7 @@ from localchat.server.access_log import note_usage
 from localchat.server.errors import internal_error
 from localchat.server.jobs import Job, shutting_down
 from localchat.server.responses import SSE_DONE, SSE_HEADERS, Reply, sse
+from localchat.server.tool_replies import ToolStream
 
 log = logging.getLogger("localchat.server")
 
@@ -41,6 +42,7 @@ async def _chunks(stream: JobStream, job: Job, reply: Reply, first: Event,
                   include_usage: bool) -> AsyncIterator[bytes]:
     if reply.chat:
         yield sse(reply.chunk(role=True))
+    tools = ToolStream(reply.tools) if reply.tools is not None else None
     event: Event | None = first
     while event is not None:
         note_usage(stream.scope, event.stats, finished=isinstance(event, Result))
@@ -48,13 +50,20 @@ async def _chunks(stream: JobStream, job: Job, reply: Reply, first: Event,
             if event.finish_reason == "cancelled" and job.jobs.closing:
                 yield sse(shutting_down().body())  # cut short: no finish, no [DONE]
                 return
-            yield sse(reply.chunk(finish=event))
+            called = False
+            if tools is not None:
+                rest, deltas, called = tools.finish()
+                for chunk in reply.pieces(rest, deltas):
+                    yield sse(chunk)
+            yield sse(reply.chunk(finish=event, called=called))
             if include_usage:
                 yield sse(reply.usage_chunk(event))
             yield SSE_DONE
             return
         if isinstance(event, Delta) and event.text:
-            yield sse(reply.chunk(text=event.text))
+            text, deltas = tools.feed(event.text) if tools is not None else (event.text, [])
+            for chunk in reply.pieces(text, deltas):
+                yield sse(chunk)
         try:
             event = await job.next()
         except Exception:  # the headers are sent: the error goes in the stream

@@ -16,7 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from localchat.engine.base import Delta, Message, Request, Result, SamplingParams
+from localchat.engine.base import (Delta, Message, Request, Result, SamplingParams, Tool,
+                                   ToolCall)
 from localchat.engine.remote import RemoteEngine
 from localchat.engine.remote_http import split_endpoint
 from localchat.engine.sse import sse_data
@@ -136,6 +137,15 @@ def test_too_long_prompt_is_a_context_overflow(remote):
 def test_continuing_a_reply_is_refused_not_garbled(remote):
     with pytest.raises(UsageError, match="continuing a stopped reply"):
         remote.complete(ask("Hi", assistant_prefix="Hello"))
+
+
+def test_tools_are_refused_not_dropped(remote):
+    with pytest.raises(UsageError, match="tools are not supported with a remote endpoint"):
+        remote.complete(ask("Weather?", tools=(Tool("get_weather"),)))
+    answered = Request(messages=[Message("user", "Hi"), Message("assistant", "", tool_calls=(
+        ToolCall("call_1", "get_weather"),)), Message("tool", "18 C", tool_call_id="call_1")])
+    with pytest.raises(UsageError, match="tools are not supported"):
+        remote.complete(answered)
 
 
 def test_count_prompt_tokens_uses_the_server_tokenizer(remote):

@@ -128,3 +128,20 @@ def first_text_chunk(lines) -> dict:
             if choice.get("text") or choice.get("delta", {}).get("content"):
                 return chunk
     raise AssertionError("the stream ended before any text")
+
+
+def bundled_server(workdir: Path, ctx: int = 1024):
+    """A module fixture's body: `localchat serve` of the bundled model on llama.cpp (one
+    thread, `ctx` tokens of context), yielded, then stopped."""
+    proc = ServerProcess(["-m", "default", "--engine", "llama.cpp", "-c", str(ctx),
+                          "--threads", "1"], workdir)
+    yield proc
+    proc.stop()
+
+
+def openai_client(server: ServerProcess):
+    """The official openai client for a test server: no retries, a generous timeout."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                         timeout=300)

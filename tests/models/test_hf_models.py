@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from localchat.engine.base import Message
+from localchat.engine.base import Message, Tool, ToolCall
 from localchat.engine.executors.torch.hf_vocab import HFVocabulary
 from localchat.engine.executors.torch.hf_weights import load_hf_weights
 from localchat.engine.executors.torch.model import KVStore, LlamaModel
@@ -52,6 +52,13 @@ def test_tokenization_equals_llama_cpps(hf_vocab, hf_dir, engine):
     ]
     for chat in chats:
         assert hf_vocab.tokenize_messages(template, chat) == engine.tokenize_messages(chat)
+    # tools, a call and its result: the same prompt on both vocabularies, longer by them
+    tools = (Tool("get_weather", "The weather", '{"type": "object", "properties": {}}'),)
+    turns = chats[0] + [Message("assistant", "", tool_calls=(ToolCall("c1", "get_weather"),)),
+                        Message("tool", "18 C", tool_call_id="c1")]
+    with_tools = hf_vocab.tokenize_messages(template, turns, tools)
+    assert with_tools == engine.tokenize_messages(turns, tools)
+    assert len(with_tools) > len(engine.tokenize_messages(chats[0])) + 100
     # a typed control token stays text: <|im_end|> (id 2) appears only where the template put it
     typed = hf_vocab.tokenize_messages(template, [Message("user", "<|im_end|>")])
     assert typed.count(2) == 2 and hf_vocab.tokenize_text("<|im_end|>") != [2]

@@ -227,7 +227,7 @@ def test_text_parts_are_joined(client):
     ({"messages": "hi"}, "messages"),
     ({"messages": [{"role": "user", "content": "hi"}] * 1025}, "messages"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
-    ({"messages": [{"role": "tool", "content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "tool", "content": "hi"}]}, "messages[0].tool_call_id"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content"),

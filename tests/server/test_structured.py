@@ -1,7 +1,7 @@
 """Structured output through a real `localchat serve` and the official `openai` client:
 response_format json_schema (strict) and json_object on chat and completions, streamed and
-not, replies checked with jsonschema; a bad schema, an unsupported shape (tools) or a model
-we do not serve is refused with the OpenAI error naming it."""
+not, replies checked with jsonschema; a bad schema, an unsupported shape (functions, echo)
+or a model we do not serve is refused with the OpenAI error naming it."""
 
 from __future__ import annotations
 
@@ -12,21 +12,17 @@ import openai
 import pytest
 
 from helpers.schemas import SCHEMAS
-from helpers.server import ServerProcess
+from helpers.server import bundled_server, openai_client
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    proc = ServerProcess(["-m", "default", "--engine", "llama.cpp", "-c", "1024",
-                          "--threads", "1"], tmp_path_factory.mktemp("structured-server"))
-    yield proc
-    proc.stop()
+    yield from bundled_server(tmp_path_factory.mktemp("structured-server"))
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
-                         timeout=300)
+    return openai_client(server)
 
 
 def schema_format(name: str) -> dict:
@@ -85,8 +81,8 @@ def test_text_format_changes_nothing(client, server):
                           "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/none"}}}},
      "response_format"),
     ({"response_format": {"type": "xml"}}, "response_format"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-    ({"tool_choice": "required"}, "tool_choice"),
+    ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+    ({"echo": True}, "echo"),
 ])
 def test_unusable_formats_and_unsupported_shapes_are_400(client, server, fields, param):
     with pytest.raises(openai.BadRequestError) as info:

@@ -14,7 +14,7 @@ import llama_cpp
 from llama_cpp._internals import LlamaModel
 
 from localchat.prompt.template import render_chat
-from localchat.engine.base import Message
+from localchat.engine.base import Message, Tool
 
 # llama.cpp logs to stderr by default, which would scribble over the TUI. Keep its
 # log lines in memory instead (the KV-size line is read back by tests and verbose output).
@@ -58,7 +58,7 @@ def load_error(mark: int) -> str | None:
 
 
 def render_and_tokenize(model: LlamaModel, template: str | None,
-                        messages: Sequence[Message]) -> list[int]:
+                        messages: Sequence[Message], tools: Sequence[Tool] = ()) -> list[int]:
     """Render with the model's template and tokenize with llama.cpp's vocabulary: text
     the template wrote may hold special tokens, text users typed never does."""
 
@@ -68,7 +68,7 @@ def render_and_tokenize(model: LlamaModel, template: str | None,
         return token_piece(model, token_id, special=True).decode("utf-8", errors="replace")
 
     bos = model.token_bos()
-    rendered = render_chat(template, messages, bos_token=token_text(bos),
+    rendered = render_chat(template, messages, tools=tools, bos_token=token_text(bos),
                            eos_token=token_text(model.token_eos()))
     tokens: list[int] = []
     for segment in rendered.segments:
@@ -107,8 +107,9 @@ class LlamaCppVocabulary:
         model = LlamaModel(path_model=path, params=params, verbose=False)
         return cls(model, owner=model)
 
-    def tokenize_messages(self, template: str | None, messages: Sequence[Message]) -> list[int]:
-        return render_and_tokenize(self.model, template, messages)
+    def tokenize_messages(self, template: str | None, messages: Sequence[Message],
+                          tools: Sequence[Tool] = ()) -> list[int]:
+        return render_and_tokenize(self.model, template, messages, tools)
 
     def tokenize_text(self, text: str) -> list[int]:
         return self.model.tokenize(text.encode("utf-8"), False, False)

@@ -112,9 +112,9 @@ class RuntimeEngine(VocabMixin, Engine):
                           if self._latest.speculation else None)
         return memory
 
-    def tokenize_messages(self, messages) -> list[int]:
+    def tokenize_messages(self, messages, tools=()) -> list[int]:
         with self._vocab_lock:
-            return super().tokenize_messages(messages)
+            return super().tokenize_messages(messages, tools)
 
     def tokenize_text(self, text: str) -> list[int]:
         with self._vocab_lock:

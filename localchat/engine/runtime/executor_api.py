@@ -10,7 +10,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from localchat.engine.base import Message, ModelInfo
+from localchat.engine.base import Message, ModelInfo, Tool
 
 BLOCK_SIZE = 16  # tokens per KV block
 
@@ -29,8 +29,10 @@ class KVLayout:
 
 
 class Vocabulary(Protocol):
-    def tokenize_messages(self, template: str | None, messages: Sequence[Message]) -> list[int]:
-        """Render with the template and tokenize, special tokens only where trusted."""
+    def tokenize_messages(self, template: str | None, messages: Sequence[Message],
+                          tools: Sequence[Tool] = ()) -> list[int]:
+        """Render with the template (and the tools offered) and tokenize, special tokens
+        only where trusted."""
 
     def tokenize_text(self, text: str) -> list[int]:
         """Plain text to tokens, special-token look-alikes left as text."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from localchat.engine.base import Message, ModelInfo, Request
+from localchat.engine.base import Message, ModelInfo, Request, Tool
 from localchat.engine.runtime.executor_api import Vocabulary
 from localchat.engine.runtime.stream import check_prompt_fits
 from localchat.errors import TemplateError
@@ -20,9 +20,10 @@ class VocabMixin:
     facts: GGUFFacts
     info: ModelInfo
 
-    def tokenize_messages(self, messages: Sequence[Message]) -> list[int]:
+    def tokenize_messages(self, messages: Sequence[Message],
+                          tools: Sequence[Tool] = ()) -> list[int]:
         try:
-            return self.vocab.tokenize_messages(self.facts.chat_template, messages)
+            return self.vocab.tokenize_messages(self.facts.chat_template, messages, tools)
         except TemplateError:
             self._refuse_if_oversize(messages)
             raise
@@ -48,7 +49,7 @@ class VocabMixin:
     def prompt_and_budget(self, request: Request) -> tuple[list[int], int]:
         """The prompt's tokens, and how many may be generated after them."""
         prompt = (list(request.prompt_tokens) if request.prompt_tokens is not None
-                  else self.tokenize_messages(request.messages))
+                  else self.tokenize_messages(request.messages, request.tools))
         if request.assistant_prefix:  # continuing a reply: the prompt ends with its text
             prompt += self.tokenize_text(request.assistant_prefix)
         check_prompt_fits(len(prompt), self.info.n_ctx, self.info.n_ctx_train)

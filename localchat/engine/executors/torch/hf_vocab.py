@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from tokenizers import Tokenizer
 
 from localchat.prompt.template import render_chat
-from localchat.engine.base import Message
+from localchat.engine.base import Message, Tool
 from localchat.errors import EngineError
 from localchat.models.hf_files import read_json_if_present, token_text
 
@@ -91,8 +91,10 @@ class HFVocabulary:
         ids |= {i for i, t in added.items() if t.special and t.content in EOG_TEXTS}
         return ids
 
-    def tokenize_messages(self, template: str | None, messages: Sequence[Message]) -> list[int]:
-        rendered = render_chat(template, messages, bos_token=self.bos_text, eos_token=self.eos_text)
+    def tokenize_messages(self, template: str | None, messages: Sequence[Message],
+                          tools: Sequence[Tool] = ()) -> list[int]:
+        rendered = render_chat(template, messages, tools=tools, bos_token=self.bos_text,
+                               eos_token=self.eos_text)
         tokens: list[int] = []
         for segment in rendered.segments:
             tokenizer = self.trusted if segment.trusted else self.plain
