@@ -503,7 +503,8 @@ def _log_lines(server, path: str) -> list[str]:
 
 
 def test_each_request_gets_one_log_line_with_status_tokens_and_seconds(tmp_path):
-    server = ServerProcess(["-m", "default", "-c", "256", "--threads", "1"], tmp_path)
+    server = ServerProcess(["-m", "default", "--engine", "llama.cpp", "-c", "256", "--threads", "1"],
+                           tmp_path)
     try:
         with httpx2.Client(base_url=server.url, timeout=60) as client:
             assert client.post("/v1/chat/completions",
@@ -532,7 +533,8 @@ def test_each_request_gets_one_log_line_with_status_tokens_and_seconds(tmp_path)
 
 
 def test_quiet_serve_logs_no_requests(tmp_path):
-    proc = ServerProcess(["-m", "default", "-c", "256", "--threads", "1", "--quiet"], tmp_path)
+    proc = ServerProcess(["-m", "default", "--engine", "llama.cpp", "-c", "256", "--threads", "1",
+                          "--quiet"], tmp_path)
     try:
         with httpx2.Client(base_url=proc.url, timeout=60) as quiet:
             assert quiet.post("/v1/chat/completions", json={

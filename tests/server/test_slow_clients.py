@@ -18,7 +18,8 @@ WAIT_FOR_CLOSE_S = 3 * max(HEADER_TIMEOUT_S, BODY_IDLE_S)  # a bound on the test
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(["-m", "default", "-c", "256", "--threads", "1", "--max-queue", "2"],
+    proc = ServerProcess(["-m", "default", "--engine", "llama.cpp", "-c", "256", "--threads", "1",
+                          "--max-queue", "2"],
                          tmp_path_factory.mktemp("slow-clients"))
     yield proc
     proc.stop()
