@@ -90,6 +90,11 @@ class Stats:
     # tokens_per_target_pass, accepted_run_histogram, gamma, alpha, c, predicted and
     # measured speedup, the draft's source and the acceptance rule
     draft: dict | None = None
+    # KV snapshots on disk: prompt tokens restored from one and the seconds it took; the
+    # snapshot folder's size
+    restored_tokens: int = 0
+    restore_s: float = 0.0
+    kv_disk_bytes: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)

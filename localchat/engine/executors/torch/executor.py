@@ -140,6 +140,35 @@ class TorchExecutor(Executor):
                       torch.tensor(logit_rows, dtype=torch.long))
         return self.model.forward_batch(batch, self.kv)
 
+    def kv_identity(self) -> str | None:
+        stat = os.stat(self.facts.path)
+        return f"torch|{stat.st_size}|{stat.st_mtime_ns}|{KV_DTYPE}|{self.device.type}"
+
+    def _slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
+        """The pool slots of positions start..end-1 of a sequence with these blocks."""
+        table = torch.tensor(block_table, dtype=torch.long)
+        return (table[:, None] * BLOCK_SIZE + torch.arange(BLOCK_SIZE)).flatten()[start:end]
+
+    def save_kv(self, slot: int, block_table: list[int], n_tokens: int) -> bytes:
+        """K then V of the positions, [layers, n_tokens, kv_heads, head_dim] each."""
+        index = self._slots(block_table, 0, n_tokens).to(self.kv.k.device)
+        return b"".join(t[:, index].contiguous().cpu().view(torch.uint8).numpy().tobytes()
+                        for t in (self.kv.k, self.kv.v))
+
+    def restore_kv(self, slot: int, block_table: list[int], start: int, n_tokens: int,
+                   data: bytes, data_tokens: int) -> bool:
+        k = self.kv.k
+        shape = (k.shape[0], data_tokens, *k.shape[2:])
+        half = math.prod(shape) * k.element_size()
+        if len(data) != 2 * half or n_tokens > data_tokens:
+            return False
+        index = self._slots(block_table, start, n_tokens).to(k.device)
+        for i, target in enumerate((self.kv.k, self.kv.v)):
+            saved = torch.frombuffer(bytearray(data[i * half:(i + 1) * half]), dtype=torch.uint8)
+            saved = saved.view(target.dtype).view(shape)[:, start:n_tokens]
+            target[:, index] = saved.to(target.device)
+        return True
+
     def close(self) -> None:
         vocab, self.vocab = getattr(self, "vocab", None), None
         if vocab is not None:
