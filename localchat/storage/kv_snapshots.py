@@ -21,6 +21,7 @@ from localchat.paths import data_dir
 
 MAGIC = b"LCKVSNP1"
 DIGEST_BYTES = 32
+HEAD_DIGEST_BYTES = 16  # the header's own digest: startup reads headers only
 SUFFIX = ".kv"
 DEFAULT_BUDGET = 2 << 30  # --kv-disk's default: 2 GiB
 
@@ -54,11 +55,13 @@ class Snapshot:
 
 def encode(model: str, identity: str, tokens: list[int], keys: list[bytes],
            payload: bytes) -> list[bytes]:
-    """A snapshot file's parts: magic, header length, JSON header, payload, digest of all."""
+    """A snapshot file's parts: magic, header length, JSON header, the header's digest,
+    payload, digest of all."""
     header = json.dumps({"model": model, "identity": identity, "n_tokens": len(tokens),
                          "tokens": tokens, "keys": [k.hex() for k in keys],
                          "payload_bytes": len(payload), "compression": "none"}).encode()
     head = MAGIC + struct.pack("<I", len(header)) + header
+    head += hashlib.blake2b(head, digest_size=HEAD_DIGEST_BYTES).digest()
     digest = hashlib.blake2b(head, digest_size=DIGEST_BYTES)
     digest.update(payload)
     return [head, payload, digest.digest()]
@@ -70,13 +73,16 @@ def _read_header(f) -> dict:
     if len(start) < len(MAGIC) + 4 or start[:len(MAGIC)] != MAGIC:
         raise ValueError("not a KV snapshot")
     (length,) = struct.unpack("<I", start[len(MAGIC):])
-    raw = f.read(length)
-    if len(raw) != length:
+    raw = f.read(length + HEAD_DIGEST_BYTES)
+    if len(raw) != length + HEAD_DIGEST_BYTES:
         raise ValueError("truncated header")
+    raw, digest = raw[:length], raw[length:]
+    if hashlib.blake2b(start + raw, digest_size=HEAD_DIGEST_BYTES).digest() != digest:
+        raise ValueError("damaged header")
     header = json.loads(raw)
     if not isinstance(header, dict) or header.get("compression") != "none":
         raise ValueError("unknown header")
-    header["_head_bytes"] = len(start) + length
+    header["_head_bytes"] = len(start) + length + HEAD_DIGEST_BYTES
     return header
 
 
