@@ -70,7 +70,10 @@ def load_for_run(config: EngineConfig, *, verbose: bool = False) -> Engine:
     if verbose and plan.facts is not None:
         why = "as asked" if config.engine is not None else "chosen for the file"
         print(f"localchat: engine {plan.engine} ({why})", file=sys.stderr)
-    return open_engine(config, plan)
+    engine = open_engine(config, plan)
+    for note in getattr(engine, "notes", ()):
+        print(f"localchat: note: {note}", file=sys.stderr)
+    return engine
 
 
 def draft_choice(args: argparse.Namespace) -> DraftChoice:

@@ -47,8 +47,13 @@ class RuntimeEngine(VocabMixin, Engine):
                              draft=draft, num_draft_tokens=num_draft_tokens)
         self.blocks = self.runner.blocks
         self.disk = DiskCache(executor, self.blocks, kv_store) if kv_store is not None else None
-        if self.disk is not None:
+        self.notes: list[str] = []  # for the user, once, after loading
+        if self.disk is not None and self.disk.enabled:
             self.runner.use_disk(self.disk)
+        elif self.disk is not None:
+            self.notes.append(f"KV snapshots are off for {executor.info.name}: its cache "
+                              "(recurrent or sliding-window state) cannot be restored exactly "
+                              "here, so a reopened conversation is prefilled again")
         self._latest: Sequence | None = None
         self._tokenizer = None  # llguidance's, built for the first constrained request
         self._grammars: dict[Constraint, str] = {}  # compiled, most recent last
