@@ -24,6 +24,7 @@ DIGEST_BYTES = 32
 HEAD_DIGEST_BYTES = 16  # the header's own digest: startup reads headers only
 SUFFIX = ".kv"
 DEFAULT_BUDGET = 2 << 30  # --kv-disk's default: 2 GiB
+STALE_TMP_S = 3600  # a temporary file this old is a write a process never finished
 
 
 def snapshot_dir() -> Path:
@@ -110,6 +111,12 @@ class KVSnapshotStore:
     def _scan(self) -> None:
         if not self.folder.is_dir():
             return
+        for path in self._temporary_files():
+            try:
+                if time.time() - path.stat().st_mtime > STALE_TMP_S:
+                    path.unlink()
+            except OSError:
+                pass
         for path in self.folder.glob(f"*{SUFFIX}"):
             try:
                 with path.open("rb") as f:
@@ -291,7 +298,10 @@ class KVSnapshotStore:
             freed = sum(e.size for e in self._entries.values())
             for name in list(self._entries):
                 self._unlink(name)
-        if self.folder.is_dir():
-            for path in self.folder.glob(f".*{SUFFIX}.*.tmp"):
-                path.unlink(missing_ok=True)
+        for path in self._temporary_files():
+            path.unlink(missing_ok=True)
         return freed
+
+    def _temporary_files(self) -> list[Path]:
+        """Files atomic writes left behind (a process ended while writing)."""
+        return list(self.folder.glob(f".*{SUFFIX}.*.tmp")) if self.folder.is_dir() else []

@@ -133,3 +133,16 @@ def test_clear_removes_every_snapshot(tmp_path):
     put(store, list(range(32)))
     put(store, list(range(100, 132)))
     assert store.clear() > 0 and files(tmp_path) == [] and store.total_bytes() == 0
+
+
+def test_a_write_a_process_never_finished_is_cleaned_up_once_it_is_old(tmp_path):
+    import os
+    import time
+
+    put(KVSnapshotStore(tmp_path), list(range(32)))
+    old, fresh = tmp_path / f".x{SUFFIX}.abc.tmp", tmp_path / f".y{SUFFIX}.def.tmp"
+    old.write_bytes(b"half a snapshot")
+    fresh.write_bytes(b"another process is writing this one")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    store = KVSnapshotStore(tmp_path)
+    assert not old.exists() and fresh.exists() and len(store.entries()) == 1
