@@ -1,6 +1,6 @@
 """KV snapshots on disk: one file per saved conversation prefix, found by the chain of its
-16-token blocks' keys, valid for one model file and KV identity, checked by a blake2b
-digest over the whole file, written atomically on a background thread, and kept within a
+16-token blocks' keys, valid for one model file and KV identity, checked by a SHA-256
+digest over the whole file (twice blake2b's speed here: SHA extensions), written atomically on a background thread, and kept within a
 byte budget by evicting the least recently used. A damaged or stale file is removed."""
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ class Snapshot:
 
     entry: Entry
     tokens: list[int]
-    payload: bytes
+    payload: memoryview  # writable: an executor may hand it to C without a copy
 
 
 def encode(model: str, identity: str, tokens: list[int], keys: list[bytes],
-           payload: bytes) -> list[bytes]:
+           payload) -> list:
     """A snapshot file's parts: magic, header length, JSON header, the header's digest,
     payload, digest of all."""
     header = json.dumps({"model": model, "identity": identity, "n_tokens": len(tokens),
@@ -63,7 +63,7 @@ def encode(model: str, identity: str, tokens: list[int], keys: list[bytes],
                          "payload_bytes": len(payload), "compression": "none"}).encode()
     head = MAGIC + struct.pack("<I", len(header)) + header
     head += hashlib.blake2b(head, digest_size=HEAD_DIGEST_BYTES).digest()
-    digest = hashlib.blake2b(head, digest_size=DIGEST_BYTES)
+    digest = hashlib.sha256(head)
     digest.update(payload)
     return [head, payload, digest.digest()]
 
@@ -192,7 +192,10 @@ class KVSnapshotStore:
         truncated or no longer what the index says."""
         path = self.folder / f"{entry.name}{SUFFIX}"
         try:
-            data = path.read_bytes()
+            with path.open("rb") as f:
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                if f.readinto(data) != len(data):
+                    raise OSError("the file changed while it was read")
         except OSError:
             with self._lock:
                 self._drop(entry.name)
@@ -209,13 +212,15 @@ class KVSnapshotStore:
         return snapshot
 
     @staticmethod
-    def _parse(entry: Entry, data: bytes) -> Snapshot | None:
-        if len(data) < DIGEST_BYTES or hashlib.blake2b(
-                data[:-DIGEST_BYTES], digest_size=DIGEST_BYTES).digest() != data[-DIGEST_BYTES:]:
+    def _parse(entry: Entry, data: bytearray) -> Snapshot | None:
+        view = memoryview(data)
+        if len(data) < DIGEST_BYTES or hashlib.sha256(
+                view[:-DIGEST_BYTES]).digest() != data[-DIGEST_BYTES:]:
             return None
-        header = _read_header(io.BytesIO(data))
+        (length,) = struct.unpack_from("<I", view, len(MAGIC))
+        header = _read_header(io.BytesIO(view[:len(MAGIC) + 4 + length + HEAD_DIGEST_BYTES]))
         start = header["_head_bytes"]
-        payload = data[start:-DIGEST_BYTES]
+        payload = view[start:-DIGEST_BYTES]
         tokens = [int(t) for t in header["tokens"]]
         if (len(payload) != header["payload_bytes"] or header["model"] != entry.model
                 or header["identity"] != entry.identity or len(tokens) != entry.n_tokens
@@ -234,7 +239,7 @@ class KVSnapshotStore:
     # ---- writing -------------------------------------------------------------------
 
     def put(self, model: str, identity: str, tokens: list[int], keys: list[bytes],
-            payload: bytes) -> bool:
+            payload) -> bool:
         """Queue a snapshot for the writer thread; False (nothing queued) if it could not
         fit the budget, or the copies waiting to be written would pass it."""
         size = len(payload) + 4096 + 12 * len(tokens)
@@ -267,7 +272,7 @@ class KVSnapshotStore:
                 self._queue.task_done()
 
     def _write(self, model: str, identity: str, tokens: list[int], keys: list[bytes],
-               payload: bytes) -> None:
+               payload) -> None:
         parts = encode(model, identity, tokens, keys, payload)
         name = hashlib.blake2b(identity.encode() + b"".join(keys), digest_size=16).hexdigest()
         path = self.folder / f"{name}{SUFFIX}"

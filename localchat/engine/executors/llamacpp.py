@@ -194,7 +194,7 @@ class LlamaCppExecutor(Executor):
     def kv_identity(self) -> str | None:
         return self._identity
 
-    def save_kv(self, slot: int, block_table: list[int], n_tokens: int) -> bytes:
+    def save_kv(self, slot: int, block_table: list[int], n_tokens: int) -> memoryview:
         """The slot's whole stream (llama_state_seq_get_data); positions from n_tokens on,
         if any, are cut again on restore."""
         size = llama_cpp.llama_state_seq_get_size(self._ctx.ctx, slot)
@@ -202,15 +202,19 @@ class LlamaCppExecutor(Executor):
         got = llama_cpp.llama_state_seq_get_data(self._ctx.ctx, buf, size, slot)
         if got != size:
             raise EngineError(f"llama_state_seq_get_data wrote {got} of {size} bytes")
-        return bytes(buf)
+        return memoryview(buf).cast("B")
 
     def restore_kv(self, slot: int, block_table: list[int], start: int, n_tokens: int,
-                   data: bytes, data_tokens: int) -> bool:
+                   data, data_tokens: int) -> bool:
         """The slot's stream becomes the saved one cut to n_tokens (all of it is restored:
         a stream is one llama.cpp sequence)."""
         llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
         self._filled[slot] = 0
-        src = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        array = ctypes.c_uint8 * len(data)
+        try:
+            src = array.from_buffer(data)  # a writable buffer: no copy
+        except TypeError:
+            src = array.from_buffer_copy(data)
         read = llama_cpp.llama_state_seq_set_data(self._ctx.ctx, src, len(data), slot)
         held = llama_cpp.llama_memory_seq_pos_max(self._memory, slot) + 1
         if read != len(data) or held < n_tokens:

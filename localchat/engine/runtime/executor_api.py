@@ -80,13 +80,13 @@ class Executor(ABC):
         executor, KV types, device); None: this executor cannot save and restore KV exactly."""
         return None
 
-    def save_kv(self, slot: int, block_table: list[int], n_tokens: int) -> bytes:
+    def save_kv(self, slot: int, block_table: list[int], n_tokens: int) -> memoryview:
         """The KV of positions 0..n_tokens-1 of the sequence in `slot` (its blocks: block_table)
-        as bytes restore_kv() reads back. Called on the compute thread only."""
+        as bytes (a fresh buffer, no copy) restore_kv() reads back. Compute thread only."""
         raise NotImplementedError
 
     def restore_kv(self, slot: int, block_table: list[int], start: int, n_tokens: int,
-                   data: bytes, data_tokens: int) -> bool:
+                   data: memoryview, data_tokens: int) -> bool:
         """Make positions start..n_tokens-1 of `slot` (its blocks: block_table) hold the KV
         save_kv() gave as `data` (of data_tokens >= n_tokens positions); False if it refuses
         the data (the slot then holds nothing). Called on the compute thread only."""

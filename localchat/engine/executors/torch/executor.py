@@ -149,24 +149,27 @@ class TorchExecutor(Executor):
         table = torch.tensor(block_table, dtype=torch.long)
         return (table[:, None] * BLOCK_SIZE + torch.arange(BLOCK_SIZE)).flatten()[start:end]
 
-    def save_kv(self, slot: int, block_table: list[int], n_tokens: int) -> bytes:
+    def save_kv(self, slot: int, block_table: list[int], n_tokens: int) -> memoryview:
         """K then V of the positions, [layers, n_tokens, kv_heads, head_dim] each."""
-        index = self._slots(block_table, 0, n_tokens).to(self.kv.k.device)
-        return b"".join(t[:, index].contiguous().cpu().view(torch.uint8).numpy().tobytes()
-                        for t in (self.kv.k, self.kv.v))
+        k = self.kv.k
+        index = self._slots(block_table, 0, n_tokens).to(k.device)
+        out = torch.empty((2, k.shape[0], n_tokens, *k.shape[2:]), dtype=k.dtype, device=k.device)
+        for i, source in enumerate((self.kv.k, self.kv.v)):
+            torch.index_select(source, 1, index, out=out[i])
+        return memoryview(out.cpu().view(torch.uint8).numpy()).cast("B")
 
     def restore_kv(self, slot: int, block_table: list[int], start: int, n_tokens: int,
-                   data: bytes, data_tokens: int) -> bool:
+                   data, data_tokens: int) -> bool:
         k = self.kv.k
         shape = (k.shape[0], data_tokens, *k.shape[2:])
         half = math.prod(shape) * k.element_size()
         if len(data) != 2 * half or n_tokens > data_tokens:
             return False
         index = self._slots(block_table, start, n_tokens).to(k.device)
+        saved = torch.frombuffer(data, dtype=torch.uint8).view(k.dtype).view(2, *shape)
         for i, target in enumerate((self.kv.k, self.kv.v)):
-            saved = torch.frombuffer(bytearray(data[i * half:(i + 1) * half]), dtype=torch.uint8)
-            saved = saved.view(target.dtype).view(shape)[:, start:n_tokens]
-            target[:, index] = saved.to(target.device)
+            saved_part = saved[i, :, start:n_tokens]
+            target[:, index] = saved_part.to(target.device)
         return True
 
     def close(self) -> None:
