@@ -8,17 +8,24 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Replace `path` with `text` (UTF-8) atomically, creating its folder if needed."""
+    atomic_write_bytes(path, [text.encode("utf-8")])
+
+
+def atomic_write_bytes(path: str | Path, parts: Iterable[bytes]) -> None:
+    """Replace `path` with the parts written one after another, atomically, creating its
+    folder if needed (large contents need not be joined in memory first)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            for part in parts:
+                f.write(part)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -28,10 +28,12 @@ def add_parser(sub, model: argparse.ArgumentParser) -> None:
                        help="also serve N concurrent requests (64 tokens each): the runtime "
                             "batching them on each executor, and llama.cpp one after "
                             "another, e.g. 1,4,16")
-    bench.add_argument("--task", choices=("speed", "json"), default="speed",
+    bench.add_argument("--task", choices=("speed", "json", "restore"), default="speed",
                        help="speed: prefill and decode; json: free vs JSON-schema-constrained "
                             "decoding of the same prompts, with and without forced drafts "
-                            "(-g tokens at most, at each --concurrency level; default 1)")
+                            "(-g tokens at most, at each --concurrency level; default 1); "
+                            "restore: TTFT of a 3,000-token conversation reopened after a "
+                            "restart from its KV snapshot, and of a sibling branch")
     bench.add_argument("--json", action="store_true", help="print JSON")
     bench.set_defaults(handler=cmd_bench)
 
@@ -60,6 +62,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     if getattr(args, "task", "speed") == "json":
         return _bench_json_task(args, engines)
+    if getattr(args, "task", "speed") == "restore":
+        return _bench_restore_task(args, engines)
     levels = None
     if args.concurrency:
         from localchat.cli.bench_concurrency import parse_levels
@@ -145,6 +149,23 @@ def _bench_json_task(args: argparse.Namespace, engines: list[str]) -> int:
     else:
         print("\n".join(format_json_report(name, r) for name, runs in report["engines"].items()
                         for r in runs))
+    return 0
+
+
+def _bench_restore_task(args: argparse.Namespace, engines: list[str]) -> int:
+    from localchat.bench.kv_restore import bench_restore, format_restore
+
+    config = engine_config(args)
+    report: dict = {"task": "restore", "engines": {}}
+    for name in engines:
+        print(f"benchmarking {name} (restore)…", file=sys.stderr)
+        report["engines"][name] = bench_restore(
+            lambda: load_for_run(replace(config, engine=name, draft=NO_DRAFT,
+                                         num_draft_tokens=None)), max(1, args.repeats // 2))
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print("\n".join(format_restore(n, r) for n, r in report["engines"].items()))
     return 0
 
 

@@ -20,7 +20,7 @@ from localchat.units import parse_memory
 SETTING_FLAGS = {
     "model": "-m/--model", "engine": "--engine", "ctx_size": "-c/--ctx-size",
     "threads": "-t/--threads", "device": "--device", "gpu_layers": "-ngl/--n-gpu-layers",
-    "kv_memory": "--kv-memory", "parallel": "-np/--parallel",
+    "kv_memory": "--kv-memory", "kv_disk": "--kv-disk", "parallel": "-np/--parallel",
     "cache_type_k": "-ctk/--cache-type-k", "cache_type_v": "-ctv/--cache-type-v",
     "draft": "--draft-model", "num_draft_tokens": "--num-draft-tokens",
     "chat_template": "--chat-template", "endpoint": "--endpoint", "api_key": "--api-key",
@@ -40,6 +40,7 @@ def engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
         model=args.model, engine=args.engine, ctx_size=args.ctx_size, threads=args.threads,
         device=args.device, gpu_layers=getattr(args, "gpu_layers", None),
         kv_memory=parse_memory(args.kv_memory) if args.kv_memory else None,
+        kv_disk=kv_disk_bytes(getattr(args, "kv_disk", None)),
         parallel=getattr(args, "parallel", None),
         cache_type_k=getattr(args, "cache_type_k", None),
         cache_type_v=getattr(args, "cache_type_v", None),
@@ -51,6 +52,13 @@ def engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
     elif getattr(args, "timeout", None) is not None:
         values["timeout"] = args.timeout  # refused by the config: it needs an endpoint
     return EngineConfig(**{**values, **overrides})
+
+
+def kv_disk_bytes(text: str | None) -> int | None:
+    """--kv-disk's value in bytes: None when not given, 0 (snapshots off) for 0."""
+    if text is None:
+        return None
+    return 0 if text.strip() in ("0", "0B", "off") else parse_memory(text)
 
 
 def load_for_run(config: EngineConfig, *, verbose: bool = False) -> Engine:
@@ -65,6 +73,8 @@ def load_for_run(config: EngineConfig, *, verbose: bool = False) -> Engine:
     engine = open_engine(config, plan)
     if verbose and engine.info.compute:
         print(f"localchat: compute: {engine.info.compute}", file=sys.stderr)
+    for note in getattr(engine, "notes", ()):
+        print(f"localchat: note: {note}", file=sys.stderr)
     return engine
 
 
@@ -123,6 +133,10 @@ def model_flags() -> argparse.ArgumentParser:
     g.add_argument("--kv-memory", default=None, metavar="SIZE",
                    help="torch engine: memory for the paged KV cache, e.g. 2GB "
                         "(default: 10%% of available memory, at least one context)")
+    g.add_argument("--kv-disk", default=None, metavar="SIZE",
+                   help="disk for KV snapshots: a finished reply's KV is saved so the "
+                        "conversation reopens (after a restart, on a branch) without prefilling "
+                        "it again; least recently used go first; 0 = off (default: 2GiB)")
     g.add_argument("-np", "--parallel", type=int, default=None, metavar="N",
                    help="requests computed at once; the llama.cpp engine keeps a KV slot of "
                         "one full context for each (default: 4; serve: min(--max-queue, 16), "

@@ -88,6 +88,8 @@ def format_stats(stats: Stats) -> str:
                      f"{human_bytes(stats.kv_cache_capacity_bytes)}"),
         ("context", f"{stats.context_tokens} of {stats.context_capacity} tokens"),
     ]
+    if stats.restored_tokens:
+        rows.insert(2, ("kv from disk", stats.restored_note()))
     if stats.draft:
         d = stats.draft
         rows += [

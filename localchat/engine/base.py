@@ -95,9 +95,20 @@ class Stats:
     # tokens_per_target_pass, accepted_run_histogram, gamma, alpha, c, predicted and
     # measured speedup, the draft's source and the acceptance rule
     draft: dict | None = None
+    # KV snapshots on disk: prompt tokens restored from one and the seconds it took; the
+    # snapshot folder's size
+    restored_tokens: int = 0
+    restore_s: float = 0.0
+    kv_disk_bytes: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def restored_note(self) -> str | None:
+        """'restored 2,944 tokens from disk in 0.12 s', or None if nothing was."""
+        if not self.restored_tokens:
+            return None
+        return f"restored {self.restored_tokens:,} tokens from disk in {self.restore_s:.2f} s"
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ class EngineConfig:
     device: str | None = None  # auto, cpu, cuda[:N], mps
     gpu_layers: int | None = None  # llama.cpp: layers on the GPU (-1 all, 0 none)
     kv_memory: int | None = None  # bytes for the torch engine's paged KV cache
+    kv_disk: int | None = None  # bytes of KV snapshots kept on disk (None: 2 GiB, 0: none)
     parallel: int | None = None  # sequences at once (llama.cpp: its KV slots)
     cache_type_k: str | None = None  # llama.cpp's KV cache types
     cache_type_v: str | None = None
@@ -101,6 +102,8 @@ class EngineConfig:
             yield "parallel", f"must be 1..{MAX_PARALLEL}, got {self.parallel}"
         if self.kv_memory is not None and self.kv_memory <= 0:
             yield "kv_memory", f"must be more than 0 bytes, got {self.kv_memory}"
+        if self.kv_disk is not None and self.kv_disk < 0:
+            yield "kv_disk", f"must be 0 (off) or more bytes, got {self.kv_disk}"
         if self.gpu_layers is not None and self.gpu_layers < -1:
             yield "gpu_layers", f"must be -1 (all), 0 (none) or more, got {self.gpu_layers}"
         for name in ("cache_type_k", "cache_type_v"):

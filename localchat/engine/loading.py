@@ -31,6 +31,14 @@ def load_executor(facts: GGUFFacts, engine: str, plan: LoadPlan, config: EngineC
         cache_types=config.cache_types, flash_attn=flash_attn))
 
 
+def kv_store(config: EngineConfig):
+    """The KV snapshot store config.kv_disk asks for (None: 0 bytes, snapshots off)."""
+    from localchat.storage.kv_snapshots import DEFAULT_BUDGET, KVSnapshotStore
+
+    budget = DEFAULT_BUDGET if config.kv_disk is None else config.kv_disk
+    return KVSnapshotStore(budget=budget) if budget > 0 else None
+
+
 def load_runtime(plan: LoadPlan, config: EngineConfig, *,
                  flash_attn: bool = True) -> RuntimeEngine:
     """The runtime over the plan's executor and its draft (prompt lookup or a draft model
@@ -57,7 +65,8 @@ def load_runtime(plan: LoadPlan, config: EngineConfig, *,
         if source is not None:
             source.auto = draft.auto
         return RuntimeEngine(executor, plan.facts, draft=source,
-                             num_draft_tokens=config.num_draft_tokens)
+                             num_draft_tokens=config.num_draft_tokens,
+                             kv_store=kv_store(config))
     except BaseException:
         if source is not None:
             COMPUTE.call(source.close)

@@ -25,6 +25,8 @@ def status_line(entry: Entry) -> str:
                      f"{s.ttft_s * 1000:.0f} ms")
         if s.cached_tokens:  # an earlier turn or branch's prefix, not recomputed
             parts.append(f"{s.cached_tokens} of {s.prompt_tokens} prompt tokens cached")
+        if s.restored_tokens:  # of those, the ones a KV snapshot on disk gave
+            parts.append(s.restored_note())
     if label:
         parts.append(label)
     return " · ".join(parts)

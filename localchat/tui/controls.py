@@ -278,6 +278,8 @@ class ControlsMixin:
                      ("chat_template", self.engine.info.chat_template)]
         body = "| field | value |\n| --- | --- |\n" + "\n".join(
             f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows)
+        if reply.stats.restored_tokens:
+            body = f"{reply.stats.restored_note()}\n\n{body}"
         if reply.stats.draft:
             body += "\n\n**Speculative decoding**\n\n" + draft_markdown(reply.stats.draft)
         self.push_screen(InfoScreen("Stats of the last reply", body))

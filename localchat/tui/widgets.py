@@ -99,9 +99,9 @@ def kv_usage(used: int, capacity: int) -> str:
 
 def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> str:
     """One line: TTFT, prefill and decode rates, KV cache bar and bytes, context used N of M (⚠ from
-    90 % on), and the draft's acceptance when speculating. Given a width, the least useful figures
-    go first until the line fits (KV bytes, the rates' words, half the KV bar, TTFT, the KV bar
-    with the prefill rate, then the context)."""
+    90 % on), the draft's acceptance when speculating, and the cache (RAM + disk snapshots).
+    Given a width, the least useful figures go first until the line fits (the cache, KV bytes,
+    the rates' words, half the KV bar, TTFT, the KV bar with the prefill rate, then the context)."""
     if stats is None:
         return state
     ttft = f"TTFT {stats.ttft_s * 1000:.0f} ms" if stats.ttft_s > 0 else "TTFT –"
@@ -122,7 +122,12 @@ def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> 
     if stats.context_capacity and stats.context_tokens >= CONTEXT_WARNING * stats.context_capacity:
         ctx += " ⚠"  # nearly full: older turns will be dropped (or the reply cut) soon
     draft = draft_gauge(stats.draft) if stats.draft else None
+    # cached prefixes: in memory, and KV snapshots on disk (shown once there are some)
+    cache = (f"cache {human_bytes(stats.kv_cache_cached_bytes)} + "
+             f"{human_bytes(stats.kv_disk_bytes)} disk") if stats.kv_disk_bytes else None
     variants = [
+        [state, ttft, rates, f"{kv(8)} {kv_bytes}" if stats.kv_cache_capacity_bytes else kv(8),
+         ctx, draft, cache],
         [state, ttft, rates, f"{kv(8)} {kv_bytes}" if stats.kv_cache_capacity_bytes else kv(8),
          ctx, draft],
         [state, ttft, rates, kv(8), ctx, draft],

@@ -119,6 +119,11 @@ class LlamaCppExecutor(Executor):
                                          weights_bytes=self._model.size(),
                                          compute=cpu_backend() if on_cpu else "llama.cpp GPU offload")
         self.slot_cells = slot_cells
+        stat = os.stat(facts.path)
+        # sliding-window models keep a second cache whose exact restore we have not verified
+        exact = self.supports_rollback and llama_cpp.llama_model_n_swa(model) == 0
+        self._identity = (f"llama.cpp|{stat.st_size}|{stat.st_mtime_ns}|{'/'.join(self.cache_types)}"
+                          f"|fa={params.flash_attn_type}|gpu_layers={gpu_layers}") if exact else None
         self._filled = [0] * parallel  # positions each slot's stream holds
         self._batch = _Batch(MAX_BATCH)
 
@@ -187,6 +192,40 @@ class LlamaCppExecutor(Executor):
             llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
             if start:
                 raise EngineError("this model's cache cannot be cut back (recurrent state)")
+
+    def kv_identity(self) -> str | None:
+        return self._identity
+
+    def save_kv(self, slot: int, block_table: list[int], n_tokens: int) -> memoryview:
+        """The slot's whole stream (llama_state_seq_get_data); positions from n_tokens on,
+        if any, are cut again on restore."""
+        size = llama_cpp.llama_state_seq_get_size(self._ctx.ctx, slot)
+        buf = (ctypes.c_uint8 * size)()
+        got = llama_cpp.llama_state_seq_get_data(self._ctx.ctx, buf, size, slot)
+        if got != size:
+            raise EngineError(f"llama_state_seq_get_data wrote {got} of {size} bytes")
+        return memoryview(buf).cast("B")
+
+    def restore_kv(self, slot: int, block_table: list[int], start: int, n_tokens: int,
+                   data, data_tokens: int) -> bool:
+        """The slot's stream becomes the saved one cut to n_tokens (all of it is restored:
+        a stream is one llama.cpp sequence)."""
+        llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
+        self._filled[slot] = 0
+        array = ctypes.c_uint8 * len(data)
+        try:
+            src = array.from_buffer(data)  # a writable buffer: no copy
+        except TypeError:
+            src = array.from_buffer_copy(data)
+        read = llama_cpp.llama_state_seq_set_data(self._ctx.ctx, src, len(data), slot)
+        held = llama_cpp.llama_memory_seq_pos_max(self._memory, slot) + 1
+        if read != len(data) or held < n_tokens:
+            llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
+            return False
+        self._filled[slot] = held
+        self._cut(slot, n_tokens)
+        self._filled[slot] = n_tokens
+        return True
 
     def memory(self) -> dict:
         """llama.cpp's own view: cells each slot holds, and the whole cache's size."""

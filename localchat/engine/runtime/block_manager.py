@@ -5,8 +5,9 @@ prompt and a diverging branch is copied to another slot so both stay cached."""
 from __future__ import annotations
 
 import itertools
+from typing import Callable
 
-from localchat.engine.runtime.block_pool import BlockPool, BlockUsage
+from localchat.engine.runtime.block_pool import BlockPool, BlockUsage, KVCacheFullError
 from localchat.engine.runtime.executor_api import KVLayout
 
 class BlockManager:
@@ -126,6 +127,48 @@ class BlockManager:
 
     def num_committed(self, seq) -> int:
         return self.pool(seq).num_committed(seq.seq_id)
+
+    # ---- KV restored from disk ------------------------------------------------------------
+
+    def cached_tokens(self, tokens: list[int]) -> int:
+        """Tokens of this prompt's prefix the cache holds now, where admission would put it."""
+        slot = self._choose(tokens)
+        return 0 if slot is None else self._hits(slot, tokens)
+
+    def saved_table(self, seq, n_tokens: int) -> list[int] | None:
+        """The blocks holding seq's first n_tokens (a shared pool: after it finished, its
+        cached blocks; None if some are gone). An exclusive slot needs none: []."""
+        if self.layout.exclusive:
+            return []
+        table = self.pool(seq).cached_blocks(seq.tokens[:n_tokens])
+        return table if len(table) * self.block_size >= n_tokens else None
+
+    def restore(self, tokens: list[int], write: Callable[[int, list[int], int], bool]) -> bool:
+        """Make the full blocks of `tokens` cached, their KV written by write(slot,
+        block_table, start), which fills positions start.. (those before are cached already);
+        False, with nothing cached, if there is no room or write refuses."""
+        if self.layout.exclusive:
+            free = [i for i, live in enumerate(self._live) if live is None]
+            if not free:
+                return False
+            slot = min(free, key=lambda i: (bool(self._kept[i]), self._last_used[i]))
+            self.pools[slot].drop_cached()  # whatever the slot held is overwritten
+            self._kept[slot] = []
+            if not write(slot, [], 0):
+                return False
+            self._kept[slot] = list(tokens)
+            self._last_used[slot] = next(self._clock)
+            return True
+        pool, seq_id = self.pools[0], -1 - next(self._clock)  # never a runtime sequence's id
+        try:
+            start = pool.allocate(seq_id, tokens)
+        except KVCacheFullError:
+            return False
+        ok = write(0, pool.block_table(seq_id), start)
+        if ok:
+            pool.commit(seq_id, len(tokens))
+        pool.free(seq_id)
+        return ok
 
     # ---- accounting -------------------------------------------------------------------
 

@@ -207,6 +207,10 @@ class BlockPool:
         blocks = seq.table if seq is not None else self._match_prefix(list(tokens))[0]
         return len(blocks), sum(1 for b in blocks if self._blocks[b].ref == 0)
 
+    def cached_blocks(self, tokens: Sequence[int]) -> list[int]:
+        """The registered blocks holding the longest prefix of `tokens` (full blocks)."""
+        return self._match_prefix(list(tokens))[0]
+
     def usage(self) -> BlockUsage:
         cached, free = len(self._evictable), len(self._free)
         return BlockUsage(self.num_blocks - cached - free, cached, free, self.num_blocks, self.block_size)

@@ -16,12 +16,14 @@ from localchat.engine.runtime.executor_api import Executor
 from localchat.engine.constraint import Constraint
 from localchat.engine.runtime.compute_thread import COMPUTE
 from localchat.engine.runtime.guide import Guide, grammar_for
+from localchat.engine.runtime.kv_disk import DiskCache
 from localchat.engine.runtime.runner import Runner
 from localchat.engine.runtime.sequence import Sequence
 from localchat.engine.runtime.speculative.drafts import DraftSource
 from localchat.engine.runtime.stream import EngineHooks, stream_events
 from localchat.engine.runtime.vocab import VocabMixin
 from localchat.models.facts import GGUFFacts
+from localchat.storage.kv_snapshots import KVSnapshotStore
 
 GRAMMARS_KEPT = 32  # compiled constraints kept for requests that repeat them
 
@@ -34,7 +36,9 @@ def request_generator(seed: int | None) -> torch.Generator:
 
 class RuntimeEngine(VocabMixin, Engine):
     def __init__(self, executor: Executor, facts: GGUFFacts, *, draft: DraftSource | None = None,
-                 num_draft_tokens: int | None = None) -> None:
+                 num_draft_tokens: int | None = None,
+                 kv_store: KVSnapshotStore | None = None) -> None:
+        """kv_store: where finished replies' KV is saved and prompts' prefixes restored from."""
         self.executor, self.facts = executor, facts
         self.name, self.info, self.vocab = executor.name, executor.info, executor.vocab
         self.draft = draft
@@ -42,6 +46,14 @@ class RuntimeEngine(VocabMixin, Engine):
         self.runner = Runner(executor, self.is_end_of_generation, n_ctx=self.info.n_ctx,
                              draft=draft, num_draft_tokens=num_draft_tokens)
         self.blocks = self.runner.blocks
+        self.disk = DiskCache(executor, self.blocks, kv_store) if kv_store is not None else None
+        self.notes: list[str] = []  # for the user, once, after loading
+        if self.disk is not None and self.disk.enabled:
+            self.runner.use_disk(self.disk)
+        elif self.disk is not None:
+            self.notes.append(f"KV snapshots are off for {executor.info.name}: its cache "
+                              "(recurrent or sliding-window state) cannot be restored exactly "
+                              "here, so a reopened conversation is prefilled again")
         self._latest: Sequence | None = None
         self._tokenizer = None  # llguidance's, built for the first constrained request
         self._grammars: dict[Constraint, str] = {}  # compiled, most recent last
@@ -97,10 +109,12 @@ class RuntimeEngine(VocabMixin, Engine):
         memory = dict(kv_cache_bytes=in_use * per_block,
                       kv_cache_capacity_bytes=usage.total * per_block,
                       kv_cache_cached_bytes=cached * per_block, context_capacity=self.info.n_ctx,
-                      context_tokens=0, draft=None)
+                      context_tokens=0, draft=None,
+                      kv_disk_bytes=self.disk.store.total_bytes() if self.disk else 0)
         if seq is not None:
             memory.update(context_tokens=seq.computed, preemptions=seq.preemptions,
                           recomputed_tokens=seq.recomputed_tokens,
+                          restored_tokens=seq.restored_tokens, restore_s=seq.restore_s,
                           draft=seq.speculation.snapshot() if seq.speculation else None)
         return memory
 
@@ -131,6 +145,8 @@ class RuntimeEngine(VocabMixin, Engine):
             return
         self.runner = None
         runner.close()
+        if self.disk is not None:  # the last reply's snapshot, so a restart finds it
+            self.disk.store.flush()
         COMPUTE.call(self._release)
 
     def _release(self) -> None:

@@ -77,6 +77,23 @@ class Executor(ABC):
         """Run every chunk in one pass; the wanted logits, chunk by chunk, as [R, vocab]
         float32 on the CPU. Called on the compute thread only."""
 
+    def kv_identity(self) -> str | None:
+        """What saved KV is valid for beyond the model file's path (its size and mtime, the
+        executor, KV types, device); None: this executor cannot save and restore KV exactly."""
+        return None
+
+    def save_kv(self, slot: int, block_table: list[int], n_tokens: int) -> memoryview:
+        """The KV of positions 0..n_tokens-1 of the sequence in `slot` (its blocks: block_table)
+        as bytes (a fresh buffer, no copy) restore_kv() reads back. Compute thread only."""
+        raise NotImplementedError
+
+    def restore_kv(self, slot: int, block_table: list[int], start: int, n_tokens: int,
+                   data: memoryview, data_tokens: int) -> bool:
+        """Make positions start..n_tokens-1 of `slot` (its blocks: block_table) hold the KV
+        save_kv() gave as `data` (of data_tokens >= n_tokens positions); False if it refuses
+        the data (the slot then holds nothing). Called on the compute thread only."""
+        raise NotImplementedError
+
     def memory(self) -> dict:
         """The executor's own accounting of its KV cache (for tests and verbose output)."""
         return {}

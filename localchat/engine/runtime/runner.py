@@ -18,6 +18,7 @@ from localchat.engine.runtime.executor_api import Chunk, Executor
 from localchat.engine.runtime.block_manager import BlockManager
 from localchat.engine.runtime.compute_thread import COMPUTE
 from localchat.engine.runtime.guide import Guide, step_masks
+from localchat.engine.runtime.kv_disk import DiskCache
 from localchat.engine.runtime.sampler import Row, argmax, distributions, penalized, sample
 from localchat.engine.runtime.scheduler import ScheduledChunk, Scheduler
 from localchat.engine.runtime.sequence import FINISHED, Sequence
@@ -72,6 +73,7 @@ class Runner:
         self.mask_s = 0.0  # time spent computing constraint masks, and the rows masked
         self.masked_rows = 0
         self.forced_proposed = self.forced_kept = 0  # forced tokens drafted, and kept
+        self.disk: DiskCache | None = None  # KV snapshots on disk (use_disk())
         COMPUTE.add(self)
 
     @property
@@ -85,6 +87,11 @@ class Runner:
         for source in (self.draft, getattr(self.draft, "model", None)):
             if hasattr(source, "clock"):
                 source.clock = clock
+
+    def use_disk(self, disk: DiskCache) -> None:
+        """Restore prompts' prefixes from these snapshots and save finished replies' KV."""
+        self.disk = disk
+        self.scheduler.before_admit = disk.restore
 
     # ---- caller side ---------------------------------------------------------------
 
@@ -367,6 +374,8 @@ class Runner:
             seq.out.put(item)
         if done:
             seq.out.put(_DONE)
+            if self.disk is not None:
+                self.disk.save(seq)
 
     def _fail_all(self, error: EngineError) -> None:
         with self._lock:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from typing import Callable
 from dataclasses import dataclass, field
 
 from localchat.engine.runtime.block_manager import BlockManager
@@ -36,6 +37,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.preemptions = 0
         self.recomputed_tokens = 0
+        # called once per sequence just before its first admission, with a slot free for it
+        # (the runner restores its prompt's KV from disk there)
+        self.before_admit: Callable[[Sequence], None] | None = None
         self._arrivals = itertools.count()
 
     def add(self, seq: Sequence) -> None:
@@ -107,6 +111,9 @@ class Scheduler:
     def _admit(self, budget: int, chunks: dict[int, ScheduledChunk]) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             seq = self.waiting[0]
+            if self.before_admit is not None and not seq.disk_checked:
+                seq.disk_checked = True
+                self.before_admit(seq)
             if not self.blocks.can_admit(seq.tokens, len(self.running)):
                 break  # in order: a large request is not overtaken forever by small ones
             cached = self.blocks.allocate(seq)

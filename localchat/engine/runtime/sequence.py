@@ -33,6 +33,9 @@ class Sequence:
     recomputed_tokens: int = 0  # tokens computed again after preemptions
     lost: int = 0  # KV tokens thrown away by the last preemption
     cancelled: bool = False
+    restored_tokens: int = 0  # prompt tokens whose KV came from a snapshot on disk
+    restore_s: float = 0.0  # and the seconds that took
+    disk_checked: bool = False  # the snapshots were looked up for it (once, at admission)
     speculation: object = None  # speculative.Speculation while a draft serves it
     guide: object = None  # guide.Guide: the constraint's matcher, if the request has one
     out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue, repr=False)

@@ -141,6 +141,38 @@ class TorchExecutor(Executor):
                       torch.tensor(logit_rows, dtype=torch.long))
         return self.model.forward_batch(batch, self.kv)
 
+    def kv_identity(self) -> str | None:
+        stat = os.stat(self.facts.path)
+        return f"torch|{stat.st_size}|{stat.st_mtime_ns}|{KV_DTYPE}|{self.device.type}"
+
+    def _slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
+        """The pool slots of positions start..end-1 of a sequence with these blocks."""
+        table = torch.tensor(block_table, dtype=torch.long)
+        return (table[:, None] * BLOCK_SIZE + torch.arange(BLOCK_SIZE)).flatten()[start:end]
+
+    def save_kv(self, slot: int, block_table: list[int], n_tokens: int) -> memoryview:
+        """K then V of the positions, [layers, n_tokens, kv_heads, head_dim] each."""
+        k = self.kv.k
+        index = self._slots(block_table, 0, n_tokens).to(k.device)
+        out = torch.empty((2, k.shape[0], n_tokens, *k.shape[2:]), dtype=k.dtype, device=k.device)
+        for i, source in enumerate((self.kv.k, self.kv.v)):
+            torch.index_select(source, 1, index, out=out[i])
+        return memoryview(out.cpu().view(torch.uint8).numpy()).cast("B")
+
+    def restore_kv(self, slot: int, block_table: list[int], start: int, n_tokens: int,
+                   data, data_tokens: int) -> bool:
+        k = self.kv.k
+        shape = (k.shape[0], data_tokens, *k.shape[2:])
+        half = math.prod(shape) * k.element_size()
+        if len(data) != 2 * half or n_tokens > data_tokens:
+            return False
+        index = self._slots(block_table, start, n_tokens).to(k.device)
+        saved = torch.frombuffer(data, dtype=torch.uint8).view(k.dtype).view(2, *shape)
+        for i, target in enumerate((self.kv.k, self.kv.v)):
+            saved_part = saved[i, :, start:n_tokens]
+            target[:, index] = saved_part.to(target.device)
+        return True
+
     def close(self) -> None:
         vocab, self.vocab = getattr(self, "vocab", None), None
         if vocab is not None:

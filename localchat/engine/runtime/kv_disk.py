@@ -1,0 +1,99 @@
+"""The runtime's side of KV snapshots on disk: a finished reply's full blocks are captured
+(on the compute thread, a copy) and handed to the store's writer thread; a prompt whose
+prefix the in-memory cache lacks but a snapshot holds gets that KV restored before it is
+admitted, so only the rest is prefilled."""
+
+from __future__ import annotations
+
+import time
+
+from localchat.engine.runtime.block_manager import BlockManager
+from localchat.engine.runtime.block_pool import block_hash
+from localchat.engine.runtime.executor_api import Executor
+from localchat.engine.runtime.sequence import Sequence
+from localchat.errors import EngineError
+from localchat.storage.kv_snapshots import KVSnapshotStore
+
+MIN_TOKENS = 256  # shorter prefixes prefill about as fast as they load: not saved or restored
+
+
+def chain_keys(tokens: list[int], block_size: int) -> list[bytes]:
+    """The prefix key of each full block of `tokens` (the prefix cache's block hash)."""
+    keys, parent = [], b""
+    for i in range(len(tokens) // block_size):
+        parent = block_hash(parent, tokens[i * block_size:(i + 1) * block_size], b"kv-disk")
+        keys.append(parent)
+    return keys
+
+
+class DiskCache:
+    """Snapshots for one executor's KV. Every method runs on the compute thread."""
+
+    def __init__(self, executor: Executor, blocks: BlockManager, store: KVSnapshotStore,
+                 *, min_tokens: int = MIN_TOKENS) -> None:
+        self.executor, self.blocks, self.store = executor, blocks, store
+        self.identity = executor.kv_identity()
+        self.model = executor.info.path
+        self.min_tokens = min_tokens
+        self.restored_tokens = 0  # totals, for the engine's stats
+        self.restore_s = 0.0
+        self.saved = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.identity is not None and self.executor.layout.prefix_cache
+
+    def restore(self, seq: Sequence) -> None:
+        """Before seq's first admission: restore the longest snapshot of its prompt's prefix
+        if it gives at least min_tokens more than the in-memory cache (sets
+        seq.restored_tokens and seq.restore_s); a damaged snapshot is removed, nothing else."""
+        if not self.enabled:
+            return
+        t0 = time.perf_counter()
+        bs = self.blocks.block_size
+        keys = chain_keys(seq.tokens, bs)
+        in_memory = self.blocks.cached_tokens(seq.tokens)
+        if len(keys) * bs - in_memory < self.min_tokens:
+            return
+        found = self.store.longest(self.model, self.identity, keys)
+        if found is None or found[1] * bs - in_memory < self.min_tokens:
+            return
+        snapshot = self.store.load(found[0])
+        n = found[1] * bs
+        if snapshot is None or snapshot.tokens[:n] != seq.tokens[:n]:
+            return
+
+        def write(slot: int, table: list[int], start: int) -> bool:
+            return self.executor.restore_kv(slot, table, start, n, snapshot.payload,
+                                            len(snapshot.tokens))
+
+        if self.blocks.restore(seq.tokens[:n], write):
+            seq.restored_tokens = n - in_memory
+            seq.restore_s = time.perf_counter() - t0
+            self.restored_tokens += seq.restored_tokens
+            self.restore_s += seq.restore_s
+
+    def save(self, seq: Sequence) -> None:
+        """After seq finished: queue a snapshot of its full computed blocks, unless one of
+        them (or of a longer conversation starting with them) is on disk already."""
+        if not self.enabled:
+            return
+        bs = self.blocks.block_size
+        n = seq.computed // bs * bs
+        if n < self.min_tokens:
+            return
+        tokens = seq.tokens[:n]
+        keys = chain_keys(tokens, bs)
+        found = self.store.longest(self.model, self.identity, keys)
+        if found is not None and found[1] == len(keys):
+            self.store.touch(found[0])
+            return
+        table = self.blocks.saved_table(seq, n)
+        if table is None:
+            return
+        try:
+            data = self.executor.save_kv(seq.slot, table, n)
+        except EngineError:  # no snapshot: never a failed reply
+            return
+        if self.store.put(self.model, self.identity, tokens, keys, data):
+            self.saved += 1

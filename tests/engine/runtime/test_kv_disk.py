@@ -1,0 +1,90 @@
+"""KV snapshots through the real engines (bundled model): after a restart, a conversation's
+prefix (or a sibling branch's shared part) is restored from disk instead of prefilled, and
+greedy output is identical to a cold prefill's; a damaged snapshot is removed and the
+prompt prefilled, with identical output; the write happens on the store's writer thread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from localchat.engine import EngineConfig, open_engine
+from localchat.engine.base import Request, SamplingParams
+from localchat.engine.runtime.compute_thread import COMPUTE
+from localchat.storage.kv_snapshots import SUFFIX, snapshot_dir
+
+DOCS = Path(__file__).resolve().parents[3] / "docs"
+
+
+def load(kind: str, kv_disk: int | None = None):
+    extra = {"kv_memory": 2048 * 23040} if kind == "torch" else {}
+    return open_engine(EngineConfig("default", engine=kind, threads=2, ctx_size=1024,
+                                    kv_disk=kv_disk, **extra))
+
+
+def reply(engine, tokens: list[int]):
+    return engine.complete(Request(prompt_tokens=tokens, sampling=SamplingParams(temperature=0),
+                                   max_tokens=12))
+
+
+def prompts(engine) -> dict[str, list[int]]:
+    """A shared 320-token start with two 300-token continuations, and an unrelated prompt."""
+    text = engine.tokenize_text((DOCS / "architecture.md").read_text(encoding="utf-8"))
+    other = engine.tokenize_text((DOCS / "reliability.md").read_text(encoding="utf-8"))
+    shared = text[:320]
+    return {"a": shared + text[320:620], "b": shared + text[1000:1300], "other": other[:500]}
+
+
+@pytest.mark.parametrize("kind", ["llama.cpp", pytest.param("torch", marks=pytest.mark.slow)])
+def test_restart_restores_from_disk_with_output_identical_to_a_cold_prefill(kind):
+    cold = load(kind, kv_disk=0)  # the reference: no snapshots at all
+    try:
+        p = prompts(cold)
+        want = {name: reply(cold, tokens).text for name, tokens in p.items()}
+    finally:
+        cold.close()
+    first = load(kind)
+    try:
+        for name in ("a", "other"):
+            result = reply(first, p[name])
+            assert result.stats.restored_tokens == 0 and result.text == want[name]
+    finally:
+        first.close()  # flushes the writer: both snapshots are on disk
+    snapshots = {f.stat().st_size: f for f in snapshot_dir().glob(f"*{SUFFIX}")}
+    assert len(snapshots) == 2
+    damaged = min(snapshots.items())[1]  # "other"'s (500 tokens, the smaller one)
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    damaged.write_bytes(bytes(data))
+
+    second = load(kind)
+    try:
+        sibling = reply(second, p["b"])  # shares 320 tokens (20 blocks) with a's snapshot
+        assert sibling.stats.restored_tokens == 320 and sibling.text == want["b"]
+        assert sibling.stats.cached_tokens == 320 and sibling.stats.restore_s > 0
+        result = reply(second, p["a"])  # all its full blocks, 320 of them in memory now
+        assert result.stats.cached_tokens == 608 and result.stats.restored_tokens == 608 - 320
+        assert result.text == want["a"]
+        result = reply(second, p["other"])  # the damaged one: prefilled, identical
+        assert result.stats.restored_tokens == 0 and result.text == want["other"]
+        assert not damaged.exists()
+        assert second.memory()["kv_disk_bytes"] > 0
+    finally:
+        second.close()
+
+
+def test_the_snapshot_is_written_by_the_writer_thread_not_the_reply():
+    first = load("llama.cpp")
+    try:
+        tokens = prompts(first)["a"]
+        store = first.disk.store
+        with store.write_gate:  # the writer cannot write: the reply must still finish
+            result = reply(first, tokens)
+            assert result.finish_reason == "length"
+            COMPUTE.call(lambda: None)  # the step that ended the reply is over: captured
+            assert store.entries() == [] and store.pending_bytes > 0
+        store.flush()
+        assert [e.n_tokens for e in store.entries()] == [(len(tokens) + 11) // 16 * 16]
+    finally:
+        first.close()
