@@ -134,8 +134,8 @@ class TorchExecutor(Executor):
             positions.append(pos)
             new_slots.append(slots)
             seqs.append((len(chunk.tokens), context, chunk.n_prompt))
-            logit_rows += range(offset + len(chunk.tokens) - chunk.n_logits,
-                                offset + len(chunk.tokens))
+            first = offset + len(chunk.tokens) - chunk.n_logits
+            logit_rows += [first + i for i in range(chunk.n_logits) if i not in chunk.no_logits]
         batch = Batch(torch.tensor(tokens), torch.cat(positions), torch.cat(new_slots), seqs,
                       torch.tensor(logit_rows, dtype=torch.long))
         return self.model.forward_batch(batch, self.kv)
