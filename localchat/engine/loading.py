@@ -14,15 +14,16 @@ from localchat.models.facts import GGUFFacts
 def load_executor(facts: GGUFFacts, engine: str, plan: LoadPlan, config: EngineConfig, *,
                   draft: bool = False, flash_attn: bool = True):
     """facts' executor ("torch" or "llama.cpp") with the plan's context and threads;
-    draft: it drafts for another model (on torch it then runs eagerly and takes the default
-    KV memory: its compiled graphs beside the target's would slow both)."""
+    draft: it drafts for another model (on torch it then takes the default KV memory and runs
+    eagerly but for its generated tokens' AOTInductor layers: torch.compile's graphs beside
+    the target's would slow both, Dynamo checking every cached graph)."""
     if engine == "torch":
         from localchat.engine.executors.torch.executor import TorchExecutor
 
         return COMPUTE.call(lambda: TorchExecutor(
             facts, n_ctx=plan.ctx_size, threads=plan.threads,
             kv_memory=None if draft else config.kv_memory, device=config.device,
-            compiled=False if draft else None))
+            compiled=False if draft else None, ahead_of_time=True if draft else None))
     from localchat.engine.executors.llamacpp import LlamaCppExecutor
 
     return COMPUTE.call(lambda: LlamaCppExecutor(

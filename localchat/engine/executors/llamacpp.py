@@ -52,6 +52,15 @@ CACHE_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "bf16": GGML_TYPE_BF16,
                "q8_0": llama_cpp.GGML_TYPE_Q8_0}  # their bytes per value: models/planner.py
 
 
+def _wanted(chunk: Chunk) -> np.ndarray:
+    """Per token of the chunk, whether its logits are wanted (llama_batch's logits flags)."""
+    first = len(chunk.tokens) - chunk.n_logits
+    flags = np.arange(len(chunk.tokens)) >= first
+    for i in chunk.no_logits:
+        flags[first + i] = False
+    return flags
+
+
 def _ptr(array: np.ndarray, ctype):
     return array.ctypes.data_as(ctypes.POINTER(ctype))
 
@@ -139,16 +148,16 @@ class LlamaCppExecutor(Executor):
         outputs: list[np.ndarray] = []
         b, n, wanted = self._batch, 0, 0
         for chunk in chunks:
-            done = 0
+            done, wants = 0, _wanted(chunk)
             while done < len(chunk.tokens):
                 take = min(len(chunk.tokens) - done, MAX_BATCH - n)
                 sl = slice(n, n + take)
                 b.token[sl] = chunk.tokens[done:done + take]
                 b.pos[sl] = np.arange(chunk.start + done, chunk.start + done + take)
                 b.seq_id[sl] = chunk.slot
-                first_logit = len(chunk.tokens) - chunk.n_logits
-                b.logits[sl] = np.arange(done, done + take) >= first_logit
-                wanted += max(0, done + take - max(done, first_logit))
+                flags = wants[done:done + take]
+                b.logits[sl] = flags
+                wanted += int(flags.sum())
                 n, done = n + take, done + take
                 if n == MAX_BATCH:
                     outputs.append(self._decode(n, wanted))

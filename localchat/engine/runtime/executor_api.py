@@ -63,6 +63,8 @@ class Chunk:
     # them alike however they are batched, so they compute the same bits alone or together)
     copy_from: int | None = None  # first make this slot's KV a copy of that slot's
     # (KVLayout.slot_copy; every copy in a pass happens before any chunk runs)
+    no_logits: tuple[int, ...] = ()  # of the n_logits rows, these (0 = the first) are not
+    # wanted after all (a constraint decides their token): left out of forward's result
 
 
 class Executor(ABC):

@@ -19,6 +19,7 @@ from localchat.engine.runtime.block_manager import BlockManager
 from localchat.engine.runtime.compute_thread import COMPUTE
 from localchat.engine.runtime.guide import Guide, step_masks
 from localchat.engine.runtime.kv_disk import DiskCache
+from localchat.engine.runtime.decided import decided_rows, fit_width, with_decided_rows
 from localchat.engine.runtime.sampler import Row, argmax, distributions, penalized, sample
 from localchat.engine.runtime.scheduler import ScheduledChunk, Scheduler
 from localchat.engine.runtime.sequence import FINISHED, Sequence
@@ -170,8 +171,11 @@ class Runner:
         t0 = self.clock()
         speculating = self._propose(chunks)
         t_drafted = self.clock()
-        logits = self.executor.forward([self._executor_chunk(c) for c in chunks])
-        new_tokens = self._choose(chunks, logits)
+        masks = self._masks(chunks)
+        decided = decided_rows(chunks, masks)
+        logits = self.executor.forward([self._executor_chunk(c, d)
+                                        for c, d in zip(chunks, decided)])
+        new_tokens = self._choose(chunks, with_decided_rows(logits, decided, chunks), masks)
         for chunk in chunks:
             if chunk.drafts:
                 self._cut_rejected(chunk, new_tokens[chunk.seq.seq_id])
@@ -192,14 +196,14 @@ class Runner:
                                          t_verified - t_drafted, step_s, catch_up_s)
         return True
 
-    def _executor_chunk(self, chunk: ScheduledChunk) -> Chunk:
+    def _executor_chunk(self, chunk: ScheduledChunk, decided: tuple[int, ...]) -> Chunk:
         seq = chunk.seq
         return Chunk(slot=seq.slot, tokens=seq.tokens[chunk.start:chunk.end] + chunk.drafts,
                      start=chunk.start,
                      n_logits=1 + len(chunk.drafts) if chunk.samples else 0,
                      block_table=self.blocks.block_table(seq),
                      write_from=self.blocks.num_committed(seq), n_prompt=seq.n_prompt,
-                     copy_from=self.blocks.take_copy(seq))
+                     copy_from=self.blocks.take_copy(seq), no_logits=decided)
 
     # ---- speculation ---------------------------------------------------------------------
 
@@ -286,12 +290,13 @@ class Runner:
 
     # ---- sampling ----------------------------------------------------------------------
 
-    def _choose(self, chunks: list[ScheduledChunk], logits: torch.Tensor) -> dict[int, list]:
+    def _choose(self, chunks: list[ScheduledChunk], logits: torch.Tensor,
+                masks: dict[int, torch.Tensor]) -> dict[int, list]:
         """Per sampling sequence, its new tokens: kept drafts (as (token, FROM_DRAFT)),
         then the token the target chose. Plain rows are sampled together; a constrained
-        row only among the tokens its grammar allows there."""
+        row only among the tokens its grammar allows there (masks: row -> allowed)."""
         out: dict[int, list] = {}
-        masks = self._masks(chunks, logits.shape[-1])
+        masks = {r: fit_width(m, logits.shape[-1]) for r, m in masks.items()}
         plain_rows, plain_seqs = [], []
         row = 0
         for chunk in chunks:
@@ -314,8 +319,9 @@ class Runner:
                 out[seq.seq_id] = [token]
         return out
 
-    def _masks(self, chunks: list[ScheduledChunk], vocab: int) -> dict[int, torch.Tensor]:
-        """logits row -> the tokens allowed there, for the rows a constraint governs."""
+    def _masks(self, chunks: list[ScheduledChunk]) -> dict[int, torch.Tensor]:
+        """logits row -> the tokens allowed there (the tokenizer's width), for the rows a
+        constraint governs."""
         guided, row = [], 0
         for chunk in chunks:
             if not chunk.samples:
@@ -327,7 +333,7 @@ class Runner:
         if not guided:
             return {}
         t0 = time.perf_counter()
-        masks = step_masks(guided, row, vocab)
+        masks = step_masks(guided, row, guided[0][0].vocab_size)
         self.mask_s += time.perf_counter() - t0
         self.masked_rows += len(masks)
         return masks

@@ -42,6 +42,30 @@ def test_ahead_of_time_layers_give_the_eager_tokens(engine):
     assert (eager - ahead).abs().max().item() < 1.5
 
 
+def test_a_draft_runs_its_generated_tokens_ahead_of_time(engine, monkeypatch):
+    """A draft (compiled=False, ahead_of_time=True): its generated tokens' layers are the
+    AOTInductor artifact (no Dynamo, no torch.compile graphs beside the target's), its
+    prompts eager; the eager tokens. LOCALCHAT_EAGER=1 keeps it all eager."""
+    from quantize.agreement import varied_text_tokens
+
+    weights = load_weights(resolve_model_facts("default").path)
+    tokens = torch.tensor(varied_text_tokens(engine, 96)[:96])
+    eager = teacher_forced(LlamaModel(weights, 256, compiled=False), tokens, 64)
+    monkeypatch.setenv("LOCALCHAT_EAGER", "1")
+    still_eager = LlamaModel(weights, 256, compiled=False, ahead_of_time=True)
+    teacher_forced(still_eager, tokens[:66], 64, warm=True)
+    assert still_eager.describe()["generated-token layers"] == "eager"
+    monkeypatch.setenv("LOCALCHAT_EAGER", "0")
+    draft = LlamaModel(weights, 256, compiled=False, ahead_of_time=True)
+    ahead = teacher_forced(draft, tokens, 64, warm=True)
+    assert draft.describe()["generated-token layers"] == "aotinductor"
+    assert not draft.steps.compiled
+    assert torch.equal(eager[:64], ahead[:64])  # the prompt ran eagerly
+    agree = (eager.argmax(-1) == ahead.argmax(-1)).float().mean().item()
+    assert agree >= 0.95, agree
+    assert (eager - ahead).abs().max().item() < 1.5
+
+
 def test_eager_on_request_and_reported(monkeypatch):
     cpu = torch.device("cpu")
     monkeypatch.setenv("LOCALCHAT_EAGER", "1")

@@ -7,10 +7,15 @@ import re
 import threading
 
 import pytest
+import torch
 
 from localchat.engine.base import Delta, Message, Request, Result, SamplingParams
+from localchat.engine.executors.llamacpp import LlamaCppExecutor
 from localchat.engine.runtime.compute_thread import COMPUTE
+from localchat.engine.runtime.executor_api import Chunk
 from localchat.errors import ContextOverflowError, UsageError
+from localchat.models.files import validate_model_file
+from localchat.models.specs import resolve_model
 
 GREEDY = SamplingParams(temperature=0.0)
 CAPITAL = [Message("user", "Which city is the capital of France?")]
@@ -200,3 +205,23 @@ def test_a_branch_keeps_the_other_branch_cached_and_the_copy_is_exact(engine, fr
     assert again.stats.cached_tokens >= reply.stats.prompt_tokens  # all of branch one
     assert again.text == fresh_engine.complete(
         Request(messages=back, sampling=GREEDY, max_tokens=12)).text
+
+
+def test_rows_not_wanted_are_left_out():
+    """Chunk.no_logits: those rows are not computed and the others come back in order,
+    the same as when every row is wanted (the output layer's rows are independent)."""
+    executor = LlamaCppExecutor(validate_model_file(resolve_model("default")), n_ctx=256,
+                                threads=2, parallel=1)
+    tokens = executor.vocab.tokenize_text("The capital of France is Paris, and the capital")
+
+    def rows(no_logits):
+        return executor.forward([Chunk(slot=0, tokens=tokens, start=0, n_logits=5,
+                                       block_table=[], write_from=0, n_prompt=len(tokens),
+                                       no_logits=no_logits)])
+    try:
+        every, some, none = rows(()), rows((0, 2, 3)), rows((0, 1, 2, 3, 4))
+    finally:
+        executor.close()
+    assert every.shape[0] == 5 and some.shape[0] == 2 and none.shape[0] == 0
+    assert torch.allclose(some, every[[1, 4]], atol=1e-3)
+    assert some.argmax(-1).tolist() == every[[1, 4]].argmax(-1).tolist()

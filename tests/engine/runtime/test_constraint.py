@@ -195,3 +195,28 @@ def test_a_hugging_face_directory_builds_its_tokenizer_from_tokenizer_json(hf_di
         check_valid("enum", eng.complete(ask(prompt, Constraint.json_schema(schema))))
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("which", ["engine", "torch_engine"])
+def test_rows_the_grammar_decides_are_not_computed(request, which):
+    """Where the grammar allows one token only (a forced key, `": "`), the executor is not
+    asked for that logits row, on both executors; greedy output is unchanged."""
+    engine = request.getfixturevalue(which)
+    reference, _ = _reply(engine, "array_of_objects", forced=False)
+    executor, forward, seen = engine.runner.executor, engine.runner.executor.forward, []
+
+    def spy(chunks):
+        rows = forward(chunks)
+        seen.append((sum(c.n_logits - len(c.no_logits) for c in chunks),
+                     sum(len(c.no_logits) for c in chunks), rows.shape[0]))
+        return rows
+
+    executor.forward = spy
+    try:
+        tokens, result = _reply(engine, "array_of_objects", forced=True)
+    finally:
+        del executor.forward
+    assert tokens == reference
+    check_valid("array_of_objects", result)
+    assert all(wanted == got for wanted, _, got in seen)
+    assert sum(skipped for _, skipped, _ in seen) > len(tokens) / 4

@@ -92,8 +92,9 @@ class TorchExecutor(Executor):
 
     def __init__(self, facts: GGUFFacts, *, n_ctx: int, threads: int | None = None,
                  kv_memory: int | None = None, device: str | None = None,
-                 compiled: bool | None = None) -> None:
-        """Call on the compute thread (compute_thread.py says why). compiled: as LlamaModel's."""
+                 compiled: bool | None = None, ahead_of_time: bool | None = None) -> None:
+        """Call on the compute thread (compute_thread.py says why). compiled, ahead_of_time:
+        as LlamaModel's."""
         quiet_library_warnings()
         self.facts = facts
         self.device = pick_device(device)
@@ -103,7 +104,8 @@ class TorchExecutor(Executor):
         chooser = KernelChooser(build_on, cache_dir=cache_dir())  # per machine, as AOT code
         weights, self.vocab = open_model(facts, self.device, chooser)
         self.config = weights.config
-        self.model = LlamaModel(weights, max_positions=n_ctx + 64, compiled=compiled)  # + drafts
+        self.model = LlamaModel(weights, max_positions=n_ctx + 64, compiled=compiled,  # + drafts
+                                ahead_of_time=ahead_of_time)
         n_blocks = kv_blocks(self.config, n_ctx, kv_memory)
         if self.device.type == "cpu":
             refuse_beyond_available(n_blocks * kv_block_bytes(self.config),
@@ -135,8 +137,8 @@ class TorchExecutor(Executor):
             positions.append(pos)
             new_slots.append(slots)
             seqs.append((len(chunk.tokens), context, chunk.n_prompt))
-            logit_rows += range(offset + len(chunk.tokens) - chunk.n_logits,
-                                offset + len(chunk.tokens))
+            first = offset + len(chunk.tokens) - chunk.n_logits
+            logit_rows += [first + i for i in range(chunk.n_logits) if i not in chunk.no_logits]
         batch = Batch(torch.tensor(tokens), torch.cat(positions), torch.cat(new_slots), seqs,
                       torch.tensor(logit_rows, dtype=torch.long))
         return self.model.forward_batch(batch, self.kv)

@@ -36,8 +36,10 @@ class KVStore:
 
 class LlamaModel:
     def __init__(self, weights: ModelWeights, max_positions: int,
-                 compiled: bool | None = None) -> None:
-        """compiled: generated tokens' layers compiled (None: where layer_steps says so)."""
+                 compiled: bool | None = None, ahead_of_time: bool | None = None) -> None:
+        """compiled: generated tokens' layers compiled (None: where layer_steps says so);
+        ahead_of_time: their AOTInductor artifact (None: where compiled; True: also for an
+        otherwise eager model, a draft: no Dynamo guards, so no cost to the target's graphs)."""
         self.w = weights
         self.config = weights.config
         c = self.config
@@ -47,6 +49,8 @@ class LlamaModel:
         self.device = weights.embedding.device
         self.rope.to(self.device)
         self.steps = LayerSteps(compiles_by_default(self.device) if compiled is None else compiled)
+        self.ahead_of_time = self.steps.compiled if ahead_of_time is None else (
+            ahead_of_time and compiles_by_default(self.device))
         self.aot = None  # (the KV dtype it serves, its call per layer, weights per layer)
 
     def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -87,10 +91,12 @@ class LlamaModel:
         layer artifact (aot_layer.py); where that fails, torch.compile's graphs for one and two
         generated tokens at contexts of one and two PAD_TO buckets, after prompts of 17, 50
         and 1 tokens. Writes slots 0-73, which nothing reads before writing them again."""
-        if not self.steps.compiled or min(kv.scratch, self.rope.cos.shape[0]) < 74:
+        if min(kv.scratch, self.rope.cos.shape[0]) < 74:
             return
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and self.ahead_of_time:
             self._load_aot(kv)
+        if not self.steps.compiled:
+            return
         slots = torch.arange(74)
         for start, end, n_prompt in ((0, 17, 17), (17, 18, 0), (18, 20, 0), (20, 70, 70),
                                      (70, 71, 0), (71, 73, 0), (73, 74, 74)):
@@ -114,7 +120,8 @@ class LlamaModel:
                 per_layer.append(calls[key])
         except Exception as exc:  # noqa: BLE001 -- any failure leaves the compiled pieces
             logging.getLogger("localchat.engine").warning(
-                "generated tokens' layers not compiled ahead of time (%s); using torch.compile", exc)
+                "generated tokens' layers not compiled ahead of time (%s); using %s", exc,
+                "torch.compile" if self.steps.compiled else "eager steps")
             return
         self.aot = (kv.k.dtype, per_layer,
                     [aot_layer.layer_tensors(layer) for layer in self.w.layers])
