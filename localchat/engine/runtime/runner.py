@@ -17,9 +17,9 @@ from localchat.engine.base import SamplingParams
 from localchat.engine.runtime.executor_api import Chunk, Executor
 from localchat.engine.runtime.block_manager import BlockManager
 from localchat.engine.runtime.compute_thread import COMPUTE
+from localchat.engine.runtime.decided import decided_rows, fit_width, with_decided_rows
 from localchat.engine.runtime.guide import Guide, step_masks
 from localchat.engine.runtime.kv_disk import DiskCache
-from localchat.engine.runtime.decided import decided_rows, fit_width, with_decided_rows
 from localchat.engine.runtime.sampler import Row, argmax, distributions, penalized, sample
 from localchat.engine.runtime.scheduler import ScheduledChunk, Scheduler
 from localchat.engine.runtime.sequence import FINISHED, Sequence
