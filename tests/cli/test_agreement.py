@@ -28,6 +28,7 @@ def worse_by_chance(ours: dict, theirs: dict, sigmas: float = 3.0) -> float:
     return sigmas * math.sqrt(p * (1 - p) / ours["positions"] + q * (1 - q) / theirs["positions"])
 
 
+@pytest.mark.slow
 def test_same_weights_same_function(report):
     """On float32 weights (no rounding of activations on either side) the engines agree
     at every position (measured 100.00%, max logit diff 0.03-0.04): the forward pass is right.
@@ -39,6 +40,7 @@ def test_same_weights_same_function(report):
     assert report["greedy"]["F32"]["identical"] >= report["greedy"]["F32"]["prompts"] - 1
 
 
+@pytest.mark.slow
 def test_quantized_file_agrees_as_well_as_llama_cpp_agrees_with_itself(report):
     """On the Q4_1 file both round activations to 8 bits per block (llama.cpp's Q8_1; the
     torch executor the same where it runs q4q8, bfloat16 where int4pack was faster). Rounding

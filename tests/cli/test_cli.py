@@ -190,6 +190,7 @@ def test_ctrl_c_stops_the_reply_keeps_the_text_and_exits_130():
     assert "finish reason:        cancelled" in err
 
 
+@pytest.mark.slow
 def test_bench_json_has_both_engines_side_by_side():
     proc = localchat("bench", "-p", "32", "-g", "8", "-r", "1", "-c", "512", "--json",
                      timeout=300)
@@ -210,6 +211,7 @@ def test_bench_json_has_both_engines_side_by_side():
     assert limit["aggregate_16_tok_s"] > 0
 
 
+@pytest.mark.slow
 def test_bench_concurrency_section_compares_batching_with_one_at_a_time():
     proc = localchat("bench", "--engines", "", "-c", "512", "--concurrency", "1,3", "--json",
                      timeout=600)

@@ -108,6 +108,7 @@ def test_eval_table_json_shape(capsys):
     assert int4["perplexity"] > q8["perplexity"] and int4["worst_rel_error"] > q8["worst_rel_error"]
 
 
+@pytest.mark.slow
 def test_eval_table_scores_a_draft_beside_the_schemes(tmp_path, capsys):
     """A draft with fewer layers (random weights, the bundled vocabulary) gets a row with α
     and no matrix columns; --drafts without --table is refused in one line."""

@@ -77,7 +77,7 @@ def _assert_byte_identical(ours: Path, theirs: Path) -> dict[str, tuple[str, byt
     return a
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("type_name", ["Q4_0", pytest.param("Q8_0", marks=pytest.mark.slow)])
 def test_byte_identical_to_llama_cpps_quantizer_on_real_blocks(f32_two_layers, tmp_path, type_name):
     """Same float32 input, every tensor (types and bytes) and metadata key the same."""
     ours = quantize_gguf(f32_two_layers, tmp_path / "ours.gguf", type_name)
@@ -285,6 +285,7 @@ def test_bad_flags_are_one_line_errors(tmp_path):
     assert done.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_hf_directory_to_gguf_round_trips(hf_dir, f32_gguf, tmp_path):
     """GGUF -> HF (conftest's hf_dir) -> GGUF: the same float32 tensors bit for bit (Q/K
     permuted back), the same model and tokenizer metadata, identical greedy output."""

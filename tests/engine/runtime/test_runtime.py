@@ -106,6 +106,7 @@ def test_greedy_with_a_draft_batched_is_identical(runtime, alone, draft):
         engine.close()
 
 
+@pytest.mark.slow
 def test_speculative_sampling_is_distributed_as_plain_sampling(tmp_path):
     """Token 3 of many seeded replies (the first a draft proposes for: token 2 times a
     plain step), plain vs drafted by a Q4_0 copy of the model (close to it, so drafts are
