@@ -42,6 +42,9 @@ def serve(options, config: EngineConfig, sock: socket.socket, *, loopback: bool,
     """options: ServeOptions (server/__init__.py). The engine and llama.cpp slots the flags
     leave unset are serve's defaults (engine/serving.py), said in the start-up line."""
     choice = serving_config(config, options.max_queue)
+    if choice.config.engine == "torch":  # llama.cpp loads in a second; say why torch waits
+        print("localchat: loading on torch (the first start on a machine compiles its layers "
+              "for this CPU: 1-2 min; later starts take seconds)", file=sys.stderr, flush=True)
     engine = open_engine(choice.config)
     path = Path(engine.info.path)
     server = Server(engine, max_queue=options.max_queue,
