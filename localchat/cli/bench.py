@@ -34,6 +34,9 @@ def add_parser(sub, model: argparse.ArgumentParser) -> None:
                             "(-g tokens at most, at each --concurrency level; default 1); "
                             "restore: TTFT of a 3,000-token conversation reopened after a "
                             "restart from its KV snapshot, and of a sibling branch")
+    bench.add_argument("--busy", type=int, default=0, metavar="N",
+                       help="while benchmarking, N background processes each keep one core "
+                            "busy (a spin loop), as another program would (default: 0)")
     bench.add_argument("--json", action="store_true", help="print JSON")
     bench.set_defaults(handler=cmd_bench)
 
@@ -57,6 +60,17 @@ def speed_fixture(spec: str):
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from localchat.bench.busy import BusyCores, check_busy
+
+    busy = check_busy(args.busy)
+    if busy:
+        print(f"{busy} background process{'es' if busy > 1 else ''} keeping "
+              f"{busy} core{'s' if busy > 1 else ''} busy (--busy)", file=sys.stderr)
+    with BusyCores(busy):
+        return _bench(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
     if min(args.prompt_tokens, args.gen_tokens, args.repeats) < 1:
         raise UsageError("prompt tokens, gen tokens and repeats must each be >= 1")
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -70,7 +84,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         levels = parse_levels(args.concurrency)
     report: dict = {"model": None, "threads": args.threads, "prompt_tokens": args.prompt_tokens,
-                    "gen_tokens": args.gen_tokens, "repeats": args.repeats, "engines": {}}
+                    "gen_tokens": args.gen_tokens, "repeats": args.repeats, "engines": {},
+                    "busy": args.busy}
     config = engine_config(args)
     fixture = speed_fixture(config.model)
     if fixture is not None:
@@ -112,6 +127,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         if "fixture" in report:
             print(f"{args.model}: {FIXTURE_NOTE}")
+        if args.busy:
+            print(f"measured with {args.busy} other core-bound process(es) running (--busy)")
         if report["engines"]:
             print(format_table(report))
         if "speculative" in report:
@@ -131,7 +148,8 @@ def _bench_json_task(args: argparse.Namespace, engines: list[str]) -> int:
     from localchat.cli.bench_json import format_json_report
 
     levels = parse_levels(args.concurrency) if args.concurrency else [1]
-    report: dict = {"task": "json", "gen_tokens": args.gen_tokens, "engines": {}}
+    report: dict = {"task": "json", "gen_tokens": args.gen_tokens, "engines": {},
+                    "busy": args.busy}
     config = engine_config(args)
     for name in engines:
         engine = load_for_run(replace(config, engine=name, draft=NO_DRAFT, num_draft_tokens=None,
@@ -156,7 +174,7 @@ def _bench_restore_task(args: argparse.Namespace, engines: list[str]) -> int:
     from localchat.bench.kv_restore import bench_restore, format_restore
 
     config = engine_config(args)
-    report: dict = {"task": "restore", "engines": {}}
+    report: dict = {"task": "restore", "engines": {}, "busy": args.busy}
     for name in engines:
         print(f"benchmarking {name} (restore)…", file=sys.stderr)
         report["engines"][name] = bench_restore(
