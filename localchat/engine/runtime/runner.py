@@ -168,6 +168,7 @@ class Runner:
         chunks = self.scheduler.schedule()
         if not chunks:
             return False
+        self._prefill_draft(chunks)
         t0 = self.clock()
         speculating = self._propose(chunks)
         t_drafted = self.clock()
@@ -207,6 +208,17 @@ class Runner:
 
     # ---- speculation ---------------------------------------------------------------------
 
+    def _prefill_draft(self, chunks: list[ScheduledChunk]) -> None:
+        """The draft model's pass over the prompts whose prefill ends this step, in this
+        step (their TTFT) rather than in their first drafted round (their decode time);
+        only while the controller expects to draft, else the first probe catches up."""
+        if self.draft is None or not self.adaptive.expects_to_draft():
+            return
+        seqs = [c.seq for c in chunks
+                if c.seq.speculation is not None and c.samples and not c.decodes]
+        if seqs:
+            self.draft.prefill(seqs)
+
     def _propose(self, chunks: list[ScheduledChunk]) -> list[tuple[ScheduledChunk, int]]:
         """Draft tokens for every decoding sequence that speculates or whose grammar forces
         what comes next, appended to its chunk (and its blocks) for the target to verify.
@@ -218,8 +230,7 @@ class Runner:
         requests, owners, forced = [], [], []
         for chunk in chunks:
             seq = chunk.seq
-            if (seq.speculation is None and seq.guide is None) or not (
-                    chunk.samples and chunk.end - chunk.start == 1 and chunk.start >= seq.n_prompt):
+            if (seq.speculation is None and seq.guide is None) or not chunk.decodes:
                 continue
             room = min(self.n_ctx - len(seq.tokens) - 1,
                        seq.budget - len(seq.completion) - 1, budget)

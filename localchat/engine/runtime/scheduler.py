@@ -26,6 +26,11 @@ class ScheduledChunk:
     def samples(self) -> bool:
         return self.end == len(self.seq.tokens)
 
+    @property
+    def decodes(self) -> bool:
+        """One generated token in, the next out: a decode step (drafts may join it)."""
+        return self.samples and self.end - self.start == 1 and self.start >= self.seq.n_prompt
+
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_tokens_per_step: int = 512,

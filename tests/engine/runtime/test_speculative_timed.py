@@ -91,3 +91,40 @@ def test_auto_on_a_compute_bound_target_stays_within_noise_of_plain(engine):
             assert stats["measured_speedup"] >= 0.95, stats
     finally:
         eng.close()
+
+
+
+def test_the_drafts_prompt_pass_lands_in_the_prefill_step_not_in_decoding(engine):
+    """The draft model reads the prompt in the step that ends the target's prefill (TTFT,
+    as llama.cpp's speculative example does), so the first drafted round drafts alone: a
+    catch-up there was counted as decode time, and cost a long-prompt reply 20 % of its
+    measured speedup. The output stays plain decoding's."""
+    prompt = "Write a Python function that reverses a string, with a docstring."
+    plain, _ = generate(engine, prompt, 16)
+    eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2, draft="default"))
+    try:
+        clock = Clock()
+        eng.runner.clock = clock
+        target = clock.charge(eng.runner.executor, lambda ch: 1.0 + 0.002 * tokens_of(ch))
+        when: list[int] = []  # per draft pass: the target passes run before it
+
+        def draft_cost(chunks):
+            when.append(len(target))
+            return 0.1 + 0.001 * tokens_of(chunks)
+
+        drafted = clock.charge(eng.draft.executor, draft_cost)
+        generate(eng, "Hi", 4)  # times the target's step: the next request drafts at once
+        seen, before = len(target), len(drafted)
+        tokens, stats = generate(eng, prompt, 16)
+        assert tokens == plain
+        assert stats["proposed"] > 0 and stats["acceptance_rate"] == 1.0
+        passes, when = drafted[before:], when[before:]
+        # the draft's first pass is over the prompt, without logits, before the target's
+        # prefill pass (the same step)
+        (n_prompt, logits), = passes[0]
+        assert logits == 0 and n_prompt > 10 and when[0] == seen
+        assert target[seen][0][0] > 2  # that target pass is the prefill (a prefix of it cached)
+        # every later draft pass drafts: 1-2 tokens with a logits row, no catch-up
+        assert all(n <= 2 and lg == 1 for p in passes[1:] for n, lg in p), passes
+    finally:
+        eng.close()

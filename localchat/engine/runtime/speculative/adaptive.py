@@ -94,7 +94,7 @@ class AdaptiveGamma:
         elif self.fixed is not None:
             self.gamma = self.fixed
         else:
-            best = max(range(1, self.gamma_max + 1), key=lambda g: self.predicted(g, key))
+            best = self.peak(key)
             if self.predicted(best, key) > 1.0:
                 self._probe_wait = self.probe_every
                 self._rounds_in_a_row += 1
@@ -108,6 +108,16 @@ class AdaptiveGamma:
                 if self._probing:
                     self._plain_since_probe = 0
         return self.gamma
+
+    def expects_to_draft(self, key=None) -> bool:
+        """Whether a new request will likely draft soon: a fixed γ, no round timed yet,
+        or some γ predicted to pay."""
+        return self.fixed is not None or not self._c_all or \
+            self.predicted(self.peak(key), key) > 1.0
+
+    def peak(self, key=None) -> int:
+        """The γ (≥ 1) with the highest predicted speedup."""
+        return max(range(1, self.gamma_max + 1), key=lambda g: self.predicted(g, key))
 
     def predicted(self, gamma: int | None = None, key=None) -> float:
         g = self.gamma if gamma is None else gamma
@@ -157,7 +167,7 @@ class AdaptiveGamma:
                        max(0.0, verify_s / step - 1) / gamma)
         if self._probing:  # a probe that still predicts no gain waits twice as long next time
             self._probing = False
-            if max(self.predicted(g, key) for g in range(1, self.gamma_max + 1)) <= 1.0:
+            if self.predicted(self.peak(key), key) <= 1.0:
                 self._probe_wait = min(2 * (self._probe_wait or self.probe_every), self.probe_max)
 
 

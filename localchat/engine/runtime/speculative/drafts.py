@@ -1,7 +1,8 @@
 """Where draft tokens come from: a second model (any executor, same vocabulary, own block manager)
 or the sequence itself (prompt lookup). Each serves a step's speculating sequences at once
-(a model draft runs them as one batch per draft position): evidence() before γ is chosen,
-propose() γ tokens each, settle() to final tokens, retain() live."""
+(a model draft runs them as one batch per draft position): prefill() beside the target's
+prompt, evidence() before γ is chosen, propose() γ tokens each, settle() to final tokens,
+retain() live."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ class DraftSource(Protocol):
     auto: bool  # chosen for the user: seeded requests (reproducible ones) do not speculate
     alpha_priors: dict  # evidence key -> the acceptance expected before any is measured
     catch_up_s: float  # seconds the last propose() spent on the draft's own catch-up
+
+    def prefill(self, seqs: list[Sequence]) -> None:
+        """The draft's own pass over these sequences' prompts, run in the step that ends the
+        target's prefill (so that it counts in TTFT, not in decoding, as llama.cpp's
+        speculative example does)."""
 
     def evidence(self, seq: Sequence) -> object:
         """What this draft knows before drafting for seq: a key the acceptance is tracked
@@ -56,6 +62,9 @@ class ModelDraft:
 
     def evidence(self, seq: Sequence) -> None:
         return None
+
+    def prefill(self, seqs: list[Sequence]) -> None:
+        self._prefill([self._mirrors[seq.seq_id] for seq in seqs if self._catch_up(seq)])
 
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[Proposal]:
         drafts: list[list[int]] = [[] for _ in requests]
@@ -209,6 +218,9 @@ class NgramDraft:
                     length, follow = m, reply[end + 1:]
         return length, follow
 
+    def prefill(self, seqs: list[Sequence]) -> None:
+        pass
+
     def settle(self, seq: Sequence) -> None:
         pass
 
@@ -260,6 +272,9 @@ class LookupThenModel:
             return None
         self._looked_up.add(seq.seq_id)
         return key
+
+    def prefill(self, seqs: list[Sequence]) -> None:
+        self.model.prefill(seqs)
 
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[Proposal]:
         mine = [seq.seq_id in self._looked_up for seq, _ in requests]
