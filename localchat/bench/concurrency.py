@@ -38,12 +38,17 @@ def _summary(tokens: int, wall: float, latencies: list[float]) -> dict:
 
 def run_concurrent(engine, requests: list[Request]) -> dict:
     """All at once, each on its own thread (the runtime batches them)."""
+    return complete_concurrently(engine, requests)[0]
+
+
+def complete_concurrently(engine, requests: list[Request]) -> tuple[dict, list]:
+    """All at once, each on its own thread: (the summary, each request's Result)."""
     latencies: list[float] = [0.0] * len(requests)
-    tokens = [0] * len(requests)
+    results: list = [None] * len(requests)
     start = time.perf_counter()
 
     def work(i: int) -> None:
-        tokens[i] = engine.complete(requests[i]).stats.completion_tokens
+        results[i] = engine.complete(requests[i])
         latencies[i] = time.perf_counter() - start
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(requests))]
@@ -51,7 +56,8 @@ def run_concurrent(engine, requests: list[Request]) -> dict:
         t.start()
     for t in threads:
         t.join()
-    return _summary(sum(tokens), time.perf_counter() - start, latencies)
+    tokens = sum(r.stats.completion_tokens for r in results)
+    return _summary(tokens, time.perf_counter() - start, latencies), results
 
 
 def run_sequential(engine, requests: list[Request]) -> dict:

@@ -122,6 +122,11 @@ def _bench(args: argparse.Namespace) -> int:
 
         report["concurrency"] = bench_concurrency(config, levels)
         report["concurrency_knee"] = knees(report["concurrency"])
+        if args.draft_model or args.draft:  # the first engine's N requests with and without it
+            from localchat.bench.concurrent_drafts import bench_concurrent_drafts
+
+            report["concurrency_drafts"] = bench_concurrent_drafts(
+                replace(config, engine=engines[0]), levels)
     if args.json:
         print(json.dumps(report))
     else:
@@ -139,6 +144,10 @@ def _bench(args: argparse.Namespace) -> int:
             from localchat.cli.bench_concurrency import format_concurrency
 
             print("\n" + format_concurrency(report["concurrency"]))
+        if "concurrency_drafts" in report:
+            from localchat.cli.bench_concurrency import format_concurrent_drafts
+
+            print("\n" + format_concurrent_drafts(report["concurrency_drafts"]))
     return 0
 
 

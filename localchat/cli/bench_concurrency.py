@@ -28,3 +28,17 @@ def format_concurrency(table: dict[str, dict]) -> str:
             f"past {level} concurrent requests throughput grows < 15% while latency rises"
             if level is not None else "none within the measured levels"))
     return "\n".join(lines)
+
+
+def format_concurrent_drafts(report: dict) -> str:
+    lines = [f"concurrent requests with draft {report['draft']} ({report['engine']} engine), "
+             f"{GEN_TOKENS} tokens each, temperature 0 (drafted between two plain runs)",
+             f"{'N':>4} {'no draft':>9} {'draft':>9} {'speedup':>8} {'α':>5} {'tok/pass':>8}"
+             "  identical"]
+    for n, row in sorted(report["levels"].items(), key=lambda kv: int(kv[0])):
+        lines.append(f"{n:>4} {row['no_draft_tok_s']:9.1f} {row['draft_tok_s']:9.1f} "
+                     f"{row['speedup']:7.2f}x {row['alpha']:5.2f} "
+                     f"{row['tokens_per_target_pass']:8.2f}  "
+                     f"{'yes' if row['identical_output'] else 'NO'}")
+    lines.append("  (aggregate tok/s of all N replies, prefill included)")
+    return "\n".join(lines)

@@ -54,6 +54,9 @@ class AdaptiveGamma:
     probe_max: int = 256  # a probe that finds no gain doubles the wait, up to this
     window: int = 16  # timings kept per estimate; the estimate is their median
     remeasure_every: int = 32  # rounds in a row before a plain step re-times the target
+    # plain steps timed before the first round: a median of 3 drops the first call's
+    # one-off cost (allocations, kernels loaded), which made c and β look small
+    plain_first: int = 3
     smoothing: float = 0.2  # α's exponential average
     alpha: float = 0.6  # all rounds' acceptance; also the prior of keys with none below
     alpha_priors: dict = field(default_factory=dict)  # key -> prior α for that evidence
@@ -89,8 +92,9 @@ class AdaptiveGamma:
         return {g: median(v) for g, v in self._extra.items() if v}
 
     def choose(self, key=None) -> int:
-        if self.target_step_s is None:
-            self.gamma = 0  # time one plain target step first: c and the speedup need it
+        if self.target_step_s is None or (
+                self.fixed is None and len(self._plain) < self.plain_first):
+            self.gamma = 0  # time plain target steps first: c, β and the speedup need them
         elif self.fixed is not None:
             self.gamma = self.fixed
         else:

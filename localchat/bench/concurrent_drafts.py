@@ -1,0 +1,59 @@
+"""`localchat bench --concurrency N` with a draft (--draft-model or --draft): N concurrent
+greedy requests on the engine with the draft against the same N on the engine without it,
+alternated (plain, drafted, plain) so that a shared machine's drift cancels; aggregate tok/s,
+the speedup, the drafts' acceptance and whether every reply is identical."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+from localchat.bench.concurrency import GREEDY, chat_requests, complete_concurrently
+from localchat.engine import open_engine
+from localchat.engine.base import Message, Request
+from localchat.engine.config import NO_DRAFT, EngineConfig
+
+OFFSET = 500_000  # prompts of their own: no prefix-cache hits from the plain concurrency table
+
+
+def _level(plain, drafted, n: int) -> dict:
+    requests = chat_requests(n, OFFSET + 1000 * n)
+    before, base_results = complete_concurrently(plain, requests)
+    with_draft, results = complete_concurrently(drafted, requests)
+    after = complete_concurrently(plain, requests)[0]  # its prompts cached: prefill is cheaper
+    base = (before["aggregate_tok_s"] + after["aggregate_tok_s"]) / 2
+    drafts = [r.stats.draft or {} for r in results]
+    proposed = sum(d.get("proposed", 0) for d in drafts)
+    accepted = sum(d.get("accepted", 0) for d in drafts)
+    passes = [d["tokens_per_target_pass"] for d in drafts if d.get("tokens_per_target_pass")]
+    return {
+        "no_draft_tok_s": base, "draft_tok_s": with_draft["aggregate_tok_s"],
+        "speedup": with_draft["aggregate_tok_s"] / base if base else 0.0,
+        "no_draft_runs_tok_s": [before["aggregate_tok_s"], after["aggregate_tok_s"]],
+        "draft_p50_latency_s": with_draft["p50_latency_s"],
+        "no_draft_p50_latency_s": before["p50_latency_s"],
+        "alpha": accepted / proposed if proposed else 0.0, "proposed": proposed,
+        "tokens_per_target_pass": sum(passes) / len(passes) if passes else 1.0,
+        "identical_output": [r.text for r in results] == [r.text for r in base_results],
+    }
+
+
+def bench_concurrent_drafts(config: EngineConfig, levels: list[int]) -> dict:
+    """{"N": {...}} per level: the first engine with the draft vs without, N at once."""
+    parallel = max(levels)
+    plain = open_engine(replace(config, draft=NO_DRAFT, num_draft_tokens=None, parallel=parallel))
+    try:
+        drafted = open_engine(replace(config, parallel=parallel))
+        try:
+            warm = Request(messages=[Message("user", "Hi")], sampling=GREEDY, max_tokens=8)
+            for engine in (plain, drafted):
+                engine.complete(warm)
+            table = {}
+            for n in levels:
+                print(f"concurrency {n} with and without the draft…", file=sys.stderr)
+                table[str(n)] = _level(plain, drafted, n)
+        finally:
+            drafted.close()
+    finally:
+        plain.close()
+    return {"engine": config.engine, "draft": config.draft.record(), "levels": table}
