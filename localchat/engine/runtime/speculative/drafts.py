@@ -64,7 +64,10 @@ class ModelDraft:
         return None
 
     def prefill(self, seqs: list[Sequence]) -> None:
-        self._prefill([self._mirrors[seq.seq_id] for seq in seqs if self._catch_up(seq)])
+        """The whole prompt, as the catch-up in the first round read it (a self-draft's
+        KV then matches the target's and it keeps every draft)."""
+        self._prefill([self._mirrors[seq.seq_id] for seq in seqs if self._catch_up(seq)],
+                      whole=True)
 
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[Proposal]:
         drafts: list[list[int]] = [[] for _ in requests]
@@ -95,16 +98,17 @@ class ModelDraft:
                 drafts[i].append(token)
         return [(d, torch.stack(q) if q else None) for d, q in zip(drafts, dists)]
 
-    def _prefill(self, mirrors: list[Sequence]) -> None:
-        """One pass over the mirrors' unseen tokens but the last, where more than
-        CATCH_UP_AFTER wait (after a prompt, or rounds off): timed as catch_up_s, so that c
-        measures drafting alone."""
+    def _prefill(self, mirrors: list[Sequence], whole: bool = False) -> None:
+        """One pass over the mirrors' unseen tokens but the last (whole: all of them),
+        where more than CATCH_UP_AFTER wait (after a prompt, or rounds off): timed as
+        catch_up_s, so that c measures drafting alone."""
         t0 = self.clock()
+        end = len if whole else (lambda tokens: len(tokens) - 1)
         behind = [m for m in mirrors if len(m.tokens) - m.computed > self.CATCH_UP_AFTER]
         if behind:
-            self.executor.forward([self._chunk(m, len(m.tokens) - 1, n_logits=0) for m in behind])
+            self.executor.forward([self._chunk(m, end(m.tokens), n_logits=0) for m in behind])
             for m in behind:
-                m.computed = len(m.tokens) - 1
+                m.computed = end(m.tokens)
         self.catch_up_s = self.clock() - t0
 
     def _chunk(self, mirror: Sequence, end: int, n_logits: int) -> Chunk:
