@@ -419,7 +419,12 @@ at::Tensor blocks_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tens
     }
   }
   const int64_t sx_row = F == W2K ? 2 * G : G;
+  // Activations in blocks of M_BLOCK rows, each used by every weight row of the thread's
+  // share while it is in L2 (a prompt's rows would otherwise be read again for each weight row)
+  const int64_t m_block = 64;  // 128 KB of int8 codes at K = 2048: 1.1x faster at 512 rows
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+   for (int64_t m0 = 0; m0 < M; m0 += m_block) {
+    const int64_t m1 = std::min(M, m0 + m_block);
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* wr = W + n * row_bytes;
       const uint32_t* hr = H ? H + n * (F == W6K ? 2 * G : G) : nullptr;
@@ -449,10 +454,11 @@ at::Tensor blocks_mm(const at::Tensor& x_in, const at::Tensor& w, const at::Tens
           rows_dot<T, F>(wr, hr, (const float*)dr, sr, (const float*)mr, G, K, x_rows, dx_rows,
                          sx.data() + m * sx_row, Y + m * N + n, N);
       };
-      int64_t m = 0;
-      for (; m + 4 <= M; m += 4) rows(std::integral_constant<int, 4>(), m);
-      for (; m < M; ++m) rows(std::integral_constant<int, 1>(), m);
+      int64_t m = m0;
+      for (; m + 4 <= m1; m += 4) rows(std::integral_constant<int, 4>(), m);
+      for (; m < m1; ++m) rows(std::integral_constant<int, 1>(), m);
     }
+   }
   });
   return y;
 }
