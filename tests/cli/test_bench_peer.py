@@ -17,8 +17,8 @@ from localchat.bench.peer import (PEER_ENV, PeerSetting, parse_rows, peer_comman
                                   peer_ratios, peer_settings)
 from localchat.cli.bench_peer import format_peer
 
-# llama-bench b<n> (the native build of llama-cpp-python 0.3.36's llama.cpp) on the bundled
-# model: the two runs peer_command makes for -p 16 -g 8 -r 3 -t 2, K q8_0 / V f16
+# real llama-bench output (a native build of llama-cpp-python 0.3.36's llama.cpp, on the
+# bundled model): the two runs peer_command makes for -p 16 -g 8 -r 3 -t 2, K q8_0 / V f16
 SAMPLE = Path(__file__).parent / "llama_bench_sample.json"
 OURS = PeerSetting("q8_0", "f16", "as our llama.cpp executor")
 PEER = os.environ.get(PEER_ENV)
