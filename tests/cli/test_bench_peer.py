@@ -136,6 +136,7 @@ def test_peer_is_for_the_speed_task():
 
 
 @needs_peer
+@pytest.mark.slow
 def test_the_real_peer_beside_our_llama_cpp_engine():
     proc = localchat("bench", "--engines", "llama.cpp", "-p", "16", "-g", "8", "-r", "1",
                      "-c", "512", "-t", "2", "--json", "--peer", timeout=300)
