@@ -48,7 +48,7 @@ def format_peer(report: dict) -> str:
     peer = report["peer"]
     s = peer["settings"]
     caches = s["cache_types"]
-    width = 40
+    width = 44
     lines = [f"peer: llama-bench {peer['build']} at {peer['binary']}",
              f"  CPU {peer['cpu_info']} ({peer['backends']}), -t {s['threads']} -fa "
              f"{s['flash_attn']}, mean ± stddev of {s['repeats']} repeats; decode at depth "
