@@ -10,6 +10,7 @@ import sys
 from dataclasses import replace
 
 from localchat.bench.engine import CHAT_TURNS, bench_engine
+from localchat.cli.bench_peer import PeerStep, format_peer
 from localchat.errors import UsageError
 from localchat.cli.flags import engine_config, load_for_run
 from localchat.engine.config import NO_DRAFT
@@ -34,6 +35,13 @@ def add_parser(sub, model: argparse.ArgumentParser) -> None:
                             "(-g tokens at most, at each --concurrency level; default 1); "
                             "restore: TTFT of a 3,000-token conversation reopened after a "
                             "restart from its KV snapshot, and of a sibling branch")
+    bench.add_argument("--peer", nargs="?", const="", default=None, metavar="LLAMA_BENCH",
+                       help="also run llama.cpp's own llama-bench (this path; without one, "
+                            "$LOCALCHAT_LLAMA_BENCH or llama-bench on PATH; "
+                            "scripts/build-peers builds it) on the same GGUF file with the "
+                            "same -p/-g/-r/-t, decode at depth -p, with our llama.cpp "
+                            "executor's K/V cache types and with its default f16; each "
+                            "engine's rates as a ratio of it")
     bench.add_argument("--json", action="store_true", help="print JSON")
     bench.set_defaults(handler=cmd_bench)
 
@@ -60,6 +68,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if min(args.prompt_tokens, args.gen_tokens, args.repeats) < 1:
         raise UsageError("prompt tokens, gen tokens and repeats must each be >= 1")
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if getattr(args, "peer", None) is not None and getattr(args, "task", "speed") != "speed":
+        raise UsageError("--peer compares prefill and decode: it is for --task speed")
     if getattr(args, "task", "speed") == "json":
         return _bench_json_task(args, engines)
     if getattr(args, "task", "speed") == "restore":
@@ -77,7 +87,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         config = replace(config, model=str(fixture))
         report["fixture"] = FIXTURE_NOTE
         print(f"{args.model}: {FIXTURE_NOTE}", file=sys.stderr)
+    peer = PeerStep(args, config, report, first=engines[0] if engines else None)
     for name in engines:
+        peer.before(name)
         engine = load_for_run(replace(config, engine=name, draft=NO_DRAFT, num_draft_tokens=None,
                                       parallel=None))
         try:
@@ -97,6 +109,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     limit.close()
         finally:
             engine.close()
+    peer.finish()
     if args.draft_model or args.draft:  # beside `engines`: the first engine with and without it
         from localchat.bench.speculative import bench_speculative
 
@@ -114,6 +127,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"{args.model}: {FIXTURE_NOTE}")
         if report["engines"]:
             print(format_table(report))
+        if "peer" in report:
+            print(("\n" if report["engines"] else "") + format_peer(report))
         if "speculative" in report:
             from localchat.cli.bench_speculative import format_speculative
 
