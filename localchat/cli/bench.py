@@ -22,19 +22,26 @@ def add_parser(sub, model: argparse.ArgumentParser) -> None:
                            description="Prefill and decode speed, llama-bench style.")
     bench.add_argument("-p", "--prompt-tokens", type=int, default=512, help="(default: %(default)s)")
     bench.add_argument("-g", "--gen-tokens", type=int, default=128, help="(default: %(default)s)")
-    bench.add_argument("-r", "--repeats", type=int, default=5, help="(default: %(default)s)")
+    bench.add_argument("-r", "--repeats", type=int, default=None,
+                       help="(default: 5; --task serve: 2 rounds)")
     bench.add_argument("--engines", default="torch,llama.cpp",
                        help="comma-separated engines to compare (default: %(default)s)")
     bench.add_argument("--concurrency", default=None, metavar="N[,N...]",
                        help="also serve N concurrent requests (64 tokens each): the runtime "
                             "batching them on each executor, and llama.cpp one after "
-                            "another, e.g. 1,4,16")
-    bench.add_argument("--task", choices=("speed", "json", "restore"), default="speed",
+                            "another, e.g. 1,4,16 (--task serve: N clients, default 16)")
+    bench.add_argument("--task", choices=("speed", "json", "restore", "serve"), default="speed",
                        help="speed: prefill and decode; json: free vs JSON-schema-constrained "
                             "decoding of the same prompts, with and without forced drafts "
                             "(-g tokens at most, at each --concurrency level; default 1); "
                             "restore: TTFT of a 3,000-token conversation reopened after a "
-                            "restart from its KV snapshot, and of a sibling branch")
+                            "restart from its KV snapshot, and of a sibling branch; "
+                            "serve: --concurrency clients streaming -g tokens each from "
+                            "`localchat serve` (its defaults), and from --peer-server, "
+                            "alternating for -r rounds")
+    bench.add_argument("--peer-server", default=None, metavar="PATH",
+                       help="--task serve: a llama-server binary, run with -np N and N "
+                            "contexts, to load the same way beside ours")
     bench.add_argument("--peer", nargs="?", const="", default=None, metavar="LLAMA_BENCH",
                        help="also run llama.cpp's own llama-bench (this path; without one, "
                             "$LOCALCHAT_LLAMA_BENCH or llama-bench on PATH; "
@@ -65,14 +72,23 @@ def speed_fixture(spec: str):
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    task = getattr(args, "task", "speed")
+    if args.repeats is None:
+        args.repeats = 2 if task == "serve" else 5
+    if args.peer_server is not None and task != "serve":
+        raise UsageError("--peer-server is for --task serve")
     if min(args.prompt_tokens, args.gen_tokens, args.repeats) < 1:
         raise UsageError("prompt tokens, gen tokens and repeats must each be >= 1")
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if getattr(args, "peer", None) is not None and getattr(args, "task", "speed") != "speed":
+    if getattr(args, "peer", None) is not None and task != "speed":
         raise UsageError("--peer compares prefill and decode: it is for --task speed")
-    if getattr(args, "task", "speed") == "json":
+    if task == "serve":
+        from localchat.cli.bench_serve import run_serve_task
+
+        return run_serve_task(args)
+    if task == "json":
         return _bench_json_task(args, engines)
-    if getattr(args, "task", "speed") == "restore":
+    if task == "restore":
         return _bench_restore_task(args, engines)
     levels = None
     if args.concurrency:
