@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 
 from localchat.bench.serve_task import ServeLoad, bench_serve
 from localchat.bench.served import OURS, PEER, check_peer_binary
@@ -54,12 +55,20 @@ def run_serve_task(args: argparse.Namespace) -> int:
     if peer is not None and args.chat_template:
         raise UsageError("--chat-template: the peer renders the GGUF's own template; "
                          "compare without it")
-    report = bench_serve(ServeLoad(
-        model=args.model, serve_flags=serve_flags(args, clients), peer=peer,
-        concurrency=clients, gen_tokens=args.gen_tokens, rounds=args.repeats,
-        threads=args.threads, ctx_size=args.ctx_size))
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so the servers are stopped
+    try:
+        report = bench_serve(ServeLoad(
+            model=args.model, serve_flags=serve_flags(args, clients), peer=peer,
+            concurrency=clients, gen_tokens=args.gen_tokens, rounds=args.repeats,
+            threads=args.threads, ctx_size=args.ctx_size))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(json.dumps(report) if args.json else format_serve(report))
     return 0
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def format_serve(report: dict) -> str:

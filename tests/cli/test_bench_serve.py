@@ -129,8 +129,10 @@ def children(pid: int) -> set[int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs /proc")
-def test_ctrl_c_stops_the_server(tmp_path):
-    """SIGINT while the clients run: exit 130, and the server it started is gone."""
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stopped_bench_stops_its_server(sig, code):
+    """Ctrl+C (or SIGTERM) while the server starts or the clients run: the bench exits
+    130 (143) and the server it started is gone."""
     proc = subprocess.Popen([sys.executable, "-m", "localchat", "bench", "--task", "serve",
                              "--engine", "llama.cpp", "-t", "1", "-g", "4000",
                              "--concurrency", "1", "-r", "1"],
@@ -147,12 +149,12 @@ def test_ctrl_c_stops_the_server(tmp_path):
             time.sleep(0.2)
         assert server is not None
         time.sleep(3)  # started: up, or the bench waiting for it
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert "Traceback" not in err
     assert not Path(f"/proc/{server}").exists() or \
         "Z" in Path(f"/proc/{server}/stat").read_text().split()[2]
