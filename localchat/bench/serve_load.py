@@ -73,7 +73,9 @@ def run_clients(url: str, conversations: list[list[dict]], max_tokens: int) -> d
     results: list[dict | None] = [None] * n
     errors: list[str] = []
     gate = threading.Barrier(n + 1)
-    limits = httpx2.Limits(max_connections=n, max_keepalive_connections=n)
+    # a fresh connection per request: llama-server may close a kept-alive one after a
+    # stream, and a client reusing it then fails ("disconnected without a response")
+    limits = httpx2.Limits(max_connections=n, max_keepalive_connections=0)
     with httpx2.Client(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
         model = served_model(client)
         stream_one(client, chat_body(model, [{"role": "user", "content": "Hi"}], 4), 0.0)
