@@ -13,7 +13,7 @@ from pathlib import Path
 from localchat.bench.concurrency import chat_requests
 from localchat.bench.serve_load import run_clients
 from localchat.bench.served import OURS, PEER, scratch_dir, start_ours, start_peer
-from localchat.errors import UsageError
+from localchat.errors import EngineError, UsageError
 from localchat.models.facts import load_context
 
 MEDIAN_KEYS = ("aggregate_tok_s", "ttft_p50_s", "ttft_p90_s", "decode_tok_s_median")
@@ -67,6 +67,10 @@ def bench_serve(load: ServeLoad) -> dict:
                                      Path(tmp)))
                 try:
                     run = run_clients(served.url, prompts, load.gen_tokens)
+                except EngineError as exc:  # say which server; if it died, its last words
+                    died = served.proc.poll() is not None
+                    raise EngineError(f"{side}: {exc}" + (
+                        f" (it exited: {served.last_line()})" if died else "")) from None
                 finally:
                     served.stop()
                 entry = report["servers"].setdefault(side, {

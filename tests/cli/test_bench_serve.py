@@ -111,6 +111,16 @@ def test_bad_peer_paths_are_one_line_errors(tmp_path):
     assert_one_line_error(localchat("bench", "--peer-server", str(broken)), "--task serve")
 
 
+def test_a_refused_request_is_a_one_line_error_naming_the_server():
+    proc = localchat("bench", "--task", "serve", "--engine", "llama.cpp", "-t", "1", "-c", "256",
+                     "-g", "1000", "--concurrency", "1", "-r", "1")
+    assert proc.returncode == 1 and proc.stdout == "" and "Traceback" not in proc.stderr
+    progress, error = proc.stderr.strip().splitlines()  # the round's line, then the error
+    assert progress.startswith("round 1/1: localchat")
+    assert error.startswith("localchat: error: localchat: client 0: POST /v1/chat/completions "
+                            "answered 400") and "max_tokens" in error
+
+
 def test_a_peer_that_fails_to_start_names_its_last_line(tmp_path):
     fake = tmp_path / "llama-server"
     fake.write_text("#!/bin/sh\necho 'loading model'\n"
