@@ -10,6 +10,7 @@ import sys
 from dataclasses import replace
 
 from localchat.bench.engine import CHAT_TURNS, bench_engine
+from localchat.cli.bench_peer import PeerStep, format_peer
 from localchat.errors import UsageError
 from localchat.cli.flags import engine_config, load_for_run
 from localchat.engine.config import NO_DRAFT
@@ -21,19 +22,33 @@ def add_parser(sub, model: argparse.ArgumentParser) -> None:
                            description="Prefill and decode speed, llama-bench style.")
     bench.add_argument("-p", "--prompt-tokens", type=int, default=512, help="(default: %(default)s)")
     bench.add_argument("-g", "--gen-tokens", type=int, default=128, help="(default: %(default)s)")
-    bench.add_argument("-r", "--repeats", type=int, default=5, help="(default: %(default)s)")
+    bench.add_argument("-r", "--repeats", type=int, default=None,
+                       help="(default: 5; --task serve: 2 rounds)")
     bench.add_argument("--engines", default="torch,llama.cpp",
                        help="comma-separated engines to compare (default: %(default)s)")
     bench.add_argument("--concurrency", default=None, metavar="N[,N...]",
                        help="also serve N concurrent requests (64 tokens each): the runtime "
                             "batching them on each executor, and llama.cpp one after "
-                            "another, e.g. 1,4,16")
-    bench.add_argument("--task", choices=("speed", "json", "restore"), default="speed",
+                            "another, e.g. 1,4,16 (--task serve: N clients, default 16)")
+    bench.add_argument("--task", choices=("speed", "json", "restore", "serve"), default="speed",
                        help="speed: prefill and decode; json: free vs JSON-schema-constrained "
                             "decoding of the same prompts, with and without forced drafts "
                             "(-g tokens at most, at each --concurrency level; default 1); "
                             "restore: TTFT of a 3,000-token conversation reopened after a "
-                            "restart from its KV snapshot, and of a sibling branch")
+                            "restart from its KV snapshot, and of a sibling branch; "
+                            "serve: --concurrency clients streaming -g tokens each from "
+                            "`localchat serve` (its defaults), and from --peer-server, "
+                            "alternating for -r rounds")
+    bench.add_argument("--peer-server", default=None, metavar="PATH",
+                       help="--task serve: a llama-server binary, run with -np N and N "
+                            "contexts, to load the same way beside ours")
+    bench.add_argument("--peer", nargs="?", const="", default=None, metavar="LLAMA_BENCH",
+                       help="also run llama.cpp's own llama-bench (this path; without one, "
+                            "$LOCALCHAT_LLAMA_BENCH or llama-bench on PATH; "
+                            "scripts/build-peers builds it) on the same GGUF file with the "
+                            "same -p/-g/-r/-t, decode at depth -p, with our llama.cpp "
+                            "executor's K/V cache types and with its default f16; each "
+                            "engine's rates as a ratio of it")
     bench.add_argument("--busy", type=int, default=0, metavar="N",
                        help="while benchmarking, N background processes each keep one core "
                             "busy (a spin loop), as another program would (default: 0)")
@@ -71,12 +86,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    task = getattr(args, "task", "speed")
+    if args.repeats is None:
+        args.repeats = 2 if task == "serve" else 5
+    if args.peer_server is not None and task != "serve":
+        raise UsageError("--peer-server is for --task serve")
     if min(args.prompt_tokens, args.gen_tokens, args.repeats) < 1:
         raise UsageError("prompt tokens, gen tokens and repeats must each be >= 1")
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if getattr(args, "task", "speed") == "json":
+    if getattr(args, "peer", None) is not None and task != "speed":
+        raise UsageError("--peer compares prefill and decode: it is for --task speed")
+    if task == "serve":
+        from localchat.cli.bench_serve import run_serve_task
+
+        return run_serve_task(args)
+    if task == "json":
         return _bench_json_task(args, engines)
-    if getattr(args, "task", "speed") == "restore":
+    if task == "restore":
         return _bench_restore_task(args, engines)
     levels = None
     if args.concurrency:
@@ -92,7 +118,9 @@ def _bench(args: argparse.Namespace) -> int:
         config = replace(config, model=str(fixture))
         report["fixture"] = FIXTURE_NOTE
         print(f"{args.model}: {FIXTURE_NOTE}", file=sys.stderr)
+    peer = PeerStep(args, config, report, first=engines[0] if engines else None)
     for name in engines:
+        peer.before(name)
         engine = load_for_run(replace(config, engine=name, draft=NO_DRAFT, num_draft_tokens=None,
                                       parallel=None))
         try:
@@ -112,6 +140,7 @@ def _bench(args: argparse.Namespace) -> int:
                     limit.close()
         finally:
             engine.close()
+    peer.finish()
     if args.draft_model or args.draft:  # beside `engines`: the first engine with and without it
         from localchat.bench.speculative import bench_speculative
 
@@ -136,6 +165,8 @@ def _bench(args: argparse.Namespace) -> int:
             print(f"measured with {args.busy} other core-bound process(es) running (--busy)")
         if report["engines"]:
             print(format_table(report))
+        if "peer" in report:
+            print(("\n" if report["engines"] else "") + format_peer(report))
         if "speculative" in report:
             from localchat.cli.bench_speculative import format_speculative
 

@@ -106,9 +106,11 @@ def test_commit_path_traversal_is_one_line(fake_hub: FakeHub, body: bytes, tmp_p
 
 @pytest.mark.parametrize("stall", [False, True], ids=["cut", "stalled"])
 def test_cut_body_gives_up_after_bounded_attempts(fake_hub: FakeHub, body: bytes, tmp_path: Path,
-                                                  stall: bool) -> None:
+                                                  stall: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 39 #4: a body cut (or stalled) mid-download: MAX_ATTEMPTS resumed GETs, then one
     line, and no .incomplete file left to grow."""
+    if stall:  # each attempt waits out the read timeout: half a second, not the fixture's 1 s
+        monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 0.5)
     f = fake_hub.add(REPO, "tiny.gguf", HubFile(body, cut=50, stall=stall))
     with pytest.raises(HubError, match=rf"gave up after {hub_download.MAX_ATTEMPTS} attempts"):
         fetch(parse_hub_ref(f"{REPO}:tiny.gguf"))

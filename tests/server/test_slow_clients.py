@@ -25,6 +25,16 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
     proc.stop()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def stalled_body(server: ServerProcess) -> Iterator[socket.socket]:
+    """A request whose body stops coming, sent as the module starts: the server's wait for
+    it (BODY_IDLE_S) runs while the first test waits for its own sockets to be closed."""
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"prompt\": ")
+        yield sock
+
+
 def _closed_by_server(sock: socket.socket) -> bool:
     """Read until the server closes the socket (True) or the wait runs out (False)."""
     sock.settimeout(WAIT_FOR_CLOSE_S)
@@ -52,10 +62,7 @@ def test_idle_and_half_sent_sockets_neither_block_health_nor_stay_open(server: S
             sock.close()
 
 
-def test_a_body_that_stops_coming_is_dropped(server: ServerProcess) -> None:
-    with socket.create_connection(("127.0.0.1", server.port)) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"prompt\": ")
-        assert _closed_by_server(sock)
-        response = httpx2.get(server.url + "/health", timeout=30)
-        assert response.status_code == 200
+def test_a_body_that_stops_coming_is_dropped(server: ServerProcess, stalled_body: socket.socket) -> None:
+    assert _closed_by_server(stalled_body)
+    response = httpx2.get(server.url + "/health", timeout=30)
+    assert response.status_code == 200

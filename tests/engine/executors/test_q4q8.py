@@ -74,6 +74,24 @@ def test_4_bit_blocks_times_rounded_activations_are_llama_cpps_sums(act, isa, mo
 
 
 @ISAS
+@pytest.mark.parametrize("k", [480, 512])  # 15 groups: the AVX2 path on every CPU
+def test_q4_0_in_its_own_bits_is_llama_cpps_sum(k, isa, monkeypatch):
+    """Q4_0 held as the file holds it (nibbles, float16 d: 4.5 bits) sums (q − 8)·d as
+    llama.cpp's Q4_0 dot product does."""
+    monkeypatch.setenv("LOCALCHAT_Q4Q8_ISA", isa)
+    rng = np.random.default_rng(2)
+    n, rows = 40, 5
+    q = rng.integers(0, 16, (n, k))
+    d = (rng.random((n, k // 32)) * 0.02).astype(np.float16)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    layer = q4q8.Q4S8Linear(torch.from_numpy(q), torch.from_numpy(d))
+    assert layer.scale.dtype == torch.float16 and layer.packed.numel() == n * k // 2
+    ours = layer(torch.from_numpy(x)).double().numpy()
+    expected = _expected(x, "q8_0", q - 8, np.repeat(d.astype(np.float32), 2, axis=-1))
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+
+
+@ISAS
 @pytest.mark.parametrize("k", [480, 512])  # 15 groups a row: the AVX2 path on every CPU
 def test_2_3_5_8_and_6_bit_blocks_times_rounded_activations_are_llama_cpps_sums(k, isa, monkeypatch):
     monkeypatch.setenv("LOCALCHAT_Q4Q8_ISA", isa)

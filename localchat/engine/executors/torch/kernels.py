@@ -16,8 +16,8 @@ import torch
 
 from localchat.atomic import atomic_write_text
 from localchat.engine.executors.torch import q4q8
-from localchat.engine.executors.torch.q4q8 import (Q2Q8Linear, Q3Q8Linear, Q4Q8Linear, Q5Q8Linear,
-                                                  Q6Q8Linear, Q8Q8Linear)
+from localchat.engine.executors.torch.q4q8 import (Q2Q8Linear, Q3Q8Linear, Q4Q8Linear, Q4S8Linear,
+                                                  Q5Q8Linear, Q6Q8Linear, Q8Q8Linear)
 from localchat.engine.executors.torch.qlinear import (DenseLinear, HalfLinear, Int4Linear,
                                                      Int4PairLinear, Int8Linear)
 from localchat.errors import EngineError
@@ -96,6 +96,16 @@ def _q4_blocks(m: SourceMatrix) -> tuple | None:
     return m.q4_blocks
 
 
+def _q4_0_blocks(m: SourceMatrix) -> tuple | None:
+    """A Q4_0 file's (q, d float16) where every block's offset is −8·d, else None."""
+    if m.kind != "Q4_0" or m.q4_blocks is None or m.q4_blocks[3] is not None:
+        return None
+    q, scale, minimum, _ = m.q4_blocks
+    if scale.dtype != torch.float16 or not torch.equal(minimum.float(), -8 * scale.float()):
+        return None
+    return q, scale
+
+
 def _dense(dtype: torch.dtype) -> Callable[[SourceMatrix, torch.device], torch.nn.Module]:
     def build(m: SourceMatrix, device: torch.device) -> torch.nn.Module:
         w = m.dense.to(device)
@@ -122,6 +132,8 @@ KERNELS = (
            lambda m, dev: Int4PairLinear(*m.q8_blocks, dev)),
     Kernel("q4q8", 6.0, lambda m: _q4_blocks(m) is not None and m.activations is not None,
            lambda m, dev: Q4Q8Linear(*_q4_blocks(m), m.activations, dev), as_llama_cpp=True),
+    Kernel("q4s8", 4.5, lambda m: m.activations == "q8_0" and _q4_0_blocks(m) is not None,
+           lambda m, dev: Q4S8Linear(*_q4_0_blocks(m), dev), as_llama_cpp=True),
     Kernel("q5q8", 6.0, lambda m: m.q5_blocks is not None and m.activations is not None,
            lambda m, dev: Q5Q8Linear(*m.q5_blocks, m.activations, dev), as_llama_cpp=True),
     Kernel("q8q8", 8.5, lambda m: m.q8_blocks is not None,

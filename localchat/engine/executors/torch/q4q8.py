@@ -43,7 +43,7 @@ def available() -> bool:
     except Exception as exc:  # noqa: BLE001 -- no toolchain or headers: PyTorch's kernels only
         logging.getLogger("localchat.engine").info("q4q8 kernel not built (%s)", exc)
         return False
-    for op in ("q4q8_mm", "q5q8_mm", "q8q8_mm", "q6q8_mm", "q3q8_mm", "q2q8_mm"):
+    for op in ("q4q8_mm", "q4s8_mm", "q5q8_mm", "q8q8_mm", "q6q8_mm", "q3q8_mm", "q2q8_mm"):
         torch.library.register_fake(f"localchat::{op}")(
             lambda x, w, *rest: x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32))
     return True
@@ -148,6 +148,21 @@ class Q4Q8Linear(BlockLinear):
         return self._out(torch.ops.localchat.q4q8_mm(
             x.reshape(-1, self.in_features), self.packed, self.scale, self.minimum, self.sup,
             self.act), x)
+
+
+class Q4S8Linear(BlockLinear):
+    """Q4_0 in its own 4.5 bits: w = (q − 8)·d, q in 0..15 as nibbles, d the file's float16
+    per 32 weights; x rounded to Q8_0, summed as llama.cpp's Q4_0 dot product (exact)."""
+
+    def __init__(self, q: torch.Tensor, d: torch.Tensor,
+                 device: torch.device = torch.device("cpu")) -> None:
+        super().__init__(*q.shape, device)
+        self.packed = _nibbles(q)
+        self.scale = d.to(torch.float16).contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._out(torch.ops.localchat.q4s8_mm(
+            x.reshape(-1, self.in_features), self.packed, self.scale), x)
 
 
 class Q5Q8Linear(BlockLinear):
