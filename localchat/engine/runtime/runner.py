@@ -210,9 +210,10 @@ class Runner:
 
     def _prefill_draft(self, chunks: list[ScheduledChunk]) -> None:
         """The draft model's pass over the prompts whose prefill ends this step, in this
-        step (their TTFT) rather than in their first drafted round (their decode time);
-        only while the controller expects to draft, else the first probe catches up."""
-        if self.draft is None or not self.adaptive.expects_to_draft():
+        step (their TTFT) rather than in their first drafted round or probe (their decode
+        time: a probe's catch-up over a 125-token prompt cost a 32-token reply on deep-2
+        as much as its decoding, with drafting off)."""
+        if self.draft is None:
             return
         seqs = [c.seq for c in chunks
                 if c.seq.speculation is not None and c.samples and not c.decodes]

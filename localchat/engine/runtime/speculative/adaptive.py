@@ -113,12 +113,6 @@ class AdaptiveGamma:
                     self._plain_since_probe = 0
         return self.gamma
 
-    def expects_to_draft(self, key=None) -> bool:
-        """Whether a new request will likely draft soon: a fixed γ, no round timed yet,
-        or some γ predicted to pay."""
-        return self.fixed is not None or not self._c_all or \
-            self.predicted(self.peak(key), key) > 1.0
-
     def peak(self, key=None) -> int:
         """The γ (≥ 1) with the highest predicted speedup."""
         return max(range(1, self.gamma_max + 1), key=lambda g: self.predicted(g, key))
