@@ -128,3 +128,36 @@ def test_the_drafts_prompt_pass_lands_in_the_prefill_step_not_in_decoding(engine
         assert all(n <= 2 and lg == 1 for p in passes[1:] for n, lg in p), passes
     finally:
         eng.close()
+
+
+def test_with_drafting_off_the_drafts_prompt_pass_still_lands_in_prefill(engine):
+    """A draft as slow as the target (compute-bound): the controller keeps drafting off and
+    probes now and then. The draft still reads each prompt in the prefill step, so a probe
+    never stalls decoding with a catch-up over the prompt (deep-2's quote task ran at 0.55x
+    with drafting off because of that)."""
+    prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
+    plain, _ = generate(engine, prompt, 40)
+    eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2, draft="default"))
+    try:
+        clock = Clock()
+        eng.runner.clock = clock
+        target = clock.charge(eng.runner.executor, lambda ch: float(tokens_of(ch)))
+        when: list[int] = []
+
+        def draft_cost(chunks):
+            when.append(len(target))
+            return float(tokens_of(chunks))
+
+        drafted = clock.charge(eng.draft.executor, draft_cost)
+        generate(eng, "Write a haiku about the sea.", 40)  # probes find no gain: off
+        assert eng.runner.adaptive.predicted(eng.runner.adaptive.peak()) < 1.0
+        seen, before = len(target), len(drafted)
+        tokens, stats = generate(eng, prompt, 40)
+        assert tokens == plain
+        passes, when = drafted[before:], when[before:]
+        (n_prompt, logits), = passes[0]
+        assert logits == 0 and n_prompt > 10 and when[0] == seen  # in the prefill step
+        # any probe later drafts from a caught-up copy: no pass over the prompt again
+        assert all(n < n_prompt for p in passes[1:] for n, _ in p), passes
+    finally:
+        eng.close()
