@@ -1,7 +1,8 @@
 """`localchat bench --concurrency N` with a draft (--draft-model or --draft): N concurrent
 greedy requests on the engine with the draft against the same N on the engine without it,
-alternated (plain, drafted, plain) so that a shared machine's drift cancels; aggregate tok/s,
-the speedup, the drafts' acceptance and whether every reply is identical."""
+alternated (plain, drafted, plain) so that a shared machine's drift cancels, after one unmeasured
+pass on each so every measured run finds its prompts cached alike; aggregate tok/s, the
+speedup, the drafts' acceptance and whether every reply is identical."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ OFFSET = 500_000  # prompts of their own: no prefix-cache hits from the plain co
 
 def _level(plain, drafted, n: int) -> dict:
     requests = chat_requests(n, OFFSET + 1000 * n)
+    for engine in (plain, drafted):  # prompts cached on both sides (else only the last plain run's)
+        complete_concurrently(engine, requests)
     before, base_results = complete_concurrently(plain, requests)
     with_draft, results = complete_concurrently(drafted, requests)
-    after = complete_concurrently(plain, requests)[0]  # its prompts cached: prefill is cheaper
+    after = complete_concurrently(plain, requests)[0]
     base = (before["aggregate_tok_s"] + after["aggregate_tok_s"]) / 2
     drafts = [r.stats.draft or {} for r in results]
     proposed = sum(d.get("proposed", 0) for d in drafts)
