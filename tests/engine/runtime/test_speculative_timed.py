@@ -94,6 +94,21 @@ def test_auto_on_a_compute_bound_target_stays_within_noise_of_plain(engine):
 
 
 
+def clocked_with_draft(eng, target_cost, draft_cost):
+    """`eng`'s target and draft passes charged to a fake clock: (the target's passes, the
+    draft's, and per draft pass how many target passes ran before it)."""
+    clock = Clock()
+    eng.runner.clock = clock
+    target = clock.charge(eng.runner.executor, target_cost)
+    when: list[int] = []
+
+    def charged(chunks):
+        when.append(len(target))
+        return draft_cost(chunks)
+
+    return target, clock.charge(eng.draft.executor, charged), when
+
+
 def test_the_drafts_prompt_pass_lands_in_the_prefill_step_not_in_decoding(engine):
     """The draft model reads the prompt in the step that ends the target's prefill (TTFT,
     as llama.cpp's speculative example does), so the first drafted round drafts alone: a
@@ -103,16 +118,8 @@ def test_the_drafts_prompt_pass_lands_in_the_prefill_step_not_in_decoding(engine
     plain, _ = generate(engine, prompt, 16)
     eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2, draft="default"))
     try:
-        clock = Clock()
-        eng.runner.clock = clock
-        target = clock.charge(eng.runner.executor, lambda ch: 1.0 + 0.002 * tokens_of(ch))
-        when: list[int] = []  # per draft pass: the target passes run before it
-
-        def draft_cost(chunks):
-            when.append(len(target))
-            return 0.1 + 0.001 * tokens_of(chunks)
-
-        drafted = clock.charge(eng.draft.executor, draft_cost)
+        target, drafted, when = clocked_with_draft(eng, lambda ch: 1.0 + 0.002 * tokens_of(ch),
+                                                   lambda ch: 0.1 + 0.001 * tokens_of(ch))
         generate(eng, "Hi", 4)  # times the target's step: the next request drafts at once
         seen, before = len(target), len(drafted)
         tokens, stats = generate(eng, prompt, 16)
@@ -139,16 +146,8 @@ def test_with_drafting_off_the_drafts_prompt_pass_still_lands_in_prefill(engine)
     plain, _ = generate(engine, prompt, 40)
     eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2, draft="default"))
     try:
-        clock = Clock()
-        eng.runner.clock = clock
-        target = clock.charge(eng.runner.executor, lambda ch: float(tokens_of(ch)))
-        when: list[int] = []
-
-        def draft_cost(chunks):
-            when.append(len(target))
-            return float(tokens_of(chunks))
-
-        drafted = clock.charge(eng.draft.executor, draft_cost)
+        target, drafted, when = clocked_with_draft(eng, lambda ch: float(tokens_of(ch)),
+                                                   lambda ch: float(tokens_of(ch)))
         generate(eng, "Write a haiku about the sea.", 40)  # probes find no gain: off
         assert eng.runner.adaptive.predicted(eng.runner.adaptive.peak()) < 1.0
         seen, before = len(target), len(drafted)
