@@ -57,7 +57,7 @@ def plan_peer(asked: str | None, config: EngineConfig) -> PeerPlan:
         raise UsageError(f"--peer needs a GGUF file: llama-bench cannot read {facts.path.name}, "
                          "a Hugging Face directory")
     threads = capped_threads(config.threads)[0] or max(1, os.cpu_count() or 2)  # as the executor
-    ours = chosen_cache_types(facts, config.cache_types)
+    ours = chosen_cache_types(facts, config.cache_types, exact=config.exact_batching)
     return PeerPlan(binary, facts.path, threads, peer_settings(ours))
 
 

@@ -32,6 +32,8 @@ def serve_flags(args: argparse.Namespace, clients: int) -> list[str]:
             flags += [flag, str(value)]
     if args.no_draft:
         flags.append("--no-draft")
+    if getattr(args, "exact_batching", False):
+        flags.append("--exact-batching")
     if clients > SERVE_MAX_QUEUE:
         flags += ["--max-queue", str(clients)]
     return flags

@@ -22,6 +22,7 @@ SETTING_FLAGS = {
     "threads": "-t/--threads", "device": "--device", "gpu_layers": "-ngl/--n-gpu-layers",
     "kv_memory": "--kv-memory", "kv_disk": "--kv-disk", "parallel": "-np/--parallel",
     "cache_type_k": "-ctk/--cache-type-k", "cache_type_v": "-ctv/--cache-type-v",
+    "exact_batching": "--exact-batching",
     "draft": "--draft-model", "num_draft_tokens": "--num-draft-tokens",
     "chat_template": "--chat-template", "endpoint": "--endpoint", "api_key": "--api-key",
     "timeout": "--timeout",
@@ -44,6 +45,7 @@ def engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
         parallel=getattr(args, "parallel", None),
         cache_type_k=getattr(args, "cache_type_k", None),
         cache_type_v=getattr(args, "cache_type_v", None),
+        exact_batching=getattr(args, "exact_batching", False),
         draft=draft_choice(args), num_draft_tokens=args.num_draft_tokens,
         chat_template=getattr(args, "chat_template", None),
         endpoint=getattr(args, "endpoint", None))
@@ -144,9 +146,13 @@ def model_flags() -> argparse.ArgumentParser:
     for kv in ("k", "v"):
         g.add_argument(f"-ct{kv}", f"--cache-type-{kv}", dest=f"cache_type_{kv}", default=None,
                        choices=["f16", "bf16", "q8_0"],
-                       help=f"llama.cpp engine: the KV cache's {kv.upper()} type (default on the "
-                            "CPU: q8_0 K, f16 V, which keeps batched replies identical to "
-                            "lone ones; f16 K is faster and does not)")
+                       help=f"llama.cpp engine: the KV cache's {kv.upper()} type (default: f16, "
+                            "llama.cpp's own and the fastest; --exact-batching: q8_0 K, f16 V)")
+    g.add_argument("--exact-batching", action="store_true", default=False,
+                   help="llama.cpp engine: KV cache types (q8_0 K, f16 V on the CPU) with which "
+                        "a reply computes the same bits alone, batched with others or with "
+                        "a draft; f16 K is faster in prompts and long contexts and does not "
+                        "(the torch engine is always exact)")
     g.add_argument("--chat-template", default=None, metavar="NAME|FILE",
                    help="render prompts with a built-in format (chatml, llama3, gemma, mistral, "
                         "llama2, phi3) or a Jinja file instead of the model's own template "

@@ -75,6 +75,7 @@ class EngineConfig:
     parallel: int | None = None  # sequences at once (llama.cpp: its KV slots)
     cache_type_k: str | None = None  # llama.cpp's KV cache types
     cache_type_v: str | None = None
+    exact_batching: bool = False  # llama.cpp: cache types that keep batched bits = lone ones
     draft: DraftChoice = NO_DRAFT  # a DraftChoice, or its record (None, "auto", "ngram", SPEC)
     num_draft_tokens: int | None = None  # fixed γ; None: adaptive
     chat_template: str | None = None  # a built-in template's name or a Jinja file

@@ -29,7 +29,8 @@ def load_executor(facts: GGUFFacts, engine: str, plan: LoadPlan, config: EngineC
     return COMPUTE.call(lambda: LlamaCppExecutor(
         facts, n_ctx=plan.ctx_size, threads=plan.threads, parallel=config.parallel,
         gpu_layers=0 if config.device == "cpu" else config.gpu_layers,
-        cache_types=config.cache_types, flash_attn=flash_attn))
+        cache_types=config.cache_types, exact_batching=config.exact_batching,
+        flash_attn=flash_attn))
 
 
 def kv_store(config: EngineConfig):

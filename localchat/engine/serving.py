@@ -78,7 +78,7 @@ def default_slots(config: EngineConfig, facts: GGUFFacts, max_queue: int) -> int
     from localchat.units import available_memory
 
     cells = math.ceil(load_context(config.ctx_size, facts.context_length) / SLOT_ROUND) * SLOT_ROUND
-    types = chosen_cache_types(facts, config.cache_types)
+    types = chosen_cache_types(facts, config.cache_types, exact=config.exact_batching)
     slot_bytes = engine_kv_bytes_per_token(facts, "llama.cpp", types) * cells
     fitting = int(SLOT_MEMORY_SHARE * available_memory() // max(1, slot_bytes))
     return max(1, min(max_queue, SERVE_SLOTS, fitting))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from localchat.errors import ConfigError
 from localchat.models.facts import GGUFFacts
 from localchat.models.gguf_reader import read_gguf
 
@@ -13,7 +14,7 @@ from localchat.models.gguf_reader import read_gguf
 BITS_PER_WEIGHT = {"F16": 16.0, "Q8_0": 8.5, "Q6_K": 6.5625, "Q5_K_M": 5.69, "Q5_1": 6.0,
                    "Q5_0": 5.5, "Q4_K_M": 4.85, "Q4_1": 5.0, "Q4_0": 4.5, "NF4": 4.127}
 # bytes per cached value, by KV-cache type (llama.cpp's cache type names; "q8_0/f16" is
-# K as q8_0 and V as f16, the llama.cpp executor's cache on the CPU, averaged per value)
+# K as q8_0 and V as f16, the llama.cpp executor's exact-batching cache on the CPU, averaged)
 KV_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0/f16": (34 / 32 + 2) / 2, "q8_0": 34 / 32,
                       "q4_0": 18 / 32}
 
@@ -47,19 +48,33 @@ class ModelSize:
 CACHE_TYPE_BYTES = {"f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32}  # llama.cpp's cache types, bytes per value
 
 
-def default_cache_types(facts: GGUFFacts, on_cpu: bool = True) -> tuple[str, str]:
-    """llama.cpp's K and V cache types: on the CPU the pair that keeps batching exact
-    (executors/llamacpp.py says why), q8_0 K + f16 V, or f16 K + bf16 V where rows do not
-    split into 32-value q8_0 blocks; on a GPU llama.cpp's default f16 for both."""
-    if not on_cpu:
+def default_cache_types(facts: GGUFFacts, on_cpu: bool = True,
+                        exact: bool = False) -> tuple[str, str]:
+    """llama.cpp's K and V cache types: its own default, f16 for both (the fastest on the CPU:
+    ggml's tiled and split-KV flash attention), or with `exact` on the CPU the pair that keeps
+    batching exact (executors/llamacpp.py says why): q8_0 K + f16 V, or f16 K + bf16 V where
+    rows do not split into 32-value q8_0 blocks."""
+    if not (on_cpu and exact):
         return "f16", "f16"
     return ("q8_0", "f16") if facts.head_dim % 32 == 0 else ("f16", "bf16")
 
 
+def batches_exactly(k_type: str, v_type: str) -> bool:
+    """Whether ggml's CPU flash attention stays on one kernel with these cache types, so a
+    sequence computes the same bits alone, batched or verifying drafts: its tiled and split-KV
+    kernels run only where K and V are both f16 (or f32)."""
+    return not (k_type == v_type and k_type in ("f16", "f32"))
+
+
 def chosen_cache_types(facts: GGUFFacts, asked: tuple[str | None, str | None],
-                       on_cpu: bool = True) -> tuple[str, str]:
-    """The K and V types llama.cpp runs with: those asked for, default_cache_types for the rest."""
-    return tuple(t or d for t, d in zip(asked, default_cache_types(facts, on_cpu)))
+                       on_cpu: bool = True, exact: bool = False) -> tuple[str, str]:
+    """The K and V types llama.cpp runs with: those asked for, default_cache_types for the
+    rest; a ConfigError where `exact` is asked with types that do not batch exactly."""
+    chosen = tuple(t or d for t, d in zip(asked, default_cache_types(facts, on_cpu, exact)))
+    if exact and not batches_exactly(*chosen):
+        raise ConfigError("exact_batching", f"needs K and V cache types other than {chosen[0]} "
+                          "for both (ggml's tiled and split-KV attention round by batch)")
+    return chosen
 
 
 def engine_kv_bytes_per_token(facts: GGUFFacts, engine: str = "llama.cpp",

@@ -1,6 +1,7 @@
 """The llama.cpp executor: one llama_decode per step over every sequence, one KV stream per slot.
-On the CPU K is q8_0 and V f16 by default: with flash attention that keeps ggml on one
-attention kernel, so a sequence computes the same bits alone, batched or verifying drafts."""
+K and V are f16 by default, llama.cpp's own (the fastest: ggml's tiled and split-KV flash
+attention). With exact_batching K is q8_0 on the CPU: that keeps ggml on one attention
+kernel, so a sequence computes the same bits alone, batched or verifying drafts."""
 
 from __future__ import annotations
 
@@ -71,10 +72,10 @@ class LlamaCppExecutor(Executor):
     def __init__(self, facts: GGUFFacts, *, n_ctx: int, threads: int | None = None,
                  gpu_layers: int | None = None, parallel: int | None = None,
                  cache_types: tuple[str | None, str | None] = (None, None),
-                 flash_attn: bool = True) -> None:
+                 exact_batching: bool = False, flash_attn: bool = True) -> None:
         """parallel: KV slots (sequences computed at once), each holding n_ctx tokens;
-        cache_types: K and V cache types (None: default_cache_types); flash_attn False
-        (with f16 caches) is llama-cpp-python's default, for comparing models."""
+        cache_types: K and V cache types (None: default_cache_types, exact_batching's pair
+        if asked); flash_attn False is llama-cpp-python's default, for comparing models."""
         if gpu_layers is None:
             gpu_layers = -1 if llama_cpp.llama_supports_gpu_offload() else 0
         parallel = parallel or DEFAULT_PARALLEL
@@ -96,7 +97,7 @@ class LlamaCppExecutor(Executor):
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED if not flash_attn
             else llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if on_cpu
             else llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO)
-        self.cache_types = chosen_cache_types(facts, cache_types, on_cpu)
+        self.cache_types = chosen_cache_types(facts, cache_types, on_cpu, exact_batching)
         params.type_k, params.type_v = (CACHE_TYPES[t] for t in self.cache_types)
         kv_bytes = engine_kv_bytes_per_token(facts, "llama.cpp", self.cache_types)
         if on_cpu:

@@ -102,7 +102,7 @@ def test_kv_bytes_match_llama_cpps_own_cache_size(fresh_engine):
 
     engine = fresh_engine
     info = engine.info
-    assert info.kv_bytes_per_token == 30 * 3 * 64 * (34 / 32 + 2)  # K q8_0, V f16
+    assert info.kv_bytes_per_token == 30 * 3 * 64 * (2 + 2)  # K and V f16, llama.cpp's default
     sizes = re.findall(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells", llama_log_text())
     assert sizes, "llama.cpp did not log its KV cache size"
     mib = {int(cells): float(size) for size, cells in sizes}

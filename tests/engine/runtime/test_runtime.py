@@ -38,11 +38,14 @@ def _together(engine, requests: list[Request]) -> list[list[int]]:
 
 
 def _load(executor: str, **options):
-    """The torch executor as it ships: its layer pieces compiled by Inductor."""
+    """The torch executor as it ships: its layer pieces compiled by Inductor; llama.cpp with
+    --exact-batching (its default f16 K changes a long prompt's bits by what shares its step:
+    tests/engine/executors/test_kv_cache_types.py)."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("LOCALCHAT_EAGER", "0")
         return open_engine(EngineConfig("default", engine=executor, ctx_size=512, threads=2, parallel=16,
-                           kv_memory=16 * 512 * 23040 if executor == "torch" else None, **options))
+                           kv_memory=16 * 512 * 23040 if executor == "torch" else None,
+                           exact_batching=executor == "llama.cpp", **options))
 
 
 def _log_passes(executor) -> list[list]:
