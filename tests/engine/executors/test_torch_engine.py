@@ -93,6 +93,9 @@ def test_cancel_and_length_and_overflow(torch_engine):
         torch_engine.complete(Request(messages=[Message("user", "word " * 1200)]))
 
 
+# slow: `run --engine torch --json` on the bundled GGUF is also test_speculative_engine.py's
+# test_json_result_carries_draft_stats, on an HF directory test_hf_models.py's
+@pytest.mark.slow
 def test_run_command_with_the_torch_engine():
     proc = localchat("run", "Hello! Who are you?", "--engine", "torch", "-n", "8", "--temp", "0",
                      "--json")
