@@ -22,7 +22,7 @@ export CMAKE_ARGS
 # 3x the portable build's time), so it is not the default (docs/benchmarks.md, issue 41).
 VARIANT_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON
 
-.PHONY: chat test test-fast setup llama-variants
+.PHONY: chat test test-fast test-all setup llama-variants
 
 chat: $(STAMP)
 	$(VENV)/bin/localchat $(ARGS)
@@ -33,6 +33,10 @@ test: $(STAMP)
 # The tests that need no model, process or TUI (tests/helpers/tiers.py, docs/testing.md).
 test-fast: $(STAMP)
 	$(PY) -m pytest --fast $(PYTEST_ARGS)
+
+# Everything: the default run plus the tests marked slow (docs/testing.md).
+test-all: $(STAMP)
+	$(PY) -m pytest -m "slow or not slow" $(PYTEST_ARGS)
 
 setup: $(STAMP)
 

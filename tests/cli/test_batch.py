@@ -111,7 +111,9 @@ def test_stdin_and_all_good_exits_0():
     assert all(r["stats"]["completion_tokens"] <= 4 for r in out)
 
 
-@pytest.mark.parametrize("engine", ["llama.cpp", "torch"])
+# torch slow: --batch is the chat layer's, the same for both engines; torch's greedy replies
+# repeat in-process (test_torch_engine.py) and through `run --json` (test_speculative_engine.py)
+@pytest.mark.parametrize("engine", ["llama.cpp", pytest.param("torch", marks=pytest.mark.slow)])
 def test_greedy_batch_line_equals_run(engine, tmp_path):
     prompt = "What is the capital of France?"
     flags = ["--engine", engine, "--temp", "0", "-n", "8", "-sys", "Be brief."]

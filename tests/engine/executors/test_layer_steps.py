@@ -4,6 +4,7 @@ choice between them (LOCALCHAT_EAGER, the kernels report)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from helpers.teacher_forced import teacher_forced
 
@@ -13,12 +14,19 @@ from localchat.engine.executors.torch.weights import load_weights
 from localchat.models.specs import resolve_model_facts
 
 
-def test_compiled_layers_give_the_eager_tokens(engine):
+@pytest.fixture(scope="module")
+def reference(engine):
+    """The bundled model's weights, 96 tokens of varied text and their eager logits (a
+    prompt of 64, then one token a step): what each compiled form is compared with."""
     from quantize.agreement import varied_text_tokens
 
     weights = load_weights(resolve_model_facts("default").path)
     tokens = torch.tensor(varied_text_tokens(engine, 96)[:96])
-    eager = teacher_forced(LlamaModel(weights, 256, compiled=False), tokens, 64)
+    return weights, tokens, teacher_forced(LlamaModel(weights, 256, compiled=False), tokens, 64)
+
+
+def test_compiled_layers_give_the_eager_tokens(reference):
+    weights, tokens, eager = reference
     compiled = teacher_forced(LlamaModel(weights, 256, compiled=True), tokens, 64)
     assert torch.equal(eager[:64], compiled[:64])  # prompt layers run eagerly in both
     agree = (eager.argmax(-1) == compiled.argmax(-1)).float().mean().item()
@@ -28,12 +36,11 @@ def test_compiled_layers_give_the_eager_tokens(engine):
     assert (eager - compiled).abs().max().item() < 1.5  # bfloat16 activations round alike
 
 
-def test_ahead_of_time_layers_give_the_eager_tokens(engine):
-    from quantize.agreement import varied_text_tokens
-
-    weights = load_weights(resolve_model_facts("default").path)
-    tokens = torch.tensor(varied_text_tokens(engine, 96)[:96])
-    eager = teacher_forced(LlamaModel(weights, 256, compiled=False), tokens, 64)
+# slow: a compiled target's AOTInductor decode layers are checked against llama.cpp in
+# test_q4q8.py, and the AOTInductor artifact against eager by the draft test below
+@pytest.mark.slow
+def test_ahead_of_time_layers_give_the_eager_tokens(reference):
+    weights, tokens, eager = reference
     model = LlamaModel(weights, 256, compiled=True)
     ahead = teacher_forced(model, tokens, 64, warm=True)
     assert model.describe()["generated-token layers"] == "aotinductor"
@@ -42,15 +49,11 @@ def test_ahead_of_time_layers_give_the_eager_tokens(engine):
     assert (eager - ahead).abs().max().item() < 1.5
 
 
-def test_a_draft_runs_its_generated_tokens_ahead_of_time(engine, monkeypatch):
+def test_a_draft_runs_its_generated_tokens_ahead_of_time(reference, monkeypatch):
     """A draft (compiled=False, ahead_of_time=True): its generated tokens' layers are the
     AOTInductor artifact (no Dynamo, no torch.compile graphs beside the target's), its
     prompts eager; the eager tokens. LOCALCHAT_EAGER=1 keeps it all eager."""
-    from quantize.agreement import varied_text_tokens
-
-    weights = load_weights(resolve_model_facts("default").path)
-    tokens = torch.tensor(varied_text_tokens(engine, 96)[:96])
-    eager = teacher_forced(LlamaModel(weights, 256, compiled=False), tokens, 64)
+    weights, tokens, eager = reference
     monkeypatch.setenv("LOCALCHAT_EAGER", "1")
     still_eager = LlamaModel(weights, 256, compiled=False, ahead_of_time=True)
     teacher_forced(still_eager, tokens[:66], 64, warm=True)

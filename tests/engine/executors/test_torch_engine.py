@@ -93,6 +93,9 @@ def test_cancel_and_length_and_overflow(torch_engine):
         torch_engine.complete(Request(messages=[Message("user", "word " * 1200)]))
 
 
+# slow: `run --engine torch --json` on the bundled GGUF is also test_speculative_engine.py's
+# test_json_result_carries_draft_stats, on an HF directory test_hf_models.py's
+@pytest.mark.slow
 def test_run_command_with_the_torch_engine():
     proc = localchat("run", "Hello! Who are you?", "--engine", "torch", "-n", "8", "--temp", "0",
                      "--json")
@@ -104,11 +107,13 @@ def test_run_command_with_the_torch_engine():
 
 @pytest.mark.model  # loads engines
 def test_kv_memory_budget_and_auto_engine():
+    from localchat.cli.flags import flag_error
     from localchat.engine import EngineConfig, open_engine
     from localchat.errors import UsageError
 
-    with pytest.raises(UsageError, match="less than the 1024-token context"):
+    with pytest.raises(UsageError, match="less than the 1024-token context") as caught:
         open_engine(EngineConfig("default", engine="torch", ctx_size=1024, kv_memory=1000 * 23040))
+    assert str(flag_error(caught.value)).startswith("--kv-memory ")  # as `run` says it
     auto = open_engine(EngineConfig("default", engine="auto", ctx_size=256, kv_memory=512 * 23040))
     try:
         assert auto.name == "torch"  # SmolLM2 is a llama-architecture model
@@ -117,6 +122,9 @@ def test_kv_memory_budget_and_auto_engine():
         auto.close()
 
 
+# slow: the refusal and the flag it names are checked in-process above; the CLI's one-line
+# settings errors in test_config.py
+@pytest.mark.slow
 def test_kv_memory_flag_errors_are_one_line():
     proc = localchat("run", "hi", "--engine", "torch", "--kv-memory", "1MB")
     assert proc.returncode == 2
