@@ -99,7 +99,8 @@ class BlockLinear(torch.nn.Module):
                               f"{block}-value blocks")
         self.out_features, self.in_features = n_out, n_in
 
-    def _out(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def shaped(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The op's float32 rows [M, N] as x's leading shape and dtype."""
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
@@ -150,7 +151,7 @@ class Q4Q8Linear(BlockLinear):
         self.act = ACTIVATIONS[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._out(torch.ops.localchat.q4q8_mm(
+        return self.shaped(torch.ops.localchat.q4q8_mm(
             x.reshape(-1, self.in_features), self.packed, self.scale, self.minimum, self.sup,
             self.act), x)
 
@@ -166,7 +167,7 @@ class Q4S8Linear(BlockLinear):
         self.scale = d.to(torch.float16).contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._out(torch.ops.localchat.q4s8_mm(
+        return self.shaped(torch.ops.localchat.q4s8_mm(
             x.reshape(-1, self.in_features), self.packed, self.scale), x)
 
 
@@ -186,7 +187,7 @@ class Q5Q8Linear(BlockLinear):
         self.act = ACTIVATIONS["q8_0" if minimum is None else act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._out(torch.ops.localchat.q5q8_mm(
+        return self.shaped(torch.ops.localchat.q5q8_mm(
             x.reshape(-1, self.in_features), self.packed, self.high, self.scale, self.minimum,
             self.sup, self.act), x)
 
@@ -202,7 +203,7 @@ class Q8Q8Linear(BlockLinear):
         self.scale = _held_scales(d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._out(torch.ops.localchat.q8q8_mm(
+        return self.shaped(torch.ops.localchat.q8q8_mm(
             x.reshape(-1, self.in_features), self.codes, self.scale), x)
 
 
@@ -223,7 +224,7 @@ class SubScaledLinear(BlockLinear):
         self.scale = d.float().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._out(getattr(torch.ops.localchat, self.OP)(
+        return self.shaped(getattr(torch.ops.localchat, self.OP)(
             x.reshape(-1, self.in_features), self.packed, self.high, self.sub_scale, self.scale), x)
 
 
@@ -256,6 +257,6 @@ class Q2Q8Linear(BlockLinear):
         self.scale, self.minimum = d.float().contiguous(), dmin.float().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._out(torch.ops.localchat.q2q8_mm(
+        return self.shaped(torch.ops.localchat.q2q8_mm(
             x.reshape(-1, self.in_features), self.packed, self.sub_scale, self.scale,
             self.minimum), x)

@@ -42,7 +42,7 @@ class Q4S8x8Linear(BlockLinear):
         self.scale = _by_tile(d.to(torch.float16))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._out(torch.ops.localchat.q4s8x8_mm(
+        return self.shaped(torch.ops.localchat.q4s8x8_mm(
             x.reshape(-1, self.in_features), self.codes, self.scale, self.out_features), x)
 
 
@@ -61,7 +61,7 @@ class Q4Kx8Linear(BlockLinear):
         self.sup = _tiles(sup.float()).permute(0, 2, 3, 1).contiguous()  # [tiles, G/8, 2, row]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._out(torch.ops.localchat.q4kx8_mm(
+        return self.shaped(torch.ops.localchat.q4kx8_mm(
             x.reshape(-1, self.in_features), self.codes, self.sub_scale, self.minimum, self.sup,
             self.out_features), x)
 
