@@ -25,6 +25,17 @@ def float_model(tmp_path_factory):
     return write_random_model(tmp_path_factory.mktemp("kq") / "f32.gguf", dim=256, ffn=512)
 
 
+def _assert_logits_match_llama_cpp(path, weights, label: str, seed: int) -> None:
+    """One prefill of 100 random tokens: logits close to llama.cpp's on the same file."""
+    tokens = np.random.default_rng(seed).integers(3, 49152, 100).tolist()
+    reference = llama_cpp_logits(path, tokens)
+    ours = torch_logits(weights, tokens)
+    diff = (ours - reference).abs()
+    print(f"{label}: mean |Δlogit| {diff.mean():.3f}, max {diff.max():.3f}")
+    assert diff.mean() < 0.3 and diff.max() < 3.0
+    assert (ours.argmax(-1) == reference.argmax(-1)).float().mean() >= 0.98
+
+
 @pytest.mark.parametrize("type_name", ["Q4_K_M", "Q5_K_M", "Q3_K_M", "Q2_K", "Q5_1"])
 def test_k_quant_files_run_on_exact_kernels_and_match_llama_cpp(float_model, type_name,
                                                                  monkeypatch):
@@ -41,13 +52,7 @@ def test_k_quant_files_run_on_exact_kernels_and_match_llama_cpp(float_model, typ
     if type_name != "Q5_1":  # llama.cpp gives v more bits than q and k
         assert isinstance(weights.layers[1].wqkv, RowStack)
         assert any(label.startswith("attn_q+attn_k ") for label in chooser.chosen)
-    tokens = np.random.default_rng(1).integers(3, 49152, 100).tolist()
-    reference = llama_cpp_logits(path, tokens)
-    ours = torch_logits(weights, tokens)
-    diff = (ours - reference).abs()
-    print(f"{type_name}: mean |Δlogit| {diff.mean():.3f}, max {diff.max():.3f}")
-    assert diff.mean() < 0.3 and diff.max() < 3.0
-    assert (ours.argmax(-1) == reference.argmax(-1)).float().mean() >= 0.98
+    _assert_logits_match_llama_cpp(path, weights, type_name, seed=1)
 
 
 @pytest.mark.parametrize("type_name,interleaved", [  # Q4_K_M: ~20 s on a loaded 2-core machine
@@ -66,10 +71,4 @@ def test_q4_files_on_the_8_row_interleaved_kernels_match_llama_cpp(float_model, 
     weights = load_weights(path, chooser=chooser)
     assert interleaved in set(chooser.chosen.values()), chooser.chosen
     assert set(chooser.chosen.values()) <= set(EXACT), chooser.chosen
-    tokens = np.random.default_rng(2).integers(3, 49152, 100).tolist()
-    reference = llama_cpp_logits(path, tokens)
-    ours = torch_logits(weights, tokens)
-    diff = (ours - reference).abs()
-    print(f"{type_name} on {interleaved}: mean |Δlogit| {diff.mean():.3f}, max {diff.max():.3f}")
-    assert diff.mean() < 0.3 and diff.max() < 3.0
-    assert (ours.argmax(-1) == reference.argmax(-1)).float().mean() >= 0.98
+    _assert_logits_match_llama_cpp(path, weights, f"{type_name} on {interleaved}", seed=2)
