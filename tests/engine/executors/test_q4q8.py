@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers.teacher_forced import teacher_forced
 
-from localchat.engine.executors.torch import kernels, q4q8
+from localchat.engine.executors.torch import kernels, q4q8, q4x8
 
 pytestmark = pytest.mark.skipif(not q4q8.available(), reason="no AVX2 CPU or C++ compiler")
 
@@ -167,6 +167,58 @@ def test_scales_held_as_the_file_holds_them(isa, monkeypatch):
     codes = torch.from_numpy(rng.integers(-127, 128, (n, k)).astype(np.int8))
     x = torch.from_numpy(x)
     assert torch.equal(q4q8.Q8Q8Linear(codes, f16[0])(x), q4q8.Q8Q8Linear(codes, f16[0].float())(x))
+
+
+def _assert_rows_batch_exactly(layer, x):
+    """Each row's output bits alone, in batches of 1, 3, 4, 5 and 17 rows, at every position."""
+    whole = layer(x)
+    for rows in (1, 3, 4, 5, 17):
+        assert torch.equal(layer(x[:rows]), whole[:rows])
+    assert torch.equal(layer(x[3:8]), whole[3:8])
+    for i in range(x.shape[0]):
+        assert torch.equal(layer(x[i:i + 1]), whole[i:i + 1])
+
+
+# N tails: 37 rows = 4 tiles of 8 and 5; 3 rows, less than a tile
+@pytest.mark.parametrize("n,k", [(40, 512), (37, 480), (3, 256)])
+def test_q4_0_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k):
+    """Q4_0 repacked 8 rows interleaved (4.5 bits, the last tile padded) sums (q − 8)·d as
+    llama.cpp's Q4_0 dot product does, as q4s8 does up to float summation order."""
+    rng = np.random.default_rng(3)
+    q = rng.integers(0, 16, (n, k))
+    d = (rng.random((n, k // 32)) * 0.02).astype(np.float16)
+    x = rng.standard_normal((17, k)).astype(np.float32)
+    layer = q4x8.Q4S8x8Linear(torch.from_numpy(q), torch.from_numpy(d))
+    padded = -(-n // 8) * 8
+    assert layer.codes.numel() + 2 * layer.scale.numel() == padded * k * 4.5 / 8
+    ours = layer(torch.from_numpy(x))
+    expected = _expected(x, "q8_0", q - 8, np.repeat(d.astype(np.float32), 2, axis=-1))
+    np.testing.assert_allclose(ours.double().numpy(), expected, rtol=1e-5, atol=1e-5)
+    single = q4q8.Q4S8Linear(torch.from_numpy(q), torch.from_numpy(d))(torch.from_numpy(x))
+    torch.testing.assert_close(ours, single, rtol=1e-6, atol=1e-6)
+    _assert_rows_batch_exactly(layer, torch.from_numpy(x))
+
+
+@pytest.mark.parametrize("n,k", [(40, 512), (37, 512), (3, 256)])
+def test_q4_k_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k):
+    """Q4_K repacked 8 rows interleaved (4.75 bits) takes llama.cpp's route (integer sums per
+    256 times the 6-bit scales, one float multiply by d·dx; the offsets alike) to its sums."""
+    from localchat.formats.gguf_blocks import group_scales
+
+    rng = np.random.default_rng(4)
+    q = rng.integers(0, 16, (n, k))
+    sc, m = (rng.integers(0, 64, (n, k // 32)).astype(np.uint8) for _ in "sm")
+    sup = (rng.random((n, k // 256, 2)) * 1e-3).astype(np.float32)
+    x = rng.standard_normal((17, k)).astype(np.float32)
+    held = [torch.from_numpy(t) for t in (q, sc, m, sup)]
+    layer = q4x8.Q4Kx8Linear(*held)
+    ours = layer(torch.from_numpy(x))
+    scale, minimum = group_scales(sc, m, sup)
+    expected = _expected(x, "q8_k", q, np.repeat(scale, 2, axis=-1), minimum)
+    np.testing.assert_allclose(ours.double().numpy(), expected, rtol=1e-5, atol=1e-5)
+    one_row_at_a_time = q4q8.Q4Q8Linear(*held, act="q8_k")(torch.from_numpy(x))
+    torch.testing.assert_close(ours, one_row_at_a_time, rtol=1e-6, atol=1e-5)
+    _assert_rows_batch_exactly(layer, torch.from_numpy(x))
 
 
 def test_the_model_on_q4q8_compiled_ahead_of_time_computes_what_llama_cpp_does(engine, monkeypatch):

@@ -21,7 +21,9 @@ from localchat.paths import cache_dir
 
 GROUP = 32  # weights per scale: GGUF's blocks
 
-_SOURCE = (Path(__file__).parent / "q4q8.cpp").read_text(encoding="utf-8")
+# q4x8.cpp (the 8-row interleaved ops) follows q4q8.cpp in one translation unit and library
+_SOURCE = "\n".join((Path(__file__).parent / name).read_text(encoding="utf-8")
+                    for name in ("q4q8.cpp", "q4x8.cpp"))
 SOURCE_DIGEST = hashlib.blake2b(f"{torch.__version__}{_SOURCE}".encode(), digest_size=8).hexdigest()
 
 
@@ -46,6 +48,9 @@ def available() -> bool:
     for op in ("q4q8_mm", "q4s8_mm", "q5q8_mm", "q8q8_mm", "q6q8_mm", "q3q8_mm", "q2q8_mm"):
         torch.library.register_fake(f"localchat::{op}")(
             lambda x, w, *rest: x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32))
+    for op in ("q4s8x8_mm", "q4kx8_mm"):  # their last argument: the number of weight rows
+        torch.library.register_fake(f"localchat::{op}")(
+            lambda x, *rest: x.new_empty(x.shape[0], rest[-1], dtype=torch.float32))
     return True
 
 
@@ -94,11 +99,12 @@ class BlockLinear(torch.nn.Module):
                               f"{block}-value blocks")
         self.out_features, self.in_features = n_out, n_in
 
-    def _out(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def shaped(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The op's float32 rows [M, N] as x's leading shape and dtype."""
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
-def _nibbles(q: torch.Tensor) -> torch.Tensor:
+def nibbles(q: torch.Tensor) -> torch.Tensor:
     """Codes 0..15 [N, K] two to a byte as GGUF packs a 32-block: byte i holds i and i + 16."""
     g = q.to(torch.uint8).view(q.shape[0], -1, 2, 16) & 0x0F
     return (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(q.shape[0], -1).contiguous()
@@ -139,13 +145,13 @@ class Q4Q8Linear(BlockLinear):
                  sup: torch.Tensor | None = None, act: str = "q8_0",
                  device: torch.device = torch.device("cpu")) -> None:
         super().__init__(*q.shape, device, 256 if act == "q8_k" else GROUP)
-        self.packed = _nibbles(q)
+        self.packed = nibbles(q)
         self.scale, self.minimum = _held_scales(scale), _held_scales(minimum)
         self.sup = _super_scales(sup)
         self.act = ACTIVATIONS[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._out(torch.ops.localchat.q4q8_mm(
+        return self.shaped(torch.ops.localchat.q4q8_mm(
             x.reshape(-1, self.in_features), self.packed, self.scale, self.minimum, self.sup,
             self.act), x)
 
@@ -157,11 +163,11 @@ class Q4S8Linear(BlockLinear):
     def __init__(self, q: torch.Tensor, d: torch.Tensor,
                  device: torch.device = torch.device("cpu")) -> None:
         super().__init__(*q.shape, device)
-        self.packed = _nibbles(q)
+        self.packed = nibbles(q)
         self.scale = d.to(torch.float16).contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._out(torch.ops.localchat.q4s8_mm(
+        return self.shaped(torch.ops.localchat.q4s8_mm(
             x.reshape(-1, self.in_features), self.packed, self.scale), x)
 
 
@@ -174,14 +180,14 @@ class Q5Q8Linear(BlockLinear):
                  sup: torch.Tensor | None = None, act: str = "q8_0",
                  device: torch.device = torch.device("cpu")) -> None:
         super().__init__(*q.shape, device, 256 if act == "q8_k" else GROUP)
-        self.packed = _nibbles(q)
+        self.packed = nibbles(q)
         self.high = _bit_plane((q >> 4) & 1)  # each weight's fifth bit
         self.scale, self.minimum = _held_scales(d), _held_scales(minimum)
         self.sup = _super_scales(sup)
         self.act = ACTIVATIONS["q8_0" if minimum is None else act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._out(torch.ops.localchat.q5q8_mm(
+        return self.shaped(torch.ops.localchat.q5q8_mm(
             x.reshape(-1, self.in_features), self.packed, self.high, self.scale, self.minimum,
             self.sup, self.act), x)
 
@@ -197,7 +203,7 @@ class Q8Q8Linear(BlockLinear):
         self.scale = _held_scales(d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._out(torch.ops.localchat.q8q8_mm(
+        return self.shaped(torch.ops.localchat.q8q8_mm(
             x.reshape(-1, self.in_features), self.codes, self.scale), x)
 
 
@@ -218,7 +224,7 @@ class SubScaledLinear(BlockLinear):
         self.scale = d.float().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._out(getattr(torch.ops.localchat, self.OP)(
+        return self.shaped(getattr(torch.ops.localchat, self.OP)(
             x.reshape(-1, self.in_features), self.packed, self.high, self.sub_scale, self.scale), x)
 
 
@@ -227,7 +233,7 @@ class Q6Q8Linear(SubScaledLinear):
     nibbles, its top 2 bits as 2-bit codes."""
 
     OP, OFFSET, LOW_BITS = "q6q8_mm", 32, 4
-    pack_low, pack_high = staticmethod(_nibbles), staticmethod(_two_bit_codes)
+    pack_low, pack_high = staticmethod(nibbles), staticmethod(_two_bit_codes)
 
 
 class Q3Q8Linear(SubScaledLinear):
@@ -251,6 +257,6 @@ class Q2Q8Linear(BlockLinear):
         self.scale, self.minimum = d.float().contiguous(), dmin.float().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._out(torch.ops.localchat.q2q8_mm(
+        return self.shaped(torch.ops.localchat.q2q8_mm(
             x.reshape(-1, self.in_features), self.packed, self.sub_scale, self.scale,
             self.minimum), x)

@@ -1,0 +1,67 @@
+"""Q4_0 and Q4_K repacked at load into 8-row interleaved blocks (q4x8.cpp, built with the
+q4q8 ops): each step of the AVX2 kernel serves 8 weight rows with one activation load and one
+scale multiply, as ggml's repacked kernels do. Same sums as Q4S8Linear / Q4Q8Linear (Q4_K)."""
+
+from __future__ import annotations
+
+import torch
+
+from localchat.engine.executors.torch.q4q8 import BlockLinear, nibbles
+
+TILE = 8  # weight rows interleaved
+
+
+def _tiles(t: torch.Tensor) -> torch.Tensor:
+    """Rows [N, ...] padded with zeros to a multiple of TILE, as [N8 / TILE, TILE, ...]."""
+    pad = -t.shape[0] % TILE
+    if pad:
+        t = torch.cat([t, t.new_zeros(pad, *t.shape[1:])])
+    return t.reshape(-1, TILE, *t.shape[1:])
+
+
+def interleaved_codes(q: torch.Tensor) -> torch.Tensor:
+    """Codes 0..15 [N, K] as q4x8.cpp's blocks [N8/8, K/32, chunk 4, row 8, byte 4]: byte k of
+    chunk c holds weights 4c + k (low nibble) and 16 + 4c + k (high nibble) of its 32."""
+    nib = _tiles(nibbles(q))  # [tiles, row, K/2]: 16 bytes a 32, byte i = weights i, i + 16
+    return nib.reshape(nib.shape[0], TILE, -1, 4, 4).permute(0, 2, 3, 1, 4).contiguous()
+
+
+def _by_tile(t: torch.Tensor) -> torch.Tensor:
+    """Per-row values [N, G] as [N8/8, G, 8]: a block's 8 rows side by side."""
+    return _tiles(t).transpose(1, 2).contiguous()
+
+
+class Q4S8x8Linear(BlockLinear):
+    """Q4_0 in its own 4.5 bits, 8 rows interleaved: w = (q − 8)·d, d the file's float16 per
+    32 weights; x rounded to Q8_0, summed as llama.cpp's Q4_0 dot product (exact)."""
+
+    def __init__(self, q: torch.Tensor, d: torch.Tensor,
+                 device: torch.device = torch.device("cpu")) -> None:
+        super().__init__(*q.shape, device)
+        self.codes = interleaved_codes(q)
+        self.scale = _by_tile(d.to(torch.float16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shaped(torch.ops.localchat.q4s8x8_mm(
+            x.reshape(-1, self.in_features), self.codes, self.scale, self.out_features), x)
+
+
+class Q4Kx8Linear(BlockLinear):
+    """Q4_K in 4.75 bits, 8 rows interleaved: w = d·sc·q − dmin·m with the file's 6-bit sc, m
+    per 32 and (d, dmin) per 256 (`sup` [N, K/256, 2]); x rounded to Q8_K, summed as
+    llama.cpp's Q4_K dot product (exact)."""
+
+    def __init__(self, q: torch.Tensor, sc: torch.Tensor, m: torch.Tensor, sup: torch.Tensor,
+                 device: torch.device = torch.device("cpu")) -> None:
+        super().__init__(*q.shape, device, 256)
+        self.codes = interleaved_codes(q)
+        self.sub_scale = _by_tile(sc.to(torch.uint8))
+        pairs = _tiles(m.to(torch.uint8).reshape(m.shape[0], -1, 2))  # [tiles, row, G/2, 2]
+        self.minimum = pairs.permute(0, 2, 1, 3).contiguous()  # [tiles, G/2, row, 2]
+        self.sup = _tiles(sup.float()).permute(0, 2, 3, 1).contiguous()  # [tiles, G/8, 2, row]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shaped(torch.ops.localchat.q4kx8_mm(
+            x.reshape(-1, self.in_features), self.codes, self.sub_scale, self.minimum, self.sup,
+            self.out_features), x)
+
