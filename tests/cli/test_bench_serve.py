@@ -164,6 +164,8 @@ def test_a_stopped_bench_stops_its_server(sig, code):
     finally:
         if proc.poll() is None:
             proc.kill()
+            if server is not None and Path(f"/proc/{server}").exists():
+                os.kill(server, signal.SIGKILL)  # an orphan would answer later tests' `ps`
     assert proc.returncode == code, err
     assert "Traceback" not in err
     assert not Path(f"/proc/{server}").exists() or \
