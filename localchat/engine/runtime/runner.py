@@ -171,6 +171,7 @@ class Runner:
         chunks = self.scheduler.schedule()
         if not chunks:
             return False
+        decoding = all(c.decodes for c in chunks)  # before the step's tokens are handed out
         self._prefill_draft(chunks)
         t0 = self.clock()
         speculating = self._propose(chunks)
@@ -200,7 +201,7 @@ class Runner:
             chunk.seq.speculation.record(proposed, len(chunk.drafts), draft_s,
                                          t_verified - t_drafted, step_s, catch_up_s,
                                          batched=plan is not None)
-        if plan is not None and all(c.decodes for c in chunks):
+        if plan is not None and decoding:
             self.batch.observe(plan, sum(len(c.tokens) for c in passed),
                                [proposed for _, proposed in speculating],
                                sum(len(c.drafts) + 1 for c in chunks), draft_s,
