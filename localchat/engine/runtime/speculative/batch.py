@@ -80,8 +80,8 @@ class BatchGamma:
 
     gamma_max: int = 16
     plain_first: int = 3  # plain steps timed at a batch's size before it drafts
-    probe_every: int = 16  # steps off before the first probe at a batch size
-    probe_max: int = 256  # each probe that finds no gain doubles the wait, up to this
+    probe_every: int = 16  # steps held off after the first measured loss at a size
+    probe_max: int = 256  # each loss measured again doubles the hold, up to this
     verify_extra: float = 0.5  # extra tokens' cost ÷ the plain pass's per token, a prior
     target: CostCurve = field(default_factory=CostCurve)  # target pass by tokens
     draft: CostCurve = field(default_factory=CostCurve)  # one draft pass by rows
@@ -121,8 +121,10 @@ class BatchGamma:
     def choose(self, plan: BatchPlan, c: float, beta_s: float | None = None) -> int:
         """One γ for the plan's speculating sequences (each capped at its limit); 0 while
         the target is timed at this size, while the guard holds this size off after a
-        measured loss, and when no γ is predicted to pay (then a probe at once if none
-        ran at this size, later one now and then, less and less often)."""
+        measured loss, and when no γ is predicted to pay (one probe first if no round
+        ran at this size: after that the prediction, re-made every step from the live
+        plain-step time, is the evidence; a periodic probe would cost the draft a
+        catch-up over every sequence's tokens since, 25 % of deep-2's 4-row steps)."""
         guard = self.guard_for(plan)
         if self.target.count(plan.base_tokens) < self.plain_first:
             return 0
@@ -130,17 +132,7 @@ class BatchGamma:
             guard.hold -= 1
             return 0
         gamma, gain = self.peak(plan, c, beta_s)
-        if gain > 1.0:
-            guard.probed = False
-            return gamma
-        if guard.probed:  # the last probe still predicts no gain: wait twice as long
-            guard.probed = False
-            guard.wait = min(2 * guard.wait, self.probe_max)
-        guard.idle += 1
-        if guard.rounds and guard.idle < guard.wait:
-            return 0
-        guard.idle, guard.probed = 0, True
-        return gamma
+        return gamma if gain > 1.0 or not guard.rounds else 0
 
     def observe(self, plan: BatchPlan, tokens: int, gammas: list[int], produced: int,
                 draft_s: float, verify_s: float) -> None:
@@ -172,11 +164,9 @@ class BatchGamma:
 class Guard:
     """One batch size's drafted rounds measured against its plain rate, and its backoff."""
 
-    wait: int  # steps off before the next probe while no γ is predicted to pay
+    wait: int  # steps the first measured loss holds this size off
     hold_wait: int = 0  # steps the next measured loss holds this size off (0: wait)
     hold: int = 0  # steps left off after a measured loss
-    idle: int = 0  # steps off since the last probe
-    probed: bool = False
     rounds: int = 0  # drafted steps measured at this size
     switched_off: int = 0
     recent: deque = field(default_factory=lambda: deque(maxlen=JUDGE_WINDOW))
@@ -191,7 +181,7 @@ class Guard:
             return
         rate = sum(t for t, _ in self.recent) / max(sum(s for _, s in self.recent), 1e-12)
         if rate < FLOOR * plain_rate:
-            self.hold = self.hold_wait or probe_every
+            self.hold = self.hold_wait or self.wait
             self.hold_wait = min(2 * self.hold, probe_max)
             self.recent.clear()
             self.switched_off += 1
