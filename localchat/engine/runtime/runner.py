@@ -24,6 +24,7 @@ from localchat.engine.runtime.sampler import Row, argmax, distributions, penaliz
 from localchat.engine.runtime.scheduler import ScheduledChunk, Scheduler
 from localchat.engine.runtime.sequence import FINISHED, Sequence
 from localchat.engine.runtime.speculative.adaptive import AdaptiveGamma, structural_c
+from localchat.engine.runtime.speculative.batch import BatchGamma, BatchPlan
 from localchat.engine.runtime.speculative.drafts import DraftSource
 from localchat.engine.runtime.speculative.rule import accept_drafts, accept_greedy
 from localchat.engine.runtime.speculative.state import Speculation
@@ -59,6 +60,8 @@ class Runner:
         self.adaptive = AdaptiveGamma(fixed=num_draft_tokens,
                                       alpha_priors=draft.alpha_priors if draft else {},
                                       c_prior=draft_cost_prior(draft, executor))
+        self.batch = BatchGamma()  # γ for steps of several sequences (adaptive's: one alone)
+        self._plan: BatchPlan | None = None  # this step's, where the batch controller chose
         self.clock = time.perf_counter
         self._is_end = is_end_of_generation
         self._ids = itertools.count()
@@ -168,14 +171,15 @@ class Runner:
         chunks = self.scheduler.schedule()
         if not chunks:
             return False
+        decoding = all(c.decodes for c in chunks)  # before the step's tokens are handed out
         self._prefill_draft(chunks)
         t0 = self.clock()
         speculating = self._propose(chunks)
         t_drafted = self.clock()
         masks = self._masks(chunks)
         decided = decided_rows(chunks, masks)
-        logits = self.executor.forward([self._executor_chunk(c, d)
-                                        for c, d in zip(chunks, decided)])
+        passed = [self._executor_chunk(c, d) for c, d in zip(chunks, decided)]
+        logits = self.executor.forward(passed)
         new_tokens = self._choose(chunks, with_decided_rows(logits, decided, chunks), masks)
         for chunk in chunks:
             if chunk.drafts:
@@ -192,9 +196,16 @@ class Runner:
                 self._hand_out(chunk, new_tokens[chunk.seq.seq_id])
         catch_up_s = self.draft.catch_up_s if speculating else 0.0
         draft_s = max(0.0, t_drafted - t0 - catch_up_s)
+        plan = self._plan
         for chunk, proposed in speculating:
             chunk.seq.speculation.record(proposed, len(chunk.drafts), draft_s,
-                                         t_verified - t_drafted, step_s, catch_up_s)
+                                         t_verified - t_drafted, step_s, catch_up_s,
+                                         batched=plan is not None)
+        if plan is not None and decoding:
+            self.batch.observe(plan, sum(len(c.tokens) for c in passed),
+                               [proposed for _, proposed in speculating],
+                               sum(len(c.drafts) + 1 for c in chunks), draft_s,
+                               t_verified - t_drafted)
         return True
 
     def _executor_chunk(self, chunk: ScheduledChunk, decided: tuple[int, ...]) -> Chunk:
@@ -228,7 +239,7 @@ class Runner:
         if self.draft is not None:
             self.draft.retain({s.seq_id for s in self.scheduler.running})
         budget = self.scheduler.max_tokens_per_step - sum(c.end - c.start for c in chunks)
-        requests, owners, forced = [], [], []
+        requests, owners, forced, candidates = [], [], [], []
         for chunk in chunks:
             seq = chunk.seq
             if (seq.speculation is None and seq.guide is None) or not chunk.decodes:
@@ -242,8 +253,18 @@ class Runner:
                 continue
             if seq.speculation is None or self.draft is None:
                 continue
-            evidence = self.draft.evidence(seq)
-            gamma = 0 if evidence is False else seq.speculation.choose(room, evidence)
+            candidates.append((chunk, self.draft.evidence(seq), room))
+        self._plan = self._batch_plan(chunks, candidates)
+        batch_gamma = self._batch_choice(self._plan)
+        for chunk, evidence, room in candidates:
+            seq = chunk.seq
+            if evidence is False:
+                gamma = 0
+            elif self._plan is None:
+                gamma = seq.speculation.choose(min(room, budget), evidence)
+            else:
+                seq.speculation.key = evidence
+                gamma = max(0, min(batch_gamma, room, budget))
             budget -= gamma
             requests.append((seq, gamma))
             owners.append(chunk)
@@ -260,6 +281,26 @@ class Runner:
             self._append_drafts(chunk, drafts, q)
             out.append((chunk, len(chunk.drafts)))
         return out
+
+    def _batch_plan(self, chunks: list[ScheduledChunk], candidates: list) -> BatchPlan | None:
+        """The step as the batch controller sees it where it decides (several sequences in
+        the step, γ not fixed); None where each request's own controller does."""
+        if len(chunks) < 2 or self.adaptive.fixed is not None or not candidates:
+            return None
+        live = [(ev, room) for _, ev, room in candidates if ev is not False]
+        return BatchPlan(alphas=[self.adaptive.alpha_for(ev) for ev, _ in live],
+                         limits=[max(0, room) for _, room in live],
+                         sampling=sum(1 for c in chunks if c.samples),
+                         base_tokens=sum(c.end - c.start for c in chunks))
+
+    def _batch_choice(self, plan: BatchPlan | None) -> int:
+        """The batch controller's γ for this step's speculating sequences (0 without a plan)."""
+        if plan is None or not plan.limits:
+            return 0
+        a = self.adaptive
+        beta_s = a.extra_at(1) * a.target_step_s if a.target_step_s and a.extra_by_gamma \
+            else None  # one sequence's measured β until a second size is timed here
+        return self.batch.choose(plan, a.c, beta_s)
 
     def _forces(self, seq: Sequence) -> bool:
         """Its grammar's forced tokens go to the target as drafts: not for a seeded

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.fake_clock import Clock, clocked_with_draft, tokens_of
 from helpers.replies import reply_tokens
 
 from localchat.engine import EngineConfig, open_engine
@@ -13,32 +14,6 @@ from localchat.engine.base import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 REPEAT = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
-
-
-class Clock:
-    """Seconds that pass only when a wrapped executor runs: cost(chunks) each pass."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def charge(self, executor, cost) -> list:
-        """Wrap executor.forward; returns the list every pass's chunks are logged to."""
-        passes, forward = [], executor.forward
-
-        def timed(chunks):
-            passes.append([(len(c.tokens), c.n_logits) for c in chunks])
-            self.now += cost(chunks)
-            return forward(chunks)
-
-        executor.forward = timed
-        return passes
-
-
-def tokens_of(chunks) -> int:
-    return sum(len(c.tokens) for c in chunks)
 
 
 def generate(engine, prompt: str, n: int) -> tuple[list[int], dict | None]:
@@ -97,22 +72,6 @@ def test_auto_on_a_compute_bound_target_stays_within_noise_of_plain(engine):
         assert tokens == expected
         assert stats["source"] == "ngram" and stats["proposed"] > 0  # it did probe
         assert plain_s / auto_s >= 0.95, (plain_s, auto_s, stats)
-
-
-
-def clocked_with_draft(eng, target_cost, draft_cost):
-    """`eng`'s target and draft passes charged to a fake clock: (the target's passes, the
-    draft's, and per draft pass how many target passes ran before it)."""
-    clock = Clock()
-    eng.runner.clock = clock
-    target = clock.charge(eng.runner.executor, target_cost)
-    when: list[int] = []
-
-    def charged(chunks):
-        when.append(len(target))
-        return draft_cost(chunks)
-
-    return target, clock.charge(eng.draft.executor, charged), when
 
 
 def test_the_drafts_prompt_pass_lands_in_the_prefill_step_not_in_decoding(engine):

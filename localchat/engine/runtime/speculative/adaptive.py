@@ -21,8 +21,13 @@ def expected_speedup(alpha: float, gamma: int, c: float, verify_extra: float = 0
     tokens costs more than scoring one)."""
     if gamma == 0:
         return 1.0
-    tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    return tokens / (gamma * c + 1 + verify_extra * gamma)
+    return expected_tokens(alpha, gamma) / (gamma * c + 1 + verify_extra * gamma)
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Tokens a round of γ drafts yields on average (the kept drafts and the target's
+    own), each draft kept with probability α while all before it were."""
+    return gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
 def structural_c(draft_bytes: int, draft_layers: int, target_bytes: int,
@@ -148,14 +153,19 @@ class AdaptiveGamma:
         self._rounds_in_a_row = 0
         self._keep(self._plain, step_s)
 
-    def observe_round(self, gamma: int, accepted: int, draft_s: float, verify_s: float,
-                      key=None) -> None:
-        """A round of gamma drafts, accepted of them kept; draft_s: drafting them (not
-        the draft's catch-up), verify_s: the target's pass over them."""
+    def observe_acceptance(self, gamma: int, accepted: int, key=None) -> None:
+        """α alone from a round of gamma drafts, accepted of them kept (a batched round's
+        timings are the batch controller's, not this single-sequence cost model's)."""
         tried = accepted + (1 if accepted < gamma else 0)
         self.alpha = self._ema(self.alpha, accepted / tried)
         if key is not None:
             self._alpha_by_key[key] = self._ema(self.alpha_for(key), accepted / tried)
+
+    def observe_round(self, gamma: int, accepted: int, draft_s: float, verify_s: float,
+                      key=None) -> None:
+        """A round of gamma drafts, accepted of them kept; draft_s: drafting them (not
+        the draft's catch-up), verify_s: the target's pass over them."""
+        self.observe_acceptance(gamma, accepted, key)
         step = self.target_step_s
         if step:
             c = draft_s / gamma / step

@@ -35,24 +35,34 @@ class Speculation:
         return max(0, min(self.adaptive.choose(key), limit))
 
     def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float,
-               step_s: float, catch_up_s: float = 0.0) -> None:
+               step_s: float, catch_up_s: float = 0.0, batched: bool = False) -> None:
         """A decode step of this request: `proposed` drafts (0: a plain step), `accepted`
         of them kept; draft_s drafting them, verify_s the target's pass, step_s the whole
         step, catch_up_s of it the draft's catch-up (a one-off after rounds off: the
-        guard does not count it against drafting)."""
+        guard does not count it against drafting). batched: a step the batch controller
+        chose for (its timings are the batch's; only α is learnt here)."""
         self.decode_s += step_s
         s = self.stats
         s.target_passes += 1
         s.tokens += accepted + 1
+        if batched:
+            if proposed:
+                self._count(proposed, accepted)
+                self.adaptive.observe_acceptance(proposed, accepted, self.key)
+            return
         if not proposed:
             self.adaptive.observe_plain(step_s)
             return
-        s.proposed += proposed
-        s.accepted += accepted
-        s.accepted_runs[accepted] += 1
+        self._count(proposed, accepted)
         self.adaptive.observe_round(proposed, accepted, draft_s, verify_s, self.key)
         self._recent.append((accepted + 1, step_s - catch_up_s))
         self._judge()
+
+    def _count(self, proposed: int, accepted: int) -> None:
+        s = self.stats
+        s.proposed += proposed
+        s.accepted += accepted
+        s.accepted_runs[accepted] += 1
 
     def recent_speedup(self) -> float | None:
         """This request's tokens per second over its recent rounds ÷ the plain rate."""
