@@ -65,7 +65,7 @@ def test_system_prompt_and_sampling_flags_are_accepted():
                      "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["kv_cache_capacity_bytes"] == 256 * 17640  # one KV slot: q8_0 K, f16 V
+    assert out["kv_cache_capacity_bytes"] == 256 * 23040  # one KV slot: f16 K and V
 
 
 def test_prompt_longer_than_context_is_a_clear_error():
@@ -202,7 +202,7 @@ def test_bench_json_has_both_engines_side_by_side():
                     "weights_bytes", "kv_bytes_per_token"):
             assert figures[key] > 0, key
     assert report["engines"]["torch"]["kv_bytes_per_token"] == 23040  # f16 K and V
-    assert report["engines"]["llama.cpp"]["kv_bytes_per_token"] == 17640  # q8_0 K, f16 V
+    assert report["engines"]["llama.cpp"]["kv_bytes_per_token"] == 23040  # f16 K and V too
     assert report["engines"]["torch"]["kernels"]["ffn_down 576x1536 Q4_1"] in ("int4pack", "q4q8")
     assert report["engines"]["llama.cpp"]["compute"].startswith("llama.cpp CPU ")  # the variant
     assert report["engines"]["torch"]["compute"].startswith("torch CPU capability ")

@@ -212,12 +212,12 @@ async def test_model_picker_lists_models_and_switches_model_and_draft_live(local
         bundled = picker.rows[0]
         assert bundled.fits is True and bundled.ctx == 256
         # SmolLM2: 30 layers, 3 KV heads, 64 dims, as the llama.cpp engine keeps them on the
-        # CPU (K q8_0, V f16), for each of the chat's KV slots: the gauge's capacity
-        assert bundled.kv_bytes_per_token == 17640 == app.engine.info.kv_bytes_per_token
+        # CPU (f16 K and V, llama.cpp's default), for each of the chat's KV slots: the gauge's capacity
+        assert bundled.kv_bytes_per_token == 23040 == app.engine.info.kv_bytes_per_token
         assert bundled.kv_bytes == app.engine.memory()["kv_cache_capacity_bytes"]
         table = picker.query_one(DataTable)
         assert [str(c) for c in table.get_row_at(0)][2:] == [
-            "Q4_1", "93.8 MiB", "8192", "17.2 KiB", "yes"]
+            "Q4_1", "93.8 MiB", "8192", "22.5 KiB", "yes"]
         detail = str(picker.query_one("#model-detail").render())
         assert "at ctx 256" in detail and "fits in" in detail
 
