@@ -145,6 +145,10 @@ class LlamaCppExecutor(Executor):
         for chunk in chunks:
             if self._filled[chunk.slot] > chunk.start:  # rollback, or a new sequence
                 self._cut(chunk.slot, chunk.start)
+            elif self._filled[chunk.slot] < chunk.start:  # the caller's bookkeeping is wrong
+                raise EngineError(f"KV cache bookkeeping: slot {chunk.slot} holds "
+                                  f"{self._filled[chunk.slot]} positions, a chunk starts at "
+                                  f"{chunk.start}")
             self._filled[chunk.slot] = chunk.start + len(chunk.tokens)
         outputs: list[np.ndarray] = []
         b, n, wanted = self._batch, 0, 0

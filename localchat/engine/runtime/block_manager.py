@@ -31,10 +31,16 @@ class BlockManager:
         """The pool a new sequence should go to (exclusive: the best free slot)."""
         if not self.layout.exclusive:
             return 0
-        free = [i for i, live in enumerate(self._live) if live is None]
+        free = self._free_slots()
         if not free:
             return None
         return max(free, key=lambda i: (self._hits(i, tokens), -self._last_used[i]))
+
+    def _free_slots(self) -> list[int]:
+        """Slots no sequence lives in, but for those a branch's first chunk has still to
+        copy (their KV must stay as it is until then)."""
+        sources = set(self._copies.values())
+        return [i for i, live in enumerate(self._live) if live is None and i not in sources]
 
     def _hits(self, pool: int, tokens: list[int]) -> int:
         """Prompt tokens whose KV pool `pool` already holds."""
@@ -88,7 +94,7 @@ class BlockManager:
         hits = self._hits(slot, tokens)
         if hits < self.block_size or len(self._kept[slot]) - hits < self.block_size:
             return None
-        free = [i for i, live in enumerate(self._live) if live is None and i != slot]
+        free = [i for i in self._free_slots() if i != slot]
         return min(free, key=lambda i: (bool(self._kept[i]), self._last_used[i]), default=None)
 
     def take_copy(self, seq) -> int | None:
@@ -148,7 +154,7 @@ class BlockManager:
         block_table, start), which fills positions start.. (those before are cached already);
         False, with nothing cached, if there is no room or write refuses."""
         if self.layout.exclusive:
-            free = [i for i, live in enumerate(self._live) if live is None]
+            free = self._free_slots()
             if not free:
                 return False
             slot = min(free, key=lambda i: (bool(self._kept[i]), self._last_used[i]))

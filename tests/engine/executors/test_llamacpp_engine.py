@@ -225,3 +225,25 @@ def test_rows_not_wanted_are_left_out():
     assert every.shape[0] == 5 and some.shape[0] == 2 and none.shape[0] == 0
     assert torch.allclose(some, every[[1, 4]], atol=1e-3)
     assert some.argmax(-1).tolist() == every[[1, 4]].argmax(-1).tolist()
+
+
+def test_a_chunk_past_the_slots_kv_is_refused_not_computed():
+    """A chunk starting after the positions its slot holds (the caller's bookkeeping lost
+    track) is an EngineError naming both, not a pass over a hole (a wrong reply, or
+    llama.cpp's own 'inconsistent sequence positions' later)."""
+    from localchat.errors import EngineError
+
+    executor = LlamaCppExecutor(validate_model_file(resolve_model("default")), n_ctx=256,
+                                threads=2, parallel=1)
+    tokens = executor.vocab.tokenize_text("The capital of France is")
+
+    def chunk(start, toks):
+        return Chunk(slot=0, tokens=toks, start=start, n_logits=1, block_table=[],
+                     write_from=0, n_prompt=len(tokens))
+    try:
+        executor.forward([chunk(0, tokens[:3])])
+        with pytest.raises(EngineError, match="slot 0 holds 3 positions, a chunk starts at 4"):
+            executor.forward([chunk(4, tokens[4:])])
+        assert executor.forward([chunk(3, tokens[3:])]).shape[0] == 1  # the slot is as it was
+    finally:
+        executor.close()

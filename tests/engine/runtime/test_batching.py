@@ -118,7 +118,7 @@ def test_cancelling_frees_blocks_at_once(batching_engine):
             cancel.set()
     assert event.finish_reason == "cancelled"
     assert used_mid_reply > 0
-    for _ in range(200):  # the runner frees them on its next step
+    for _ in range(3000):  # the runner frees them on its next step (a loaded machine: seconds)
         if engine.blocks.usage().used == 0:
             break
         threading.Event().wait(0.01)
@@ -241,3 +241,21 @@ def test_a_copy_that_never_ran_leaves_its_slot_empty():
     assert blocks._hits(seq.slot, list(range(40))) == 0  # so its slot claims no KV
     again = Sequence(3, list(range(80)) + [1], 81)
     assert blocks.allocate(again) == 80 and again.slot == first.slot
+
+
+def test_a_slot_waiting_to_be_copied_is_not_given_to_another_sequence():
+    """Between a branch's admission and its first chunk (when the executor copies), the
+    source slot must keep its KV: a second sequence sharing it goes elsewhere, or waits (the
+    draft's mirrors were admitted together and one overwrote the other's source)."""
+    shared = list(range(40))
+    blocks = _slots(3)
+    first = _run(blocks, 1, shared + [5] * 40)
+    branch = Sequence(2, shared + [6] * 40, 80)
+    assert blocks.allocate(branch) == 40 and branch.slot != first.slot
+    other = Sequence(3, shared + [7] * 40, 80)
+    assert blocks.can_admit(other.tokens, 1)
+    blocks.allocate(other)
+    assert other.slot not in (first.slot, branch.slot)
+    assert not blocks.can_admit(shared + [8] * 40, 2)  # the source is the only slot left
+    assert blocks.take_copy(branch) == first.slot  # copied: the source is free again
+    assert blocks.can_admit(shared + [8] * 40, 2)

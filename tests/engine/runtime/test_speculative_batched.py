@@ -71,10 +71,6 @@ def test_four_at_once_on_a_compute_bound_target_draft_no_slower_than_plain():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="open bug: with 4 sequences drafting on llama.cpp one draft mirror's "
-                   "KV falls behind its computed count (acceptance 0.1-0.4 for that request, or "
-                   "llama_decode's 'inconsistent sequence positions' X = 36, Y = 39); also at "
-                   "ed8a0b2 without the batch controller", strict=False)
 def test_four_at_once_on_a_bandwidth_bound_target_draft_and_pay():
     """A pass costs mostly its weights' reading (1 unit) and little per token: the batch
     drafts, at γ where the batch gain peaks, and the aggregate is ≥ 1.5x plain."""
