@@ -153,6 +153,15 @@ class LlamaCppExecutor(Executor):
         outputs: list[np.ndarray] = []
         b, n, wanted = self._batch, 0, 0
         for chunk in chunks:
+            if len(chunk.tokens) == 1:  # a decode step's chunk: scalar stores, no arrays
+                want = chunk.n_logits > 0 and not chunk.no_logits
+                b.token[n], b.pos[n], b.seq_id[n], b.logits[n] = (
+                    chunk.tokens[0], chunk.start, chunk.slot, want)
+                n, wanted = n + 1, wanted + want
+                if n == MAX_BATCH:
+                    outputs.append(self._decode(n, wanted))
+                    n = wanted = 0
+                continue
             done, wants = 0, _wanted(chunk)
             while done < len(chunk.tokens):
                 take = min(len(chunk.tokens) - done, MAX_BATCH - n)
@@ -181,8 +190,9 @@ class LlamaCppExecutor(Executor):
             raise EngineError(f"llama_decode failed (code {rc})")
         if not n_out:
             return np.zeros((0, self.n_vocab), np.float32)
-        logits = llama_cpp.llama_get_logits(self._ctx.ctx)
-        return np.ctypeslib.as_array(logits, shape=(n_out, self.n_vocab)).copy()
+        rows = np.empty((n_out, self.n_vocab), np.float32)  # ours: valid after the next decode
+        ctypes.memmove(rows.ctypes.data, llama_cpp.llama_get_logits(self._ctx.ctx), rows.nbytes)
+        return rows
 
     def decode_raw(self, entries: Sequence[tuple[int, int, int, bool]]) -> np.ndarray:
         """Bare llama_decode over (slot, position, token, wants logits) entries, with no KV

@@ -43,6 +43,7 @@ class RuntimeEngine(VocabMixin, Engine):
         self.name, self.info, self.vocab = executor.name, executor.info, executor.vocab
         self.draft = draft
         self._vocab_lock = threading.Lock()  # callers on several threads share one vocabulary
+        self._pieces: dict[int, bytes] = {}  # detokenized tokens (at most the vocabulary)
         self.runner = Runner(executor, self.is_end_of_generation, n_ctx=self.info.n_ctx,
                              draft=draft, num_draft_tokens=num_draft_tokens)
         self.blocks = self.runner.blocks
@@ -135,8 +136,13 @@ class RuntimeEngine(VocabMixin, Engine):
             return super().tokenize_text(text)
 
     def _detokenize(self, token: int) -> bytes:
-        with self._vocab_lock:
-            return self.vocab.detokenize(token)
+        """A token's bytes, remembered: a token's piece never changes, and every streamed
+        token of every reply asks (under the lock, 16 streams' readers queued on it)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            with self._vocab_lock:
+                piece = self._pieces[token] = self.vocab.detokenize(token)
+        return piece
 
     def close(self) -> None:
         """Requests still in flight end with an error; then the models are released."""

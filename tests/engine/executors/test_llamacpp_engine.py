@@ -247,3 +247,30 @@ def test_a_chunk_past_the_slots_kv_is_refused_not_computed():
         assert executor.forward([chunk(3, tokens[3:])]).shape[0] == 1  # the slot is as it was
     finally:
         executor.close()
+
+
+def test_one_token_chunks_give_the_rows_a_whole_chunk_gives_and_the_rows_stay_ours():
+    """Decode steps' one-token chunks (the executor's fast path) in one pass, one of them
+    not wanting its row: the wanted rows are those of the same tokens computed as the
+    last of a longer chunk, and a later pass leaves the returned rows as they were."""
+    executor = LlamaCppExecutor(validate_model_file(resolve_model("default")), n_ctx=256,
+                                threads=2, parallel=3)
+    a = executor.vocab.tokenize_text("The capital of France is")
+    b = executor.vocab.tokenize_text("Bees make honey from the")
+
+    def chunk(slot, tokens, start, n_logits=1, no_logits=()):
+        return Chunk(slot=slot, tokens=tokens, start=start, n_logits=n_logits, block_table=[],
+                     write_from=start, n_prompt=start + len(tokens), no_logits=no_logits)
+    try:
+        executor.forward([chunk(0, a[:-1], 0, 0), chunk(1, b[:-1], 0, 0), chunk(2, a[:-1], 0, 0)])
+        stepped = executor.forward([chunk(0, a[-1:], len(a) - 1),
+                                    chunk(2, a[-1:], len(a) - 1, no_logits=(0,)),
+                                    chunk(1, b[-1:], len(b) - 1)])
+        kept = stepped.clone()
+        whole = executor.forward([chunk(2, a, 0), chunk(1, b, 0)])
+    finally:
+        executor.close()
+    assert stepped.shape[0] == 2
+    assert torch.equal(stepped, kept)  # the later pass wrote its rows elsewhere
+    assert torch.allclose(stepped, whole, atol=1e-3)
+    assert stepped.argmax(-1).tolist() == whole.argmax(-1).tolist()
