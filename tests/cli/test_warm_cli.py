@@ -26,7 +26,7 @@ def same(a: subprocess.CompletedProcess, b: subprocess.CompletedProcess) -> None
 
 
 def test_a_greedy_run_with_stdin_is_the_cold_commands_reply():
-    args = ("run", "-", "Repeat it.", "-n", "8", "--temp", "0", "--json", "-c", "256")
+    args = ("run", "Repeat it.", "-n", "8", "--temp", "0", "--json", "-c", "256")
     stdin = "The capital of France is Paris.\n"
     a, b = cold(*args, stdin=stdin), warm(*args, stdin=stdin)
     assert a.returncode == 0, a.stderr
