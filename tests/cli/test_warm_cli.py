@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers import warm_cli
 
 
@@ -51,7 +53,5 @@ def test_an_error_exit_code_and_the_environment_are_the_cold_commands(tmp_path):
 
 
 def test_a_command_past_its_timeout_is_killed():
-    import pytest
-
     with pytest.raises(subprocess.TimeoutExpired):
         warm_cli.run(["run", "-", "-n", "1"], input="", env=dict(os.environ), timeout=0.01)
