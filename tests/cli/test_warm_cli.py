@@ -55,3 +55,11 @@ def test_an_error_exit_code_and_the_environment_are_the_cold_commands(tmp_path):
 def test_a_command_past_its_timeout_is_killed():
     with pytest.raises(subprocess.TimeoutExpired):
         warm_cli.run(["run", "-", "-n", "1"], input="", env=dict(os.environ), timeout=0.01)
+
+
+def test_a_command_with_its_own_pythonpath_starts_cold(tmp_path):
+    """The interpreter reads PYTHONPATH as it starts, which a fork cannot redo."""
+    (tmp_path / "sitecustomize.py").write_text("import sys; print('site of tmp', file=sys.stderr)")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = warm("--version", env=env)
+    assert proc.returncode == 0 and proc.stderr == "site of tmp\n", proc.stderr

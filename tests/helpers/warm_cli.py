@@ -4,8 +4,9 @@ process for each command, which imports localchat itself and runs `-m localchat`
 test's argv, environment, working directory and pipes, and exits as the command would.
 
 Run as a script it is that helper (it never imports localchat: everything of ours, and
-whatever reads the environment, is imported fresh in each fork). run() is the client.
-LOCALCHAT_TEST_WARM_CLI=0 turns it off (every command a cold `python -m localchat`)."""
+whatever reads the environment, is imported fresh in each fork). run() is the client; a
+command whose PYTHON* variables differ from the helper's starts cold, as does every command
+under LOCALCHAT_TEST_WARM_CLI=0."""
 
 from __future__ import annotations
 
@@ -149,6 +150,7 @@ class _Helper:
         line = self.proc.stdout.readline()
         if line != b"ready\n":
             raise RuntimeError(f"the warm CLI helper did not start: {line!r}")
+        self.startup_env = _startup_env(os.environ)
         atexit.register(self.close)
 
     def close(self) -> None:
@@ -161,11 +163,21 @@ _helper: _Helper | None = None
 _helper_lock = threading.Lock()
 
 
-def _connect() -> socket.socket:
+def _startup_env(env) -> dict[str, str]:
+    """What the interpreter reads from the environment as it starts (PYTHONPATH, ...): a fork
+    keeps the helper's."""
+    return {k: v for k, v in env.items() if k.startswith("PYTHON")}
+
+
+def _connect(env: dict) -> socket.socket | None:
+    """A connection to the helper (started on first use), or None where env's startup
+    variables differ from the helper's: that command must start cold."""
     global _helper
     with _helper_lock:
         if _helper is None or _helper.proc.poll() is not None:
             _helper = _Helper()
+        if _startup_env(env) != _helper.startup_env:
+            return None
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(_helper.path)
         return conn
@@ -175,10 +187,13 @@ def run(args: list[str], *, input: str, env: dict, timeout: float) -> subprocess
     """Like subprocess.run([python, "-m", "localchat", *args], input=input, env=env,
     capture_output=True, text=True, timeout=timeout), in a fork of the warm helper."""
     argv = [sys.executable, "-m", "localchat", *args]
+    conn = _connect(env)
+    if conn is None:
+        return subprocess.run(argv, input=input, env=env, capture_output=True, text=True,
+                              timeout=timeout)
     pipes = [os.pipe() for _ in range(3)]
     theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]
     stdin_w, stdout_r, stderr_r = pipes[0][1], pipes[1][0], pipes[2][0]
-    conn = _connect()
     try:
         message = json.dumps({"args": list(args), "env": dict(env), "cwd": os.getcwd()}).encode()
         conn.sendall(struct.pack("!I", len(message)))
