@@ -12,6 +12,23 @@ def test_ui_and_cli_do_not_import_torch_or_llama_cpp():
     assert out.stdout.strip() == "[]"
 
 
+def test_commands_that_load_no_model_import_no_engine():
+    """`--help` (every subcommand's parser built), `run --help` and `models` run without
+    torch or llama_cpp (~1.3 s of imports a process): only a loaded engine needs them."""
+    code = ("import contextlib, io, sys\n"
+            "from localchat.cli import main\n"
+            "for argv in (['--help'], ['run', '--help'], ['models']):\n"
+            "    with contextlib.redirect_stdout(io.StringIO()):\n"
+            "        try:\n"
+            "            assert main(argv) == 0, argv\n"
+            "        except SystemExit as exc:\n"
+            "            assert exc.code == 0, argv\n"
+            "print(sorted(m for m in ('torch', 'llama_cpp') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 def test_the_architecture_map_names_every_module():
     """docs/architecture.md's "Module map" is the map a newcomer reads: no module may be missing."""
     from pathlib import Path

@@ -6,11 +6,17 @@ import os
 import subprocess
 import sys
 
+from helpers import warm_cli
+
 
 def localchat(*args: str, stdin: str | None = None, env_extra: dict | None = None,
               timeout: float = 180) -> subprocess.CompletedProcess:
-    """Run `python -m localchat ARGS` with this environment (plus env_extra); text output."""
+    """Run `python -m localchat ARGS` with this environment (plus env_extra); text output.
+    A fork of a process that has imported torch and llama_cpp already (warm_cli.py)."""
     env = {**os.environ, **(env_extra or {})}
+    if warm_cli.ENABLED:
+        return warm_cli.run(list(args), input=stdin if stdin is not None else "", env=env,
+                            timeout=timeout)
     return subprocess.run([sys.executable, "-m", "localchat", *args],
                           input=stdin if stdin is not None else "",
                           capture_output=True, text=True, timeout=timeout, env=env)
