@@ -199,6 +199,29 @@ def test_q4_0_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k):
     _assert_rows_batch_exactly(layer, torch.from_numpy(x))
 
 
+@pytest.mark.parametrize("n,k", [(40, 512), (37, 480), (3, 256)])
+def test_q4_1_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k):
+    """Q4_1 repacked 8 rows interleaved (5 bits: nibbles, float16 d and m, the last tile
+    padded) sums q·d·dx + m·sx as llama.cpp's Q4_1 dot product does, as q4q8 does up to float
+    summation order."""
+    rng = np.random.default_rng(5)
+    q = rng.integers(0, 16, (n, k))
+    d = (rng.random((n, k // 32)) * 0.02).astype(np.float16)
+    m = ((rng.random((n, k // 32)) - 0.5) * 0.1).astype(np.float16)
+    x = rng.standard_normal((17, k)).astype(np.float32)
+    held = [torch.from_numpy(t) for t in (q, d, m)]
+    layer = q4x8.Q41x8Linear(*held)
+    padded = -(-n // 8) * 8
+    assert layer.codes.numel() + 2 * layer.scale_offset.numel() == padded * k * 5 / 8
+    ours = layer(torch.from_numpy(x))
+    expected = _expected(x, "q8_1", q, np.repeat(d.astype(np.float32), 2, axis=-1),
+                         m.astype(np.float32))
+    np.testing.assert_allclose(ours.double().numpy(), expected, rtol=1e-5, atol=1e-5)
+    one_row_at_a_time = q4q8.Q4Q8Linear(*held, act="q8_1")(torch.from_numpy(x))
+    torch.testing.assert_close(ours, one_row_at_a_time, rtol=1e-6, atol=1e-5)
+    _assert_rows_batch_exactly(layer, torch.from_numpy(x))
+
+
 @pytest.mark.parametrize("n,k", [(40, 512), (37, 512), (3, 256)])
 def test_q4_k_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k):
     """Q4_K repacked 8 rows interleaved (4.75 bits) takes llama.cpp's route (integer sums per

@@ -18,7 +18,7 @@ from localchat.atomic import atomic_write_text
 from localchat.engine.executors.torch import q4q8
 from localchat.engine.executors.torch.q4q8 import (Q2Q8Linear, Q3Q8Linear, Q4Q8Linear, Q4S8Linear,
                                                   Q5Q8Linear, Q6Q8Linear, Q8Q8Linear)
-from localchat.engine.executors.torch.q4x8 import Q4Kx8Linear, Q4S8x8Linear
+from localchat.engine.executors.torch.q4x8 import Q4Kx8Linear, Q4S8x8Linear, Q41x8Linear
 from localchat.engine.executors.torch.qlinear import (DenseLinear, HalfLinear, Int4Linear,
                                                      Int4PairLinear, Int8Linear)
 from localchat.errors import EngineError
@@ -107,6 +107,16 @@ def _q4_0_blocks(m: SourceMatrix) -> tuple | None:
     return q, scale
 
 
+def _q4_1_blocks(m: SourceMatrix) -> tuple | None:
+    """A Q4_1 file's (q, d, m float16) where activations round to Q8_1, else None."""
+    if m.activations != "q8_1" or m.q4_blocks is None or m.q4_blocks[3] is not None:
+        return None
+    q, scale, minimum, _ = m.q4_blocks
+    if scale.dtype != torch.float16 or minimum.dtype != torch.float16:
+        return None
+    return q, scale, minimum
+
+
 def _q4_k_blocks(m: SourceMatrix) -> tuple | None:
     """Q4_K's (q, 6-bit sc, 6-bit m, (d, dmin) per 256) where activations round to Q8_K."""
     if m.activations != "q8_k" or m.q4_blocks is None or m.q4_blocks[3] is None:
@@ -145,6 +155,8 @@ KERNELS = (
     # the same sums on 8 weight rows interleaved (q4x8.py): faster on AVX2, padded to 8 rows
     Kernel("q4s8x8", 4.5, lambda m: m.activations == "q8_0" and _q4_0_blocks(m) is not None,
            lambda m, dev: Q4S8x8Linear(*_q4_0_blocks(m), dev), as_llama_cpp=True),
+    Kernel("q41x8", 5.0, lambda m: _q4_1_blocks(m) is not None,
+           lambda m, dev: Q41x8Linear(*_q4_1_blocks(m), dev), as_llama_cpp=True),
     Kernel("q4kx8", 4.75, lambda m: _q4_k_blocks(m) is not None,
            lambda m, dev: Q4Kx8Linear(*_q4_k_blocks(m), dev), as_llama_cpp=True),
     Kernel("q5q8", 6.0, lambda m: m.q5_blocks is not None and m.activations is not None,

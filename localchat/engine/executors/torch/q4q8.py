@@ -48,7 +48,7 @@ def available() -> bool:
     for op in ("q4q8_mm", "q4s8_mm", "q5q8_mm", "q8q8_mm", "q6q8_mm", "q3q8_mm", "q2q8_mm"):
         torch.library.register_fake(f"localchat::{op}")(
             lambda x, w, *rest: x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32))
-    for op in ("q4s8x8_mm", "q4kx8_mm"):  # their last argument: the number of weight rows
+    for op in ("q4s8x8_mm", "q41x8_mm", "q4kx8_mm"):  # their last argument: the number of weight rows
         torch.library.register_fake(f"localchat::{op}")(
             lambda x, *rest: x.new_empty(x.shape[0], rest[-1], dtype=torch.float32))
     return True

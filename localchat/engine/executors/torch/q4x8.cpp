@@ -1,9 +1,9 @@
-// localchat's 8-row interleaved Q4_0 and Q4_K ops (q4q8.py: Q4S8x8Linear, Q4Kx8Linear), as
-// ggml's repacked AVX2 GEMM/GEMV (repack.cpp) work: one activation load and one scale multiply
-// serve 8 weight rows, and each output lane is one weight row, so no horizontal sums. Compiled
-// after q4q8.cpp in the same translation unit (it uses quantize_rows). Every activation row
-// runs the same arithmetic in the same order whether it sits in a 4-row tile or alone, so a
-// row gets the same bits alone as in a batch.
+// localchat's 8-row interleaved Q4_0, Q4_1 and Q4_K ops (q4x8.py: Q4S8x8Linear, Q41x8Linear,
+// Q4Kx8Linear), as ggml's repacked AVX2 GEMM/GEMV (repack.cpp) work: one activation load and
+// one scale multiply serve 8 weight rows, and each output lane is one weight row, so no
+// horizontal sums. Compiled after q4q8.cpp in the same translation unit (it uses
+// quantize_rows). Every activation row runs the same arithmetic in the same order whether it
+// sits in a 4-row tile or alone, so a row gets the same bits alone as in a batch.
 namespace {
 
 // Codes of 8 weight rows for one 32-block, 128 bytes: [chunk c 0..3][row r 0..7][byte k 0..3],
@@ -53,6 +53,29 @@ inline void tile_q4_0(const uint8_t* codes, const uint16_t* d, int64_t G, int64_
                                _mm256_mul_ps(dw, _mm256_set1_ps(dx[j * G + g])), out[j]);
     }
   }
+}
+
+// T activation rows against 8 Q4_1 weight rows, as llama.cpp's Q4_1 dot: per block the exact
+// Σ q·x times d · dx, plus the offset m times sx (Q8_1's fp16 dx·Σ codes), each summed over
+// the blocks in order in its own accumulator. dm: per block the 8 rows' float16 d, then m.
+template <int T>
+inline void tile_q4_1(const uint8_t* codes, const uint16_t* dm, int64_t G, int64_t K,
+                      const int8_t* xq, const float* dx, const float* sx, __m256* out) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 offsets[T];
+  for (int j = 0; j < T; ++j) out[j] = offsets[j] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m256i s16[T];
+    block_sums<T>(codes + g * X8_BLOCK, xq + g * 32, K, s16);
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(dm + g * 16)));
+    const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(dm + g * 16 + 8)));
+    for (int j = 0; j < T; ++j) {
+      out[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s16[j], ones)),
+                               _mm256_mul_ps(dw, _mm256_set1_ps(dx[j * G + g])), out[j]);
+      offsets[j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx[j * G + g]), offsets[j]);
+    }
+  }
+  for (int j = 0; j < T; ++j) out[j] = _mm256_add_ps(out[j], offsets[j]);
 }
 
 // T activation rows against 8 Q4_K weight rows, as llama.cpp's Q4_K dot: per 256 weights the
@@ -158,6 +181,24 @@ at::Tensor q4s8x8_mm(const at::Tensor& x_in, const at::Tensor& codes, const at::
   });
 }
 
+// Q4_1 repacked: codes as q4s8x8's, dm float16 [N8/8, G, 2, 8] (d, m); x rounded to Q8_1
+at::Tensor q41x8_mm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& dm, int64_t n) {
+  const at::Tensor x = x_in.contiguous().to(at::kFloat);
+  const int64_t M = x.size(0), K = x.size(1), G = K / 32;
+  TORCH_CHECK(K % 32 == 0 && codes.numel() == (n + 7) / 8 * G * X8_BLOCK &&
+              dm.numel() == (n + 7) / 8 * G * 16 && dm.scalar_type() == at::kHalf, "q41x8: shapes");
+  std::vector<int8_t> xq(M * K);
+  std::vector<float> dx(M * G), sx(M * G);
+  quantize_rows(x.data_ptr<float>(), M, K, Q8_1, xq.data(), dx.data(), sx.data());
+  const uint8_t* C = codes.data_ptr<uint8_t>();
+  const uint16_t* DM = (const uint16_t*)dm.data_ptr();
+  return x8_mm(M, n, x.options(), [&](auto rows, int64_t m, int64_t t, __m256* out) {
+    constexpr int T = decltype(rows)::value;
+    tile_q4_1<T>(C + t * G * X8_BLOCK, DM + t * G * 16, G, K, xq.data() + m * K, dx.data() + m * G,
+                 sx.data() + m * G, out);
+  });
+}
+
 // Q4_K repacked: codes as q4s8x8's, sc [N8/8, G, 8], mn [N8/8, G/2, 8, 2] (6-bit integers),
 // sup float32 [N8/8, G/8, 2, 8] (d, dmin); x rounded to Q8_K
 at::Tensor q4kx8_mm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& sc,
@@ -189,9 +230,11 @@ at::Tensor q4kx8_mm(const at::Tensor& x_in, const at::Tensor& codes, const at::T
 
 TORCH_LIBRARY_FRAGMENT(localchat, m) {
   m.def("q4s8x8_mm(Tensor x, Tensor codes, Tensor d, int n) -> Tensor");
+  m.def("q41x8_mm(Tensor x, Tensor codes, Tensor dm, int n) -> Tensor");
   m.def("q4kx8_mm(Tensor x, Tensor codes, Tensor sc, Tensor mn, Tensor sup, int n) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(localchat, CPU, m) {
   m.impl("q4s8x8_mm", &q4s8x8_mm);
+  m.impl("q41x8_mm", &q41x8_mm);
   m.impl("q4kx8_mm", &q4kx8_mm);
 }

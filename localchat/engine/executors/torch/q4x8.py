@@ -1,6 +1,6 @@
-"""Q4_0 and Q4_K repacked at load into 8-row interleaved blocks (q4x8.cpp, built with the
+"""Q4_0, Q4_1 and Q4_K repacked at load into 8-row interleaved blocks (q4x8.cpp, built with the
 q4q8 ops): each step of the AVX2 kernel serves 8 weight rows with one activation load and one
-scale multiply, as ggml's repacked kernels do. Same sums as Q4S8Linear / Q4Q8Linear (Q4_K)."""
+scale multiply, as ggml's repacked kernels do. Same sums as Q4S8Linear / Q4Q8Linear (Q4_1, Q4_K)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,23 @@ class Q4S8x8Linear(BlockLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.shaped(torch.ops.localchat.q4s8x8_mm(
             x.reshape(-1, self.in_features), self.codes, self.scale, self.out_features), x)
+
+
+class Q41x8Linear(BlockLinear):
+    """Q4_1 in its own 5 bits, 8 rows interleaved: w = q·d + m, d and m the file's float16 per
+    32 weights; x rounded to Q8_1, summed as llama.cpp's Q4_1 dot product (as q4q8 does, up
+    to float summation order)."""
+
+    def __init__(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
+                 device: torch.device = torch.device("cpu")) -> None:
+        super().__init__(*q.shape, device)
+        self.codes = interleaved_codes(q)
+        pairs = torch.stack([d.to(torch.float16), m.to(torch.float16)], dim=1)  # [N, 2, G]
+        self.scale_offset = _tiles(pairs).permute(0, 3, 2, 1).contiguous()  # [tiles, G, 2, row]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shaped(torch.ops.localchat.q41x8_mm(
+            x.reshape(-1, self.in_features), self.codes, self.scale_offset, self.out_features), x)
 
 
 class Q4Kx8Linear(BlockLinear):
