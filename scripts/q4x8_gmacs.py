@@ -1,6 +1,7 @@
-"""GMAC/s of the one-row Q4_0/Q4_K kernels (q4s8, q4q8) against their 8-row interleaved forms
-(q4s8x8, q4kx8) on random blocks: one thread, CPU time, best of 5 with the two alternating.
-Run from the repository root: python scripts/q4x8_gmacs.py [q4_0,q4_k] (docs/benchmarks.md)."""
+"""GMAC/s of the one-row Q4_0/Q4_1/Q4_K kernels (q4s8, q4q8) against their 8-row interleaved
+forms (q4s8x8, q41x8, q4kx8) on random blocks: one thread, CPU time, best of 5 with the two
+alternating. Run from the repository root (docs/benchmarks.md):
+python scripts/q4x8_gmacs.py [q4_0,q4_1,q4_k] [NxK,... [rows,...]]"""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's localchat
 from localchat.engine.executors.torch import q4q8  # noqa: E402
-from localchat.engine.executors.torch.q4x8 import Q4Kx8Linear, Q4S8x8Linear  # noqa: E402
+from localchat.engine.executors.torch.q4x8 import (Q4Kx8Linear, Q4S8x8Linear,  # noqa: E402
+                                                  Q41x8Linear)
 
 SHAPES = ((8192, 2048), (2048, 8192))  # [N, K]: a 1B model's ffn up/gate and down
 ROWS = (1, 4, 16, 512)
@@ -32,21 +34,24 @@ def layers(fmt: str, n: int, k: int, g: torch.Generator) -> tuple[torch.nn.Modul
     if fmt == "q4_0":
         d = (torch.rand(n, k // 32, generator=g) * 0.02).half()
         return q4q8.Q4S8Linear(q, d), Q4S8x8Linear(q, d)
+    if fmt == "q4_1":
+        d, m = (((torch.rand(n, k // 32, generator=g) - 0.5) * 0.02).half() for _ in "dm")
+        return q4q8.Q4Q8Linear(q, d, m, act="q8_1"), Q41x8Linear(q, d, m)
     sc, m = (torch.randint(0, 64, (n, k // 32), generator=g).to(torch.uint8) for _ in "sm")
     sup = torch.rand(n, k // 256, 2, generator=g) * 0.01
     return q4q8.Q4Q8Linear(q, sc, m, sup, act="q8_k"), Q4Kx8Linear(q, sc, m, sup)
 
 
-def main(fmts: list[str]) -> None:
+def main(fmts: list[str], shapes=SHAPES, rows_list=ROWS) -> None:
     torch.set_num_threads(1)
     if not q4q8.available():
         sys.exit("the q4q8 ops are not available here (no AVX2 CPU or no C++ compiler)")
     g = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for fmt in fmts:
-            for n, k in SHAPES:
+            for n, k in shapes:
                 pair = layers(fmt, n, k, g)
-                for rows in ROWS:
+                for rows in rows_list:
                     x = torch.randn(rows, k, generator=g)
                     for layer in pair:
                         layer(x)
@@ -60,4 +65,7 @@ def main(fmts: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1].split(",") if len(sys.argv) > 1 else ["q4_0", "q4_k"])
+    args = sys.argv[1:]
+    main(args[0].split(",") if args else ["q4_0", "q4_1", "q4_k"],
+         [tuple(map(int, s.split("x"))) for s in args[1].split(",")] if len(args) > 1 else SHAPES,
+         [int(r) for r in args[2].split(",")] if len(args) > 2 else ROWS)
