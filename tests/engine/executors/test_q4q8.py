@@ -244,12 +244,15 @@ def test_q4_k_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k):
     _assert_rows_batch_exactly(layer, torch.from_numpy(x))
 
 
-def test_the_model_on_q4q8_compiled_ahead_of_time_computes_what_llama_cpp_does(engine, monkeypatch):
-    """The bundled model with every matrix on q4q8/q8q8, its decode layers an AOTInductor
-    artifact calling the ops, against llama.cpp on the same file: 64 positions as chat runs
-    them (prompt, then one token a step). Two implementations that round activations to 8 bits
-    agree up to near-ties (measured on 1100 positions: 96.8-97.7 % top-1, mean |Δlogit| ~0.16;
-    llama.cpp against its own float32 run 97.2 %); a broken kernel scores near 0."""
+@pytest.mark.parametrize("four_bit", ["q4q8", "q41x8"])  # q41x8: Q4_1 8 rows interleaved
+def test_the_model_on_q4q8_compiled_ahead_of_time_computes_what_llama_cpp_does(engine, four_bit,
+                                                                              monkeypatch):
+    """The bundled model with every matrix on q4q8 (or Q4_1's 8-row q41x8) and q8q8, its decode
+    layers an AOTInductor artifact calling the ops, against llama.cpp on the same file: 64
+    positions as chat runs them (prompt, then one token a step). Two implementations that
+    round activations to 8 bits agree up to near-ties (measured on 1100 positions: 96.8-97.7 %
+    top-1, mean |Δlogit| ~0.16; llama.cpp against its own float32 run 97.2 %); a broken kernel
+    scores near 0."""
     from quantize.agreement import llama_cpp_logits, varied_text_tokens
     from localchat.engine.executors.torch.model import LlamaModel
     from localchat.engine.executors.torch.weights import load_weights
@@ -259,10 +262,10 @@ def test_the_model_on_q4q8_compiled_ahead_of_time_computes_what_llama_cpp_does(e
     tokens = varied_text_tokens(engine, 128)[:128]
     theirs = llama_cpp_logits(facts.path, tokens)[64:]
     monkeypatch.setattr(kernels, "KERNELS", tuple(kernels.BY_NAME[name] for name in
-                                                  ("q4q8", "q8q8", "f32")))
+                                                  (four_bit, "q8q8", "f32")))
     chooser = kernels.KernelChooser(torch.device("cpu"))
     model = LlamaModel(load_weights(facts.path, chooser=chooser), 256, compiled=True)
-    assert set(chooser.chosen.values()) == {"q4q8", "q8q8"}
+    assert set(chooser.chosen.values()) == {four_bit, "q8q8"}
     ours = teacher_forced(model, torch.tensor(tokens), 64, warm=True)[64:]
     assert model.describe()["generated-token layers"] == "aotinductor"
     agree = (theirs.argmax(-1) == ours.argmax(-1)).float().mean().item()
