@@ -10,6 +10,7 @@ import torch
 
 from localchat.engine.executors.torch import aot_layer
 from localchat.engine.executors.torch.q4q8 import Q4Q8Linear, Q8Q8Linear, available
+from localchat.engine.executors.torch.q4x8 import Q41x8Linear
 from localchat.engine.executors.torch.qlinear import (DenseLinear, HalfLinear, Int4Linear,
                                                       Int4PairLinear, Int8Linear, NF4Linear,
                                                       RowStack)
@@ -36,6 +37,7 @@ def _layers() -> dict[str, torch.nn.Module]:
     if available():
         layers["q4q8"] = Q4Q8Linear(q, d.half(), -8 * d.half())
         layers["q8q8"] = Q8Q8Linear(codes, d.half())
+        layers["q41x8"] = Q41x8Linear(q, d.half(), -8 * d.half())
     return layers
 
 

@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from localchat.engine.executors.torch import kernels, q4q8, qlinear
+from localchat.engine.executors.torch import kernels, q4q8, q4x8, qlinear
 from localchat.formats import gguf_blocks
 from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix, candidates
 
@@ -193,6 +193,7 @@ def test_a_kernel_that_is_missing_or_wrong_is_not_used(monkeypatch):
 
     monkeypatch.setattr(qlinear.Int4Linear, "__init__", missing)
     monkeypatch.setattr(q4q8.Q4Q8Linear, "__init__", missing)
+    monkeypatch.setattr(q4x8.Q41x8Linear, "__init__", missing)
     chooser = KernelChooser(torch.device("cpu"))
     layer = chooser.build(_source(Q.Q4_1), "ffn")
     assert isinstance(layer, qlinear.DenseLinear) and chooser.chosen == {"ffn 96x256 Q4_1": "f32"}
@@ -219,12 +220,12 @@ def test_the_bundled_model_keeps_its_file_size_and_names_each_layers_kernel():
         engine.close()
     tensor_bytes = sum(int(t.n_bytes) for t in GGUFReader(info.path).tensors)
     # the embedding stays mapped from the file (rows paged in when looked up), not held
-    # int4pack holds Q4_1 in 1.0x its bytes, q4q8 (float32 scales) in 1.2x
+    # int4pack and q41x8 hold Q4_1 in 1.0x its bytes, q4q8 (float32 scales) in 1.2x
     assert info.weights_bytes <= 1.25 * tensor_bytes, (info.weights_bytes, tensor_bytes)
     layers = {"attn_qkv 960x576 Q4_1", "attn_output 576x576 Q4_1", "ffn_gate_up 3072x576 Q4_1",
               "ffn_down 576x1536 Q4_1"}
     assert info.kernels.keys() == layers | {"output (tied) 49152x576 Q8_0", "generated-token layers"}
-    assert all(info.kernels[name] in ("int4pack", "q4q8") for name in layers)  # exact, fastest here
+    assert all(info.kernels[name] in ("int4pack", "q4q8", "q41x8") for name in layers)  # exact
     assert info.kernels["output (tied) 49152x576 Q8_0"] in ("int4pack-x2", "q8q8")
     assert info.kernels["generated-token layers"] == "eager"  # LOCALCHAT_EAGER=1 (conftest.py)
 
