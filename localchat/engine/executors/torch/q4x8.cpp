@@ -157,15 +157,27 @@ at::Tensor x8_mm(int64_t M, int64_t N, const at::TensorOptions& options, const T
   return y;
 }
 
+// A call's activations [M, K] as float32, rounded as llama.cpp's `act` (quantize_rows)
+struct Rounded {
+  at::Tensor x;
+  int64_t M, K, G;
+  std::vector<int8_t> xq;
+  std::vector<float> dx, sx;
+  Rounded(const at::Tensor& x_in, int act)
+      : x(x_in.contiguous().to(at::kFloat)), M(x.size(0)), K(x.size(1)), G(K / 32), xq(M * K),
+        dx(M * G), sx(M * G) {
+    TORCH_CHECK(K % (act == Q8_K ? 256 : 32) == 0, "q4x8: rows of whole blocks");
+    quantize_rows(x.data_ptr<float>(), M, K, act, xq.data(), dx.data(), sx.data());
+  }
+};
+
 // Q4_0 repacked: codes [N8/8, G, 128] as X8_BLOCK, d float16 [N8/8, G, 8]; n: the rows wanted
 at::Tensor q4s8x8_mm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& d, int64_t n) {
-  const at::Tensor x = x_in.contiguous().to(at::kFloat);
-  const int64_t M = x.size(0), K = x.size(1), G = K / 32;
-  TORCH_CHECK(K % 32 == 0 && codes.numel() == (n + 7) / 8 * G * X8_BLOCK &&
-              d.numel() == (n + 7) / 8 * G * 8 && d.scalar_type() == at::kHalf, "q4s8x8: shapes");
-  std::vector<int8_t> xq(M * K);
-  std::vector<float> dx(M * G), sx(M * G);
-  quantize_rows(x.data_ptr<float>(), M, K, Q8_0, xq.data(), dx.data(), sx.data());
+  Rounded a(x_in, Q8_0);
+  const int64_t M = a.M, K = a.K, G = a.G;
+  const std::vector<int8_t>& xq = a.xq;
+  TORCH_CHECK(codes.numel() == (n + 7) / 8 * G * X8_BLOCK && d.numel() == (n + 7) / 8 * G * 8 &&
+              d.scalar_type() == at::kHalf, "q4s8x8: shapes");
   std::vector<int32_t> bsum(M * G);
   for (int64_t r = 0; r < M * G; ++r) {
     int sum = 0;
@@ -174,28 +186,25 @@ at::Tensor q4s8x8_mm(const at::Tensor& x_in, const at::Tensor& codes, const at::
   }
   const uint8_t* C = codes.data_ptr<uint8_t>();
   const uint16_t* D = (const uint16_t*)d.data_ptr();
-  return x8_mm(M, n, x.options(), [&](auto rows, int64_t m, int64_t t, __m256* out) {
+  return x8_mm(M, n, a.x.options(), [&](auto rows, int64_t m, int64_t t, __m256* out) {
     constexpr int T = decltype(rows)::value;
-    tile_q4_0<T>(C + t * G * X8_BLOCK, D + t * G * 8, G, K, xq.data() + m * K, dx.data() + m * G,
+    tile_q4_0<T>(C + t * G * X8_BLOCK, D + t * G * 8, G, K, xq.data() + m * K, a.dx.data() + m * G,
                  bsum.data() + m * G, out);
   });
 }
 
 // Q4_1 repacked: codes as q4s8x8's, dm float16 [N8/8, G, 2, 8] (d, m); x rounded to Q8_1
 at::Tensor q41x8_mm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& dm, int64_t n) {
-  const at::Tensor x = x_in.contiguous().to(at::kFloat);
-  const int64_t M = x.size(0), K = x.size(1), G = K / 32;
-  TORCH_CHECK(K % 32 == 0 && codes.numel() == (n + 7) / 8 * G * X8_BLOCK &&
-              dm.numel() == (n + 7) / 8 * G * 16 && dm.scalar_type() == at::kHalf, "q41x8: shapes");
-  std::vector<int8_t> xq(M * K);
-  std::vector<float> dx(M * G), sx(M * G);
-  quantize_rows(x.data_ptr<float>(), M, K, Q8_1, xq.data(), dx.data(), sx.data());
+  Rounded a(x_in, Q8_1);
+  const int64_t K = a.K, G = a.G;
+  TORCH_CHECK(codes.numel() == (n + 7) / 8 * G * X8_BLOCK && dm.numel() == (n + 7) / 8 * G * 16 &&
+              dm.scalar_type() == at::kHalf, "q41x8: shapes");
   const uint8_t* C = codes.data_ptr<uint8_t>();
   const uint16_t* DM = (const uint16_t*)dm.data_ptr();
-  return x8_mm(M, n, x.options(), [&](auto rows, int64_t m, int64_t t, __m256* out) {
+  return x8_mm(a.M, n, a.x.options(), [&](auto rows, int64_t m, int64_t t, __m256* out) {
     constexpr int T = decltype(rows)::value;
-    tile_q4_1<T>(C + t * G * X8_BLOCK, DM + t * G * 16, G, K, xq.data() + m * K, dx.data() + m * G,
-                 sx.data() + m * G, out);
+    tile_q4_1<T>(C + t * G * X8_BLOCK, DM + t * G * 16, G, K, a.xq.data() + m * K,
+                 a.dx.data() + m * G, a.sx.data() + m * G, out);
   });
 }
 
@@ -203,14 +212,12 @@ at::Tensor q41x8_mm(const at::Tensor& x_in, const at::Tensor& codes, const at::T
 // sup float32 [N8/8, G/8, 2, 8] (d, dmin); x rounded to Q8_K
 at::Tensor q4kx8_mm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& sc,
                     const at::Tensor& mn, const at::Tensor& sup, int64_t n) {
-  const at::Tensor x = x_in.contiguous().to(at::kFloat);
-  const int64_t M = x.size(0), K = x.size(1), G = K / 32, tiles = (n + 7) / 8;
-  TORCH_CHECK(K % 256 == 0 && codes.numel() == tiles * G * X8_BLOCK && sc.numel() == tiles * G * 8 &&
+  Rounded a(x_in, Q8_K);
+  const int64_t M = a.M, K = a.K, G = a.G, tiles = (n + 7) / 8;
+  const std::vector<int8_t>& xq = a.xq;
+  TORCH_CHECK(codes.numel() == tiles * G * X8_BLOCK && sc.numel() == tiles * G * 8 &&
               mn.numel() == tiles * G * 8 && sup.numel() == tiles * G * 2 &&
               sup.scalar_type() == at::kFloat, "q4kx8: shapes");
-  std::vector<int8_t> xq(M * K);
-  std::vector<float> dx(M * G), sx(M * G);
-  quantize_rows(x.data_ptr<float>(), M, K, Q8_K, xq.data(), dx.data(), sx.data());
   std::vector<int16_t> bsum(M * G);  // |Σ| ≤ 32 · 127
   for (int64_t r = 0; r < M * G; ++r) {
     int sum = 0;
@@ -219,10 +226,10 @@ at::Tensor q4kx8_mm(const at::Tensor& x_in, const at::Tensor& codes, const at::T
   }
   const uint8_t *C = codes.data_ptr<uint8_t>(), *SC = sc.data_ptr<uint8_t>(), *MN = mn.data_ptr<uint8_t>();
   const float* SUP = sup.data_ptr<float>();
-  return x8_mm(M, n, x.options(), [&](auto rows, int64_t m, int64_t t, __m256* out) {
+  return x8_mm(M, n, a.x.options(), [&](auto rows, int64_t m, int64_t t, __m256* out) {
     constexpr int T = decltype(rows)::value;
     tile_q4_k<T>(C + t * G * X8_BLOCK, SC + t * G * 8, MN + t * G * 8, SUP + t * G * 2, G, K,
-                 xq.data() + m * K, dx.data() + m * G, bsum.data() + m * G, out);
+                 xq.data() + m * K, a.dx.data() + m * G, bsum.data() + m * G, out);
   });
 }
 
