@@ -5,40 +5,33 @@
 // whether it sits in a 4-row tile or alone, so a row gets the same bits alone as in a batch.
 namespace {
 
-// Per 32-block of 8 rows: 128 bytes of low nibbles as q4x8's X8_BLOCK, then 64 bytes of the
-// codes' top 2 bits: [half h 0..1][row r 0..7][byte k 0..3], bits 2c..2c+1 of byte k holding
-// weight 16h + 4c + k's.
+// Per 32-block of 8 rows, 192 bytes: chunks c 0..3 of 32 bytes [row r 0..7][byte k 0..3],
+// byte k holding weight 4c + k's code q + 32 (bits 0..5) and weight 16 + 4c + k's top 2 bits
+// (bits 6..7); then chunk pairs p 0..1 of 32 bytes [row][byte k], byte k holding the low 4
+// bits of weights 16 + 8p + k (low nibble) and 20 + 8p + k (high nibble).
 constexpr int64_t Q6X8_BLOCK = 192;
 
-// Chunk c's top 2 bits (bits 2c..2c+1 of each byte) moved to bits 4..5, as 0x30 masks them
-template <int C>
-inline __m256i top_bits(__m256i h) {
-  const __m256i mask = _mm256_set1_epi8(0x30);
-  if constexpr (C == 0) return _mm256_and_si256(_mm256_slli_epi16(h, 4), mask);
-  if constexpr (C == 1) return _mm256_and_si256(_mm256_slli_epi16(h, 2), mask);
-  if constexpr (C == 2) return _mm256_and_si256(h, mask);
-  return _mm256_and_si256(_mm256_srli_epi16(h, 2), mask);
-}
-
 // Chunk c's codes q + 32 (0..63) of the block's two halves: weights 4c + k (lo) and
-// 16 + 4c + k (hi) of each row
+// 16 + 4c + k (hi) of each row; pair: chunk pair c / 2's low nibbles of the hi half
 template <int C>
-inline void chunk_codes(const uint8_t* block, __m256i high_lo, __m256i high_hi, __m256i* lo,
-                        __m256i* hi) {
+inline void chunk_codes(const uint8_t* block, __m256i pair, __m256i* lo, __m256i* hi) {
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i b = _mm256_loadu_si256((const __m256i*)(block + 32 * C));
-  *lo = _mm256_or_si256(_mm256_and_si256(b, nibble), top_bits<C>(high_lo));
-  *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), nibble), top_bits<C>(high_hi));
+  *lo = _mm256_and_si256(b, _mm256_set1_epi8(0x3F));
+  const __m256i low = C % 2 ? _mm256_and_si256(_mm256_srli_epi16(pair, 4), nibble)
+                            : _mm256_and_si256(pair, nibble);
+  *hi = _mm256_or_si256(low, _mm256_and_si256(_mm256_srli_epi16(b, 2), _mm256_set1_epi8(0x30)));
 }
 
 // Chunks C, C + 1 of one block for T activation rows: Σ (q + 32)·x as int16 pairs per half
 // (at most 4 products of 63 · 127: exact), times each row's sub-scale of the half, into isum
 template <int C, int T>
-inline void chunk_pair(const uint8_t* block, __m256i high_lo, __m256i high_hi, __m256i sc_lo,
-                       __m256i sc_hi, const int8_t* x, int64_t K, __m256i* isum) {
+inline void chunk_pair(const uint8_t* block, __m256i sc_lo, __m256i sc_hi, const int8_t* x,
+                       int64_t K, __m256i* isum) {
+  const __m256i pair = _mm256_loadu_si256((const __m256i*)(block + 128 + 16 * C));
   __m256i lo0, hi0, lo1, hi1;
-  chunk_codes<C>(block, high_lo, high_hi, &lo0, &hi0);
-  chunk_codes<C + 1>(block, high_lo, high_hi, &lo1, &hi1);
+  chunk_codes<C>(block, pair, &lo0, &hi0);
+  chunk_codes<C + 1>(block, pair, &lo1, &hi1);
   for (int j = 0; j < T; ++j) {
     const int8_t* xj = x + j * K + 4 * C;
     const __m256i a = _mm256_add_epi16(
@@ -69,14 +62,12 @@ inline void tile_q6_k(const uint8_t* blocks, const int8_t* sc, const float* d, i
     for (int j = 0; j < T; ++j) isum[j] = offset[j] = _mm256_setzero_si256();
     for (int64_t g = 8 * b; g < 8 * b + 8; ++g) {
       const uint8_t* block = blocks + g * Q6X8_BLOCK;
-      const __m256i high_lo = _mm256_loadu_si256((const __m256i*)(block + 128));
-      const __m256i high_hi = _mm256_loadu_si256((const __m256i*)(block + 160));
       const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(sc + g * 16)));
       const __m256i sc_lo = _mm256_shuffle_epi8(pairs, dup_lo);
       const __m256i sc_hi = _mm256_shuffle_epi8(pairs, dup_hi);
       const int8_t* x = xq + g * 32;
-      chunk_pair<0, T>(block, high_lo, high_hi, sc_lo, sc_hi, x, K, isum);
-      chunk_pair<2, T>(block, high_lo, high_hi, sc_lo, sc_hi, x, K, isum);
+      chunk_pair<0, T>(block, sc_lo, sc_hi, x, K, isum);
+      chunk_pair<2, T>(block, sc_lo, sc_hi, x, K, isum);
       for (int j = 0; j < T; ++j)  // Σ over the two halves of sc · Σ x
         offset[j] = _mm256_add_epi32(offset[j], _mm256_madd_epi16(
             pairs, _mm256_set1_epi32(load_4_bytes(bsum16 + j * 2 * G + 2 * g))));

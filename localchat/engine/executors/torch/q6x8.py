@@ -7,16 +7,22 @@ from __future__ import annotations
 import torch
 
 from localchat.engine.executors.torch.q4q8 import BlockLinear
-from localchat.engine.executors.torch.q4x8 import TILE, by_tile, interleaved_codes, tiles
+from localchat.engine.executors.torch.q4x8 import TILE, by_tile, tiles
 
 
-def interleaved_top_bits(top: torch.Tensor) -> torch.Tensor:
-    """Top 2 bits 0..3 [N, K] as q6x8.cpp's [N8/8, K/32, half 2, row 8, byte 4]: bits 2c..2c+1
-    of byte k hold weight 16·half + 4c + k's of its 32."""
-    t = tiles(top.to(torch.uint8))  # [tiles, row, K]
-    t = t.reshape(t.shape[0], TILE, -1, 2, 4, 4)  # [tiles, row, K/32, half, c, k]
-    shifted = t.to(torch.int32) << (2 * torch.arange(4)).view(1, 1, 1, 1, 4, 1)
-    return shifted.sum(4).to(torch.uint8).permute(0, 2, 3, 1, 4).contiguous()
+def interleaved_blocks(u: torch.Tensor) -> torch.Tensor:
+    """Codes q + 32 (0..63) [N, K] as q6x8.cpp's blocks [N8/8, K/32, 192]: 4 chunks [row 8,
+    byte 4], byte k of chunk c holding weight 4c + k's code and weight 16 + 4c + k's top 2 bits
+    (bits 6..7), then 2 chunk pairs [row 8, byte 4], byte k of pair p holding the low 4 bits of
+    weights 16 + 8p + k and 20 + 8p + k (high nibble)."""
+    t = tiles(u.to(torch.uint8)).reshape(-1, TILE, u.shape[1] // 32, 2, 4, 4)  # [.., half, c, k]
+    lo, hi = t[:, :, :, 0], t[:, :, :, 1]  # [tiles, row, K/32, c, k]
+    chunks = lo | ((hi >> 4) << 6)
+    nib = (hi & 0x0F).reshape(*hi.shape[:3], 2, 2, 4)  # [.., pair, c % 2, k]
+    pairs = nib[..., 0, :] | (nib[..., 1, :] << 4)
+    n8, g = t.shape[0], t.shape[2]
+    return torch.cat([chunks.permute(0, 2, 3, 1, 4).reshape(n8, g, 128),
+                      pairs.permute(0, 2, 3, 1, 4).reshape(n8, g, 64)], -1).contiguous()
 
 
 class Q6Kx8Linear(BlockLinear):
@@ -27,11 +33,8 @@ class Q6Kx8Linear(BlockLinear):
     def __init__(self, codes: torch.Tensor, sc: torch.Tensor, d: torch.Tensor,
                  device: torch.device = torch.device("cpu")) -> None:
         super().__init__(*codes.shape, device, 256)
-        u = codes.to(torch.int32) + 32  # 0..63
-        low, top = interleaved_codes(u & 0x0F), interleaved_top_bits(u >> 4)
-        n8 = low.shape[0]
-        self.blocks = torch.cat([low.reshape(n8, -1, 128), top.reshape(n8, -1, 64)], -1).contiguous()
-        pairs = tiles(sc.to(torch.int8)).reshape(n8, TILE, -1, 2)  # [tiles, row, K/32, half]
+        self.blocks = interleaved_blocks(codes.to(torch.int32) + 32)
+        pairs = tiles(sc.to(torch.int8)).reshape(-1, TILE, sc.shape[1] // 2, 2)  # [.., K/32, half]
         self.sub_scale = pairs.permute(0, 2, 1, 3).contiguous()  # [tiles, K/32, row, half]
         self.scale = by_tile(d.float())  # [tiles, K/256, row]
 
