@@ -28,7 +28,7 @@ inline void chunk_codes(const uint8_t* block, __m256i pair, __m256i* lo, __m256i
 template <int C, int T>
 inline void chunk_pair(const uint8_t* block, __m256i sc_lo, __m256i sc_hi, const int8_t* x,
                        int64_t K, __m256i* isum) {
-  const __m256i pair = _mm256_loadu_si256((const __m256i*)(block + 128 + 16 * C));
+  const __m256i pair = _mm256_loadu_si256((const __m256i*)(block + 128 + 16 * C));  // pair C / 2
   __m256i lo0, hi0, lo1, hi1;
   chunk_codes<C>(block, pair, &lo0, &hi0);
   chunk_codes<C + 1>(block, pair, &lo1, &hi1);
