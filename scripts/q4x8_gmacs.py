@@ -1,7 +1,7 @@
-"""GMAC/s of the one-row Q4_0/Q4_1/Q4_K kernels (q4s8, q4q8) against their 8-row interleaved
-forms (q4s8x8, q41x8, q4kx8) on random blocks: one thread, CPU time, best of 5 with the two
-alternating. Run from the repository root (docs/benchmarks.md):
-python scripts/q4x8_gmacs.py [q4_0,q4_1,q4_k] [NxK,... [rows,...]]"""
+"""GMAC/s of the one-row Q4_0/Q4_1/Q4_K/Q6_K kernels (q4s8, q4q8, q6q8) against their 8-row
+interleaved forms (q4s8x8, q41x8, q4kx8, q6kx8) on random blocks: one thread, CPU time, best
+of 5 with the two alternating. Run from the repository root (docs/benchmarks.md):
+python scripts/q4x8_gmacs.py [q4_0,q4_1,q4_k,q6_k] [NxK,... [rows,...]]"""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from localchat.engine.executors.torch import q4q8  # noqa: E402
 from localchat.engine.executors.torch.q4x8 import (Q4Kx8Linear, Q4S8x8Linear,  # noqa: E402
                                                   Q41x8Linear)
+from localchat.engine.executors.torch.q6x8 import Q6Kx8Linear  # noqa: E402
 
 SHAPES = ((8192, 2048), (2048, 8192))  # [N, K]: a 1B model's ffn up/gate and down
 ROWS = (1, 4, 16, 512)
@@ -30,6 +31,11 @@ def cpu_seconds(layer: torch.nn.Module, x: torch.Tensor) -> float:
 
 
 def layers(fmt: str, n: int, k: int, g: torch.Generator) -> tuple[torch.nn.Module, torch.nn.Module]:
+    if fmt == "q6_k":
+        codes = torch.randint(-32, 32, (n, k), generator=g).to(torch.int8)
+        sc = torch.randint(-128, 128, (n, k // 16), generator=g).to(torch.int8)
+        d = torch.rand(n, k // 256, generator=g) * 1e-3
+        return q4q8.Q6Q8Linear(codes, sc, d), Q6Kx8Linear(codes, sc, d)
     q = torch.randint(0, 16, (n, k), generator=g)
     if fmt == "q4_0":
         d = (torch.rand(n, k // 32, generator=g) * 0.02).half()
@@ -66,6 +72,6 @@ def main(fmts: list[str], shapes=SHAPES, rows_list=ROWS) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    main(args[0].split(",") if args else ["q4_0", "q4_1", "q4_k"],
+    main(args[0].split(",") if args else ["q4_0", "q4_1", "q4_k", "q6_k"],
          [tuple(map(int, s.split("x"))) for s in args[1].split(",")] if len(args) > 1 else SHAPES,
          [int(r) for r in args[2].split(",")] if len(args) > 2 else ROWS)

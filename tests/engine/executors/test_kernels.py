@@ -105,7 +105,8 @@ NEEDS_Q4Q8 = pytest.mark.skipif(not q4q8.available(), reason="no AVX2 CPU or C++
     *(pytest.param(t, k, marks=NEEDS_Q4Q8) for t, k in [
         (Q.Q4_0, "q4q8"), (Q.Q4_0, "q4s8"), (Q.Q4_0, "q4s8x8"), (Q.Q4_1, "q4q8"),
         (Q.Q4_1, "q41x8"), (Q.Q4_K, "q4q8"), (Q.Q4_K, "q4kx8"), (Q.Q8_0, "q8q8"), (Q.Q5_0, "q5q8"),
-        (Q.Q5_0, "q8q8"), (Q.Q5_1, "q5q8"), (Q.Q5_K, "q5q8"), (Q.Q6_K, "q6q8"), (Q.Q3_K, "q3q8"),
+        (Q.Q5_0, "q8q8"), (Q.Q5_1, "q5q8"), (Q.Q5_K, "q5q8"), (Q.Q6_K, "q6q8"), (Q.Q6_K, "q6kx8"),
+        (Q.Q3_K, "q3q8"),
         (Q.Q2_K, "q2q8")])])
 def test_exact_kernels_reproduce_the_dequantized_matrix(ggml_type, kernel):
     m = _source(ggml_type)
@@ -130,7 +131,8 @@ def test_candidates_keep_the_files_precision_within_the_memory_limit():
                                                    "int8pack-f32"}
     # Q5_0 as int8 codes would be 9 bits a weight, 1.64x; int8pack requantizes (lossy)
     assert names("Q5_0", 5.5, **_forms(Q.Q5_0)) == {"q5q8", "int8pack-bf16", "int8pack-f32"}
-    assert names("Q6_K", 6.5625, **_forms(Q.Q6_K)) == {"q6q8", "int8pack-bf16", "int8pack-f32"}
+    assert names("Q6_K", 6.5625, **_forms(Q.Q6_K)) == {"q6q8", "q6kx8", "int8pack-bf16",
+                                                      "int8pack-f32"}
     assert names("Q5_K", 5.5, **_forms(Q.Q5_K)) == {"q5q8", "int8pack-bf16", "int8pack-f32"}
     assert names("mixed", 5.5, **_forms(Q.Q4_K, Q.Q6_K)) == {"int8pack-bf16", "int8pack-f32"}
     assert names("Q3_K", 3.4375, **_forms(Q.Q3_K)) == {"q3q8"}  # int8pack would be 2.3x

@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers.teacher_forced import teacher_forced
 
-from localchat.engine.executors.torch import kernels, q4q8, q4x8
+from localchat.engine.executors.torch import kernels, q4q8, q4x8, q6x8
 
 pytestmark = pytest.mark.skipif(not q4q8.available(), reason="no AVX2 CPU or C++ compiler")
 
@@ -241,6 +241,38 @@ def test_q4_k_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k):
     np.testing.assert_allclose(ours.double().numpy(), expected, rtol=1e-5, atol=1e-5)
     one_row_at_a_time = q4q8.Q4Q8Linear(*held, act="q8_k")(torch.from_numpy(x))
     torch.testing.assert_close(ours, one_row_at_a_time, rtol=1e-6, atol=1e-5)
+    _assert_rows_batch_exactly(layer, torch.from_numpy(x))
+
+
+# N tails as above; "extreme": codes −32 or 31 (the first 8 rows all 31), sc −128 or 127,
+# each activation row one value (all its codes ±127): the largest int16 pair sums there are
+@pytest.mark.parametrize("n,k,values", [(40, 512, "random"), (37, 512, "random"),
+                                        (3, 256, "random"), (16, 512, "extreme")])
+def test_q6_k_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k, values):
+    """Q6_K repacked 8 rows interleaved (6.625 bits, the last tile padded) takes llama.cpp's
+    route (integer sums per 256 of Σ (q − 32)·x times the int8 sc, one float multiply by d·dx)
+    to its sums, as q6q8 does up to float summation order."""
+    rng = np.random.default_rng(5)
+    if values == "extreme":
+        codes = rng.choice(np.array([-32, 31], dtype=np.int8), (n, k))
+        codes[:8] = 31
+        sc = rng.choice(np.array([-128, 127], dtype=np.int8), (n, k // 16))
+        x = np.repeat(rng.choice([-2.0, -1.0, 1.0, 3.0], (17, 1)), k, 1).astype(np.float32)
+    else:
+        codes = rng.integers(-32, 32, (n, k)).astype(np.int8)
+        sc = rng.integers(-128, 128, (n, k // 16)).astype(np.int8)
+        x = rng.standard_normal((17, k)).astype(np.float32)
+    d = (rng.random((n, k // 256)) * 1e-3).astype(np.float32)
+    held = [torch.from_numpy(t) for t in (codes, sc, d)]
+    layer = q6x8.Q6Kx8Linear(*held)
+    padded = -(-n // 8) * 8
+    assert layer.blocks.numel() + layer.sub_scale.numel() + 4 * layer.scale.numel() == \
+        padded * k * 6.625 / 8
+    ours = layer(torch.from_numpy(x))
+    expected = _expected(x, "q8_k", codes, np.repeat(d, 16, axis=-1) * sc)
+    np.testing.assert_allclose(ours.double().numpy(), expected, rtol=1e-5, atol=1e-5)
+    one_row_at_a_time = q4q8.Q6Q8Linear(*held)(torch.from_numpy(x))
+    torch.testing.assert_close(ours, one_row_at_a_time, rtol=1e-5, atol=1e-5)
     _assert_rows_batch_exactly(layer, torch.from_numpy(x))
 
 

@@ -19,6 +19,7 @@ from localchat.engine.executors.torch import q4q8
 from localchat.engine.executors.torch.q4q8 import (Q2Q8Linear, Q3Q8Linear, Q4Q8Linear, Q4S8Linear,
                                                   Q5Q8Linear, Q6Q8Linear, Q8Q8Linear)
 from localchat.engine.executors.torch.q4x8 import Q4Kx8Linear, Q4S8x8Linear, Q41x8Linear
+from localchat.engine.executors.torch.q6x8 import Q6Kx8Linear
 from localchat.engine.executors.torch.qlinear import (DenseLinear, HalfLinear, Int4Linear,
                                                      Int4PairLinear, Int8Linear)
 from localchat.errors import EngineError
@@ -165,6 +166,8 @@ KERNELS = (
            lambda m, dev: Q8Q8Linear(*m.q8_blocks, dev), as_llama_cpp=True),
     Kernel("q6q8", 6.625, lambda m: m.q6_blocks is not None,
            lambda m, dev: Q6Q8Linear(*m.q6_blocks, dev), as_llama_cpp=True),
+    Kernel("q6kx8", 6.625, lambda m: m.q6_blocks is not None,
+           lambda m, dev: Q6Kx8Linear(*m.q6_blocks, dev), as_llama_cpp=True),
     Kernel("q3q8", 3.625, lambda m: m.q3_blocks is not None,
            lambda m, dev: Q3Q8Linear(*m.q3_blocks, dev), as_llama_cpp=True),
     Kernel("q2q8", 2.75, lambda m: m.q2_blocks is not None,

@@ -21,9 +21,9 @@ from localchat.paths import cache_dir
 
 GROUP = 32  # weights per scale: GGUF's blocks
 
-# q4x8.cpp (the 8-row interleaved ops) follows q4q8.cpp in one translation unit and library
+# q4x8.cpp and q6x8.cpp (the 8-row interleaved ops) follow q4q8.cpp in one translation unit
 _SOURCE = "\n".join((Path(__file__).parent / name).read_text(encoding="utf-8")
-                    for name in ("q4q8.cpp", "q4x8.cpp"))
+                    for name in ("q4q8.cpp", "q4x8.cpp", "q6x8.cpp"))
 SOURCE_DIGEST = hashlib.blake2b(f"{torch.__version__}{_SOURCE}".encode(), digest_size=8).hexdigest()
 
 
@@ -48,7 +48,7 @@ def available() -> bool:
     for op in ("q4q8_mm", "q4s8_mm", "q5q8_mm", "q8q8_mm", "q6q8_mm", "q3q8_mm", "q2q8_mm"):
         torch.library.register_fake(f"localchat::{op}")(
             lambda x, w, *rest: x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32))
-    for op in ("q4s8x8_mm", "q41x8_mm", "q4kx8_mm"):  # their last argument: the number of weight rows
+    for op in ("q4s8x8_mm", "q41x8_mm", "q4kx8_mm", "q6kx8_mm"):  # last argument: the rows
         torch.library.register_fake(f"localchat::{op}")(
             lambda x, *rest: x.new_empty(x.shape[0], rest[-1], dtype=torch.float32))
     return True

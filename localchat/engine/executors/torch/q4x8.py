@@ -11,7 +11,7 @@ from localchat.engine.executors.torch.q4q8 import BlockLinear, nibbles
 TILE = 8  # weight rows interleaved
 
 
-def _tiles(t: torch.Tensor) -> torch.Tensor:
+def tiles(t: torch.Tensor) -> torch.Tensor:
     """Rows [N, ...] padded with zeros to a multiple of TILE, as [N8 / TILE, TILE, ...]."""
     pad = -t.shape[0] % TILE
     if pad:
@@ -22,13 +22,13 @@ def _tiles(t: torch.Tensor) -> torch.Tensor:
 def interleaved_codes(q: torch.Tensor) -> torch.Tensor:
     """Codes 0..15 [N, K] as q4x8.cpp's blocks [N8/8, K/32, chunk 4, row 8, byte 4]: byte k of
     chunk c holds weights 4c + k (low nibble) and 16 + 4c + k (high nibble) of its 32."""
-    nib = _tiles(nibbles(q))  # [tiles, row, K/2]: 16 bytes a 32, byte i = weights i, i + 16
+    nib = tiles(nibbles(q))  # [tiles, row, K/2]: 16 bytes a 32, byte i = weights i, i + 16
     return nib.reshape(nib.shape[0], TILE, -1, 4, 4).permute(0, 2, 3, 1, 4).contiguous()
 
 
-def _by_tile(t: torch.Tensor) -> torch.Tensor:
+def by_tile(t: torch.Tensor) -> torch.Tensor:
     """Per-row values [N, G] as [N8/8, G, 8]: a block's 8 rows side by side."""
-    return _tiles(t).transpose(1, 2).contiguous()
+    return tiles(t).transpose(1, 2).contiguous()
 
 
 class Q4S8x8Linear(BlockLinear):
@@ -39,7 +39,7 @@ class Q4S8x8Linear(BlockLinear):
                  device: torch.device = torch.device("cpu")) -> None:
         super().__init__(*q.shape, device)
         self.codes = interleaved_codes(q)
-        self.scale = _by_tile(d.to(torch.float16))
+        self.scale = by_tile(d.to(torch.float16))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.shaped(torch.ops.localchat.q4s8x8_mm(
@@ -56,7 +56,7 @@ class Q41x8Linear(BlockLinear):
         super().__init__(*q.shape, device)
         self.codes = interleaved_codes(q)
         pairs = torch.stack([d.to(torch.float16), m.to(torch.float16)], dim=1)  # [N, 2, G]
-        self.scale_offset = _tiles(pairs).permute(0, 3, 2, 1).contiguous()  # [tiles, G, 2, row]
+        self.scale_offset = tiles(pairs).permute(0, 3, 2, 1).contiguous()  # [tiles, G, 2, row]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.shaped(torch.ops.localchat.q41x8_mm(
@@ -72,10 +72,10 @@ class Q4Kx8Linear(BlockLinear):
                  device: torch.device = torch.device("cpu")) -> None:
         super().__init__(*q.shape, device, 256)
         self.codes = interleaved_codes(q)
-        self.sub_scale = _by_tile(sc.to(torch.uint8))
-        pairs = _tiles(m.to(torch.uint8).reshape(m.shape[0], -1, 2))  # [tiles, row, G/2, 2]
+        self.sub_scale = by_tile(sc.to(torch.uint8))
+        pairs = tiles(m.to(torch.uint8).reshape(m.shape[0], -1, 2))  # [tiles, row, G/2, 2]
         self.minimum = pairs.permute(0, 2, 1, 3).contiguous()  # [tiles, G/2, row, 2]
-        self.sup = _tiles(sup.float()).permute(0, 2, 3, 1).contiguous()  # [tiles, G/8, 2, row]
+        self.sup = tiles(sup.float()).permute(0, 2, 3, 1).contiguous()  # [tiles, G/8, 2, row]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.shaped(torch.ops.localchat.q4kx8_mm(
