@@ -13,7 +13,7 @@ from localchat.bench.engine import CHAT_TURNS, bench_engine
 from localchat.cli.bench_peer import PeerStep, format_peer
 from localchat.errors import UsageError
 from localchat.cli.flags import engine_config, load_for_run
-from localchat.engine.config import NO_DRAFT
+from localchat.engine.config import NO_DRAFT, EngineConfig
 from localchat.units import human_bytes
 
 
@@ -112,7 +112,7 @@ def _bench(args: argparse.Namespace) -> int:
     report: dict = {"model": None, "threads": args.threads, "prompt_tokens": args.prompt_tokens,
                     "gen_tokens": args.gen_tokens, "repeats": args.repeats, "engines": {},
                     "busy": args.busy}
-    config = engine_config(args)
+    config = measured_config(args)
     fixture = speed_fixture(config.model)
     if fixture is not None:
         config = replace(config, model=str(fixture))
@@ -182,6 +182,13 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def measured_config(args: argparse.Namespace) -> EngineConfig:
+    """The engines' config, KV snapshots on disk off unless --kv-disk asks: a repeat must
+    compute its prompt, not restore one an earlier run (or the user's chats) saved."""
+    config = engine_config(args)
+    return config if config.kv_disk is not None else replace(config, kv_disk=0)
+
+
 def _bench_json_task(args: argparse.Namespace, engines: list[str]) -> int:
     from localchat.bench.json_task import bench_json
     from localchat.cli.bench_concurrency import parse_levels
@@ -190,7 +197,7 @@ def _bench_json_task(args: argparse.Namespace, engines: list[str]) -> int:
     levels = parse_levels(args.concurrency) if args.concurrency else [1]
     report: dict = {"task": "json", "gen_tokens": args.gen_tokens, "engines": {},
                     "busy": args.busy}
-    config = engine_config(args)
+    config = measured_config(args)
     for name in engines:
         engine = load_for_run(replace(config, engine=name, draft=NO_DRAFT, num_draft_tokens=None,
                                       parallel=max(levels)))

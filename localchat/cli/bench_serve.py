@@ -30,6 +30,8 @@ def serve_flags(args: argparse.Namespace, clients: int) -> list[str]:
         value = getattr(args, dest, None)
         if value is not None:
             flags += [flag, str(value)]
+    if getattr(args, "kv_disk", None) is None:  # each round computes its prompts (see measured_config)
+        flags += ["--kv-disk", "0"]
     if args.no_draft:
         flags.append("--no-draft")
     if getattr(args, "exact_batching", False):
