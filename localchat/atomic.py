@@ -18,8 +18,14 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_bytes(path: str | Path, parts: Iterable[bytes]) -> None:
     """Replace `path` with the parts written one after another, atomically, creating its
-    folder if needed (large contents need not be joined in memory first)."""
+    folder if needed (large contents need not be joined in memory first); a device or FIFO
+    already there (`-o /dev/null`) is written to, never replaced."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # /dev/null, /dev/stdout, a FIFO: written through
+        with open(path, "wb") as f:  # (replacing one would put a file where the device was)
+            for part in parts:
+                f.write(part)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
