@@ -62,8 +62,8 @@ class AdaptiveGamma:
     # plain steps timed before the first round: a median of 3 drops the first call's
     # one-off cost (allocations, kernels loaded), which made c and β look small
     plain_first: int = 3
-    smoothing: float = 0.2  # α's exponential average
-    alpha: float = 0.6  # all rounds' acceptance; also the prior of keys with none below
+    prior_weight: float = 2.0  # drafts the prior α counts as, until measured ones outweigh it
+    alpha: float = 0.6  # all recent rounds' acceptance; also the prior of keys with none below
     alpha_priors: dict = field(default_factory=dict)  # key -> prior α for that evidence
     c_prior: float = 0.3  # c until a round is timed (structural_c where the sizes are known)
     verify_extra: float = 0.5  # β's prior, for a γ with none measured near it (CPU-like)
@@ -73,6 +73,9 @@ class AdaptiveGamma:
     _c_by_key: dict = field(default_factory=dict)  # lookup and model drafts cost differently
     _extra: dict = field(default_factory=dict)  # γ -> recent extras measured at that γ
     _alpha_by_key: dict = field(default_factory=dict)
+    _rounds: deque = field(default_factory=deque)  # (accepted, tried) of recent rounds
+    _rounds_by_key: dict = field(default_factory=dict)
+    _alpha_prior: float | None = None
     _plain_since_probe: int = 0
     _probe_wait: int = 0
     _probing: bool = False
@@ -109,40 +112,57 @@ class AdaptiveGamma:
                 self._rounds_in_a_row += 1
                 # now and then a plain step, so the target's step time follows the load
                 self.gamma = 0 if self._rounds_in_a_row > self.remeasure_every else best
-            else:  # off: a one-token round at once if none was timed yet, then now and then
+            else:  # off: a round at once if none was timed yet, then now and then, each at
+                # the peak γ for an optimistic α (and β, at a γ not measured): probes explore
                 self._plain_since_probe += 1
                 self._probing = not self._c_all or \
                     self._plain_since_probe >= (self._probe_wait or self.probe_every)
-                self.gamma = 1 if self._probing else 0
+                self.gamma = self.peak(key, optimistic=True) if self._probing else 0
                 if self._probing:
                     self._plain_since_probe = 0
         return self.gamma
 
-    def peak(self, key=None) -> int:
-        """The γ (≥ 1) with the highest predicted speedup."""
-        return max(range(1, self.gamma_max + 1), key=lambda g: self.predicted(g, key))
+    def peak(self, key=None, optimistic: bool = False) -> int:
+        """The γ (≥ 1) with the highest predicted speedup (optimistic: for the acceptance
+        the recent rounds allow at best, see optimistic_alpha)."""
+        alpha = self.optimistic_alpha(key) if optimistic else None
+        return max(range(1, self.gamma_max + 1),
+                   key=lambda g: self.predicted(g, key, alpha))
 
-    def predicted(self, gamma: int | None = None, key=None) -> float:
+    def predicted(self, gamma: int | None = None, key=None, alpha: float | None = None) -> float:
         g = self.gamma if gamma is None else gamma
-        return expected_speedup(self.alpha_for(key), g, self.c_for(key), self.extra_at(g))
+        alpha = self.alpha_for(key) if alpha is None else alpha
+        return expected_speedup(alpha, g, self.c_for(key), self.extra_at(g))
+
+    def optimistic_alpha(self, key=None) -> float:
+        """α with the prior's drafts counted as all kept: 1.0 before any round, falling
+        fast when drafts are rejected (a probe of a useless draft stays short, a good
+        draft's probe is long enough to show its gain)."""
+        rounds = self._rounds if key is None else self._rounds_by_key.get(key, ())
+        kept, tried = sum(a for a, _ in rounds), sum(t for _, t in rounds)
+        return (kept + self.prior_weight) / (tried + self.prior_weight)
 
     def extra_at(self, gamma: int) -> float:
         """β at γ: measured there or near it (CPU matmuls tile, so 8 rows can cost less
-        than 9), else at the nearest γ measured, else the prior."""
+        than 9); beyond every γ measured, the largest one's or the prior if lower (a pass's
+        fixed cost spreads over more tokens: llama.cpp's deep-8 β is 0.65 at γ 1, 0.31 at
+        8); below them, the smallest one's; the prior before any."""
         table = self.extra_by_gamma
         if not table:
             return self.verify_extra
         extra = nearest(table, gamma)
-        return table[min(table, key=lambda g: (abs(g - gamma), -g))] if extra is None else extra
+        if extra is not None:
+            return extra
+        largest = max(table)
+        if gamma > largest:
+            return min(table[largest], self.verify_extra)
+        return table[min(table)]
 
     def alpha_for(self, key=None) -> float:
         """The acceptance expected after this evidence (the overall α where there is none)."""
         if key is None:
             return self.alpha
         return self._alpha_by_key.get(key, self.alpha_priors.get(key, self.alpha))
-
-    def _ema(self, old: float, new: float) -> float:
-        return (1 - self.smoothing) * old + self.smoothing * new
 
     def _keep(self, recent: deque, value: float) -> None:
         recent.append(value)
@@ -157,9 +177,21 @@ class AdaptiveGamma:
         """α alone from a round of gamma drafts, accepted of them kept (a batched round's
         timings are the batch controller's, not this single-sequence cost model's)."""
         tried = accepted + (1 if accepted < gamma else 0)
-        self.alpha = self._ema(self.alpha, accepted / tried)
+        if self._alpha_prior is None:
+            self._alpha_prior = self.alpha
+        self.alpha = self._estimate(self._rounds, (accepted, tried), self._alpha_prior)
         if key is not None:
-            self._alpha_by_key[key] = self._ema(self.alpha_for(key), accepted / tried)
+            prior = self.alpha_priors.get(key, self._alpha_prior)
+            self._alpha_by_key[key] = self._estimate(
+                self._rounds_by_key.setdefault(key, deque()), (accepted, tried), prior)
+
+    def _estimate(self, rounds: deque, new: tuple[int, int], prior: float) -> float:
+        """α over the recent rounds: drafts kept ÷ drafts judged (a round's first rejected
+        draft is judged, the ones after it are not), the prior counting as prior_weight
+        drafts."""
+        self._keep(rounds, new)
+        kept = sum(a for a, _ in rounds) + prior * self.prior_weight
+        return kept / (sum(t for _, t in rounds) + self.prior_weight)
 
     def observe_round(self, gamma: int, accepted: int, draft_s: float, verify_s: float,
                       key=None) -> None:
