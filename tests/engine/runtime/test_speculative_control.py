@@ -181,3 +181,15 @@ def test_a_concave_verify_cost_and_a_noisy_first_probe_still_find_the_peak():
     assert sum(1 for g in late if g) > 0.85 * len(late)  # on, nearly every step
     assert 4 <= sorted(late)[len(late) // 2] <= 12
     assert tokens / seconds * STEP > 1.3  # the best γ gives ~1.55x
+
+
+def test_alpha_counts_drafts_so_a_long_accepted_round_outweighs_a_short_rejected_one():
+    a = AdaptiveGamma(alpha=0.6)
+    a.observe_acceptance(8, 8)  # 8 drafts kept
+    assert a.alpha == pytest.approx((8 + 0.6 * 2) / (8 + 2))
+    a.observe_acceptance(1, 0)  # 1 draft judged, rejected
+    assert a.alpha == pytest.approx((8 + 1.2) / (9 + 2))
+    a.observe_acceptance(8, 3)  # 3 kept, the 4th rejected, the rest never judged
+    assert a.alpha == pytest.approx((11 + 1.2) / (13 + 2))
+    assert a.optimistic_alpha() == pytest.approx((11 + 2) / (13 + 2))
+    assert AdaptiveGamma().optimistic_alpha() == 1.0  # before any round: probes explore
