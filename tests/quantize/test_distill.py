@@ -15,7 +15,7 @@ from localchat.engine.runtime.executor_api import Chunk
 from localchat.engine.executors.llamacpp import LlamaCppExecutor
 from localchat.models.files import validate_model_file
 from localchat.models.specs import resolve_model
-from quantize.distill import _batch, file_agreement, kd_loss
+from quantize.distill import _batch, agreement, file_agreement, kd_loss
 from quantize.distill_data import chat_prompts, teacher_replies
 from quantize.student import default_layers, student_from_target, write_student_gguf
 
@@ -51,6 +51,16 @@ def test_a_student_with_every_layer_is_the_target(replies):
         hits = [float((student(e.tokens[None])[0].argmax(-1) == e.top_ids[:, 0].long()).float().mean())
                 for e in replies]
     assert min(hits) > 0.9, hits  # float32 torch vs llama.cpp's Q4_1 kernels
+
+
+def test_the_default_cut_drops_the_middle_layers_which_keeps_the_target_s_answers(replies):
+    """Untrained, 16 of 30 layers: the first 8 and last 8 still agree with the target
+    somewhat; the first 15 and the last (the old cut) agree nowhere (docs/benchmarks.md)."""
+    assert default_layers(30, 16) == list(range(8)) + list(range(22, 30))
+    assert default_layers(30, 1) == [29] and default_layers(30, 3) == [0, 1, 29]
+    kept = agreement(student_from_target(TARGET, default_layers(30, 16)), replies)
+    old = agreement(student_from_target(TARGET, list(range(15)) + [29]), replies)
+    assert kept > old + 0.05, (kept, old)
 
 
 def test_a_cut_student_runs_in_llama_cpp_as_in_torch(replies, tmp_path):
