@@ -67,4 +67,14 @@ def bench_engine(engine, prompt_len: int, gen_len: int, repeats: int,
         "spread": {"prefill_tok_s": prefill, "decode_tok_s": decode, "ttft_s": ttft},
         "gen_tokens": [s.completion_tokens for s in runs],
         "cached_tokens": [s.cached_tokens for s in runs],
+        "thread_governor": _governor(engine),
     }
+
+
+def _governor(engine) -> dict | None:
+    """Where the runtime chose the thread count (no -t): the count it ended on, its moves."""
+    governor = getattr(getattr(engine, "runner", None), "threads", None)
+    if governor is None:
+        return None
+    return {"threads": governor.threads, "switches": governor.switches, "probes": governor.probes,
+            "counts_used": sorted(governor.counts_used)}

@@ -124,7 +124,9 @@ def model_flags() -> argparse.ArgumentParser:
     g.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
                    help="context window in tokens (default: min(model's, 4096); 0 = model's)")
     g.add_argument("-t", "--threads", type=int, default=None, metavar="N",
-                   help="CPU threads (default: all cores)")
+                   help="CPU threads (default: all cores, fewer while other processes keep "
+                        "cores busy: the llama.cpp engine times its steps and moves the count "
+                        "where they run faster)")
     g.add_argument("--device", default=None, metavar="DEVICE",
                    help="auto, cpu, cuda[:N] or mps (default: auto: CUDA, else MPS, else CPU; "
                         "the llama.cpp engine offloads to its GPU unless this is cpu)")

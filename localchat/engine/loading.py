@@ -68,7 +68,7 @@ def load_runtime(plan: LoadPlan, config: EngineConfig, *,
             source.auto = draft.auto
         return RuntimeEngine(executor, plan.facts, draft=source,
                              num_draft_tokens=config.num_draft_tokens,
-                             kv_store=kv_store(config))
+                             kv_store=kv_store(config), adapt_threads=plan.threads is None)
     except BaseException:
         if source is not None:
             COMPUTE.call(source.close)

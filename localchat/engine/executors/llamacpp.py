@@ -80,6 +80,7 @@ class LlamaCppExecutor(Executor):
             gpu_layers = -1 if llama_cpp.llama_supports_gpu_offload() else 0
         parallel = parallel or DEFAULT_PARALLEL
         threads = threads or max(1, os.cpu_count() or 2)
+        self.threads = threads
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = gpu_layers
         slot_cells = math.ceil(n_ctx / SLOT_ROUND) * SLOT_ROUND
@@ -257,6 +258,11 @@ class LlamaCppExecutor(Executor):
                  for s in range(len(self._filled))]
         return {"cells": cells, "capacity_cells": self.slot_cells * len(self._filled),
                 "kv_bytes": self.slot_cells * len(self._filled) * self.info.kv_bytes_per_token}
+
+    def set_threads(self, n: int) -> bool:
+        llama_cpp.llama_set_n_threads(self._ctx.ctx, n, n)
+        self.threads = n
+        return True
 
     def close(self) -> None:
         for name in ("_ctx", "_model"):

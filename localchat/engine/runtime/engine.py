@@ -37,15 +37,17 @@ def request_generator(seed: int | None) -> torch.Generator:
 class RuntimeEngine(VocabMixin, Engine):
     def __init__(self, executor: Executor, facts: GGUFFacts, *, draft: DraftSource | None = None,
                  num_draft_tokens: int | None = None,
-                 kv_store: KVSnapshotStore | None = None) -> None:
-        """kv_store: where finished replies' KV is saved and prompts' prefixes restored from."""
+                 kv_store: KVSnapshotStore | None = None, adapt_threads: bool = False) -> None:
+        """kv_store: where finished replies' KV is saved and prompts' prefixes restored from;
+        adapt_threads: step times choose the thread count (the user named none)."""
         self.executor, self.facts = executor, facts
         self.name, self.info, self.vocab = executor.name, executor.info, executor.vocab
         self.draft = draft
         self._vocab_lock = threading.Lock()  # callers on several threads share one vocabulary
         self._pieces: dict[int, bytes] = {}  # detokenized tokens (at most the vocabulary)
         self.runner = Runner(executor, self.is_end_of_generation, n_ctx=self.info.n_ctx,
-                             draft=draft, num_draft_tokens=num_draft_tokens)
+                             draft=draft, num_draft_tokens=num_draft_tokens,
+                             adapt_threads=adapt_threads)
         self.blocks = self.runner.blocks
         self.disk = DiskCache(executor, self.blocks, kv_store) if kv_store is not None else None
         self.notes: list[str] = []  # for the user, once, after loading

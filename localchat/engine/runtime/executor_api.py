@@ -96,6 +96,11 @@ class Executor(ABC):
         the data (the slot then holds nothing). Called on the compute thread only."""
         raise NotImplementedError
 
+    def set_threads(self, n: int) -> bool:
+        """Run the next forward passes on n CPU threads (the same results, bit for bit);
+        False: this executor keeps the count it was loaded with. Compute thread only."""
+        return False
+
     def memory(self) -> dict:
         """The executor's own accounting of its KV cache (for tests and verbose output)."""
         return {}

@@ -28,6 +28,7 @@ from localchat.engine.runtime.speculative.batch import BatchGamma, BatchPlan
 from localchat.engine.runtime.speculative.drafts import DraftSource
 from localchat.engine.runtime.speculative.rule import accept_drafts, accept_greedy
 from localchat.engine.runtime.speculative.state import Speculation
+from localchat.engine.runtime.thread_governor import ThreadGovernor
 from localchat.errors import EngineError
 
 _DONE = object()
@@ -49,7 +50,9 @@ class Runner:
     def __init__(self, executor: Executor, is_end_of_generation: Callable[[int], bool], *,
                  n_ctx: int, draft: DraftSource | None = None,
                  num_draft_tokens: int | None = None, max_tokens_per_step: int = 512,
-                 max_running: int = 64) -> None:
+                 max_running: int = 64, adapt_threads: bool = False) -> None:
+        """adapt_threads: let measured step times choose the executor's thread count (where
+        it can change it), as when the user named none."""
         self.executor = executor
         self.blocks = BlockManager(executor.layout)
         if executor.layout.exclusive:
@@ -78,7 +81,19 @@ class Runner:
         self.masked_rows = 0
         self.forced_proposed = self.forced_kept = 0  # forced tokens drafted, and kept
         self.disk: DiskCache | None = None  # KV snapshots on disk (use_disk())
+        self.threads = self._governor(executor, draft) if adapt_threads else None
         COMPUTE.add(self)
+
+    @staticmethod
+    def _governor(executor: Executor, draft: DraftSource | None) -> ThreadGovernor | None:
+        """A thread governor over the target and a draft model's executor, if both can
+        change their thread count."""
+        executors = [executor] + [e for e in [getattr(getattr(draft, "model", draft), "executor",
+                                                      None)] if e is not None]
+        if any(type(e).set_threads is Executor.set_threads or not getattr(e, "threads", None)
+               for e in executors):
+            return None
+        return ThreadGovernor(executor.threads, lambda n: [e.set_threads(n) for e in executors])
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -173,6 +188,8 @@ class Runner:
             return False
         decoding = all(c.decodes for c in chunks)  # before the step's tokens are handed out
         self._prefill_draft(chunks)
+        if self.threads is not None:
+            self.threads.before_step(eligible=decoding)
         t0 = self.clock()
         speculating = self._propose(chunks)
         t_drafted = self.clock()
@@ -189,6 +206,9 @@ class Runner:
         self.scheduler.after_step(chunks)
         t_verified = self.clock()
         step_s = t_verified - t0
+        if self.threads is not None:
+            self.threads.observe((len(passed), sum(len(c.tokens) for c in passed))
+                                 if decoding else None, step_s)
         self.steps += 1
         self.steps_by_batch_size[len(chunks)] += 1
         for chunk in chunks:

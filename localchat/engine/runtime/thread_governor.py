@@ -1,0 +1,112 @@
+"""How many compute threads the executor uses, chosen from measured step times: with another
+process holding a core, threads that synchronise every layer wait for the one it preempts, and
+fewer threads decode faster (docs/benchmarks.md, "Threads on a busy machine")."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict, deque
+from typing import Callable, Hashable
+
+FIRST_PROBE_AFTER = 16  # decoding steps before the first probe
+Key = Hashable  # the step's shape: steps are compared only with steps of the same shape
+
+
+class ThreadGovernor:
+    """Probes another thread count now and then (one more or fewer, further each time that way
+    loses; alternated with the current count step by step, so both see the same load), moves
+    when it is clearly faster, and probes at once when the current count's steps slow down."""
+
+    def __init__(self, max_threads: int, set_threads: Callable[[int], None], *,
+                 interval: int = 64, max_interval: int = 1024, probe_steps: int = 6,
+                 gain: float = 0.9, slowdown: float = 1.3) -> None:
+        self.max_threads = max_threads
+        self.threads = max_threads
+        self._set = set_threads
+        self.interval, self.base_interval, self.max_interval = interval, interval, max_interval
+        self.probe_steps, self.gain, self.slowdown = probe_steps, gain, slowdown
+        self._since_probe = max(0, interval - FIRST_PROBE_AFTER)  # load may be there at start
+        self._recent: dict[Key, deque[float]] = defaultdict(lambda: deque(maxlen=8))
+        self._settled: dict[Key, float] = {}  # the current count's median step at the last decision
+        self._probe: list[tuple[int, Key, float]] | None = None
+        self._candidate: int | None = None
+        self._down = True  # which way the next probe tries first
+        self._stride = {-1: 1, 1: 1}  # how far it tries: doubled each time that way loses
+        self._way = -1
+        self.switches = self.probes = 0
+        self.counts_used: set[int] = set()  # every thread count a step ran with
+
+    def before_step(self, eligible: bool) -> None:
+        """Set the thread count for the next step (eligible: a step observe() will time)."""
+        want = self.threads
+        if self._probe is not None and eligible and len(self._probe) % 2 == 0:
+            want = self._candidate
+        self._apply(want)
+
+    def observe(self, key: Key | None, seconds: float) -> None:
+        """The step just run took `seconds`; key None: not comparable (not timed)."""
+        if key is None:
+            return
+        if self._probe is not None:
+            self._probe.append((self._applied, key, seconds))
+            if len(self._probe) >= 2 * self.probe_steps:
+                self._decide()
+            return
+        recent = self._recent[key]
+        recent.append(seconds)
+        self._since_probe += 1
+        settled = self._settled.get(key)
+        slowed = (settled is not None and len(recent) == recent.maxlen
+                  and statistics.median(recent) > self.slowdown * settled)
+        if self._since_probe >= self.interval or slowed:
+            self._start_probe(reset_backoff=slowed)
+
+    def _start_probe(self, reset_backoff: bool) -> None:
+        if reset_backoff:
+            self.interval = self.base_interval
+        ways = [w for w in ((-1, 1) if self._down else (1, -1))
+                if 1 <= self.threads + w <= self.max_threads]
+        if not ways:
+            self._since_probe = 0
+            return
+        way = ways[0]
+        self._way = way
+        reach = max(1, self.threads // 2) if way < 0 else self.max_threads - self.threads
+        self._candidate = self.threads + way * min(self._stride[way], reach)  # never below half
+        self._down = not self._down if len(ways) > 1 else self._down
+        self.probes += 1
+        self._probe = []
+
+    def _decide(self) -> None:
+        probe, candidate, current = self._probe, self._candidate, self.threads
+        self._probe, self._candidate, self._since_probe = None, None, 0
+        by_key: dict[Key, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for n, key, s in probe:
+            by_key[key][n].append(s)
+        comparable = [(sum(len(v) for v in t.values()), key, t) for key, t in by_key.items()
+                      if len(t[current]) >= 2 and len(t[candidate]) >= 2]
+        if not comparable:  # shapes changed under the probe: try again after the next interval
+            self._apply(current)
+            return
+        _, key, times = max(comparable, key=lambda c: c[0])
+        now, other = statistics.median(times[current]), statistics.median(times[candidate])
+        self._recent.clear()
+        if other < self.gain * now:
+            self.threads, self.switches = candidate, self.switches + 1
+            self._settled = {key: other}
+            self.interval = self.base_interval
+            self._down = candidate < current  # keep going the way that paid
+            self._stride = {-1: 1, 1: 1}
+        else:
+            self._settled = {key: now}
+            self._stride[self._way] = min(2 * self._stride[self._way], self.max_threads)
+            self.interval = min(2 * self.interval, self.max_interval)
+        self._apply(self.threads)
+
+    _applied: int = 0
+
+    def _apply(self, n: int) -> None:
+        if n != self._applied:
+            self._set(n)
+            self._applied = n
+            self.counts_used.add(n)

@@ -1,0 +1,138 @@
+"""The thread governor on simulated step times (a machine whose other processes come and go),
+and on the real bundled model: llama.cpp decodes the same tokens whatever the thread count,
+and a runner with adapt_threads drives the executor's count."""
+
+from __future__ import annotations
+
+import pytest
+
+from localchat.engine.runtime.thread_governor import ThreadGovernor
+
+KEY = (1, 1)  # one sequence decoding one token
+
+
+class Machine:
+    """Step time for n threads on `cores` cores while `busy` of them run another process:
+    a thread sharing a core with it stalls every thread at each barrier."""
+
+    def __init__(self, cores: int, busy: int = 0) -> None:
+        self.cores, self.busy, self.threads, self.calls = cores, busy, cores, []
+
+    def set_threads(self, n: int) -> None:
+        self.threads = n
+        self.calls.append(n)
+
+    def step_s(self) -> float:
+        n, free = self.threads, self.cores - self.busy
+        base = 0.010 * self.cores / n  # perfect scaling on free cores
+        return base * (3.0 if n > free else 1.0)
+
+
+def run(governor: ThreadGovernor, machine: Machine, steps: int, key=KEY) -> list[int]:
+    used = []
+    for _ in range(steps):
+        governor.before_step(eligible=key is not None)
+        used.append(machine.threads)
+        governor.observe(key, machine.step_s())
+    return used
+
+
+def test_a_quiet_machine_keeps_every_core_and_probes_less_and_less():
+    machine = Machine(cores=2)
+    governor = ThreadGovernor(2, machine.set_threads, interval=64, probe_steps=6)
+    used = run(governor, machine, 2100)
+    assert governor.threads == 2 and governor.switches == 0
+    assert used.count(1) == 6 * 5  # probes after 16 steps, then 128, 256, 512, 1024 apart: 6 steps each
+    assert sum(n == 1 for n in used[-500:]) <= 6
+
+
+def test_a_busy_core_moves_to_fewer_threads_and_back_when_it_frees():
+    machine = Machine(cores=2)
+    governor = ThreadGovernor(2, machine.set_threads, interval=64, probe_steps=6)
+    run(governor, machine, 300)
+    machine.busy = 1  # steps at 2 threads slow down 3x: the governor probes at once
+    used = run(governor, machine, 40)
+    assert governor.threads == 1 and used[-1] == 1
+    assert used.index(1) <= 9  # within the 8-step window that shows the slowdown
+    machine.busy = 0  # 1 thread runs as before; the periodic probe finds 2 faster again
+    run(governor, machine, 200)
+    assert governor.threads == 2 and governor.switches == 2
+
+
+def test_many_cores_walk_down_one_thread_at_a_time_to_the_free_ones():
+    machine = Machine(cores=8, busy=2)
+    governor = ThreadGovernor(8, machine.set_threads, interval=16, probe_steps=4)
+    run(governor, machine, 400)
+    assert governor.threads == 6  # 7 or 8 threads share a busy core; 5 is slower than 6
+    quiet = Machine(cores=8)
+    governor = ThreadGovernor(8, quiet.set_threads, interval=16, probe_steps=4)
+    run(governor, quiet, 3000)
+    assert governor.threads == 8 and min(quiet.calls) == 4  # probes 7, 6, then 4, never less
+
+
+def test_steps_of_other_shapes_are_not_compared():
+    machine = Machine(cores=2, busy=1)
+    governor = ThreadGovernor(2, machine.set_threads, interval=8, probe_steps=3)
+    run(governor, machine, 8)  # the probe starts
+    for i in range(6):  # the probe's steps alternate shapes: no pair is comparable
+        governor.before_step(eligible=True)
+        governor.observe((1, 1) if machine.threads == 1 else (1, 5), machine.step_s())
+    assert governor.threads == 2 and machine.threads == 2
+    run(governor, machine, 30, key=None)  # prefill steps: not timed, no probe
+    assert governor.threads == 2 and set(machine.calls) <= {1, 2}
+    run(governor, machine, 20)
+    assert governor.threads == 1
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    from localchat.models.files import validate_model_file
+    from localchat.models.specs import resolve_model
+
+    return validate_model_file(resolve_model("default"))
+
+
+def test_llama_cpp_gives_the_same_logits_on_one_thread_and_two(bundled):
+    """Prefill and a one-token decode step (where flash attention might split the KV)."""
+    import torch
+
+    from localchat.engine.executors.llamacpp import LlamaCppExecutor
+    from localchat.engine.runtime.executor_api import Chunk
+
+    executor = LlamaCppExecutor(bundled, n_ctx=256, threads=2, parallel=1)
+    try:
+        prompt = executor.vocab.tokenize_text("The three primary colors are red, yellow and" * 8)
+        runs = []
+        for threads in (2, 1, 2):
+            assert executor.set_threads(threads) and executor.threads == threads
+            prefill = executor.forward([Chunk(slot=0, tokens=prompt, start=0, n_logits=len(prompt),
+                                              block_table=[], write_from=0, n_prompt=len(prompt))])
+            step = executor.forward([Chunk(slot=0, tokens=[int(prefill[-1].argmax())],
+                                           start=len(prompt), n_logits=1, block_table=[],
+                                           write_from=len(prompt), n_prompt=len(prompt))])
+            runs.append(torch.cat([prefill, step]))
+        assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+    finally:
+        executor.close()
+
+
+def test_an_engine_without_named_threads_probes_fewer_and_decodes_the_same_tokens():
+    from helpers.replies import reply_tokens
+    from localchat.engine import EngineConfig, open_engine
+
+    prompt = "Write a Python function that reverses a string."
+    fixed = open_engine(EngineConfig("default", engine="llama.cpp", ctx_size=512, threads=2))
+    try:
+        assert fixed.runner.threads is None  # the user named a count: it is kept
+        expected, _ = reply_tokens(fixed, prompt, 48)
+    finally:
+        fixed.close()
+    governed = open_engine(EngineConfig("default", engine="llama.cpp", ctx_size=512))
+    try:
+        governor = governed.runner.threads
+        governor.interval = governor.base_interval = 4  # probe often
+        got, _ = reply_tokens(governed, prompt, 48)
+        assert got == expected
+        assert governor.probes >= 2 and 1 in governor.counts_used
+    finally:
+        governed.close()
