@@ -22,6 +22,8 @@ from localchat.models.gguf_reader import read_gguf
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 MATRIX_TYPE = Q.Q8_0  # the draft's layer matrices in the written file
+FILE_TYPES = {Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0, Q.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1,
+              Q.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0}
 
 
 def default_layers(n_target: int, n_draft: int) -> list[int]:
@@ -127,10 +129,11 @@ def student_from_target(target: Path, layers: list[int]) -> Student:
         f.close()
 
 
-def write_student_gguf(student: Student, target: Path, out: Path) -> Path:
+def write_student_gguf(student: Student, target: Path, out: Path,
+                       matrix_type: Q = MATRIX_TYPE) -> Path:
     """`out` (a temporary name the caller renames): the target's metadata with the draft's
     block count, its embedding/head tensors copied byte for byte, the trained layers as
-    Q8_0 and norms as F32."""
+    matrix_type (Q8_0, Q4_1 or Q4_0) and norms as F32."""
     reader = gguf.GGUFReader(str(target))
     arch = student.config.arch
     writer = gguf.GGUFWriter(str(out), arch)
@@ -144,7 +147,7 @@ def write_student_gguf(student: Student, target: Path, out: Path) -> Path:
             elif name == "general.name":
                 value = f"{value} draft ({len(student.blocks)} layers)"
             elif name == "general.file_type":  # the layers are Q8_0 whatever the target's were
-                value = int(gguf.LlamaFileType.MOSTLY_Q8_0)
+                value = int(FILE_TYPES[matrix_type])
             sub_type = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(name, value, field.types[0], sub_type=sub_type)
         copied = {t.name: t for t in reader.tensors if not t.name.startswith("blk.")}
@@ -165,10 +168,10 @@ def write_student_gguf(student: Student, target: Path, out: Path) -> Path:
                     plan.append((name, np.ascontiguousarray(data)))
                     writer.add_tensor_info(name, data.shape, np.dtype(np.float32), data.nbytes)
                 else:
-                    packed = quantize(data, MATRIX_TYPE)
+                    packed = quantize(data, matrix_type)
                     plan.append((name, packed))
                     writer.add_tensor_info(name, packed.shape, np.dtype(np.uint8), packed.nbytes,
-                                           raw_dtype=MATRIX_TYPE)
+                                           raw_dtype=matrix_type)
         norm = student.output_norm.detach().float().numpy()
         plan = [(n, norm if n == "output_norm.weight" else d) for n, d in plan]
         writer.write_header_to_file()

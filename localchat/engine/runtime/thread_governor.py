@@ -8,7 +8,8 @@ import statistics
 from collections import defaultdict, deque
 from typing import Callable, Hashable
 
-FIRST_PROBE_AFTER = 16  # decoding steps before the first probe
+FIRST_PROBE_AFTER = 4  # decoding steps before the first probe (load may be there at start)
+CLEAR_LOSS = 1.5  # a probe stops early once the candidate is this much slower
 Key = Hashable  # the step's shape: steps are compared only with steps of the same shape
 
 
@@ -25,7 +26,7 @@ class ThreadGovernor:
         self._set = set_threads
         self.interval, self.base_interval, self.max_interval = interval, interval, max_interval
         self.probe_steps, self.gain, self.slowdown = probe_steps, gain, slowdown
-        self._since_probe = max(0, interval - FIRST_PROBE_AFTER)  # load may be there at start
+        self._since_probe = max(0, interval - FIRST_PROBE_AFTER)
         self._recent: dict[Key, deque[float]] = defaultdict(lambda: deque(maxlen=8))
         self._settled: dict[Key, float] = {}  # the current count's median step at the last decision
         self._probe: list[tuple[int, Key, float]] | None = None
@@ -49,7 +50,7 @@ class ThreadGovernor:
             return
         if self._probe is not None:
             self._probe.append((self._applied, key, seconds))
-            if len(self._probe) >= 2 * self.probe_steps:
+            if len(self._probe) >= 2 * self.probe_steps or self._clearly_slower():
                 self._decide()
             return
         recent = self._recent[key]
@@ -77,12 +78,22 @@ class ThreadGovernor:
         self.probes += 1
         self._probe = []
 
-    def _decide(self) -> None:
-        probe, candidate, current = self._probe, self._candidate, self.threads
-        self._probe, self._candidate, self._since_probe = None, None, 0
+    def _by_key(self) -> dict[Key, dict[int, list[float]]]:
         by_key: dict[Key, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-        for n, key, s in probe:
+        for n, key, s in self._probe:
             by_key[key][n].append(s)
+        return by_key
+
+    def _clearly_slower(self) -> bool:
+        """Two candidate steps each slower than every current one by CLEAR_LOSS: stop the
+        probe (on a busy machine the way back to more threads costs 3x a step)."""
+        return any(len(t[self._candidate]) >= 2 and len(t[self.threads]) >= 2
+                   and min(t[self._candidate]) > CLEAR_LOSS * max(t[self.threads])
+                   for t in self._by_key().values())
+
+    def _decide(self) -> None:
+        by_key, candidate, current = self._by_key(), self._candidate, self.threads
+        self._probe, self._candidate, self._since_probe = None, None, 0
         comparable = [(sum(len(v) for v in t.values()), key, t) for key, t in by_key.items()
                       if len(t[current]) >= 2 and len(t[candidate]) >= 2]
         if not comparable:  # shapes changed under the probe: try again after the next interval

@@ -42,8 +42,10 @@ def test_a_quiet_machine_keeps_every_core_and_probes_less_and_less():
     governor = ThreadGovernor(2, machine.set_threads, interval=64, probe_steps=6)
     used = run(governor, machine, 2100)
     assert governor.threads == 2 and governor.switches == 0
-    assert used.count(1) == 6 * 5  # probes after 16 steps, then 128, 256, 512, 1024 apart: 6 steps each
-    assert sum(n == 1 for n in used[-500:]) <= 6
+    # probes after 16 steps, then 128, 256, 512, 1024 apart; one thread is 2x slower, so
+    # each stops after 2 steps of it (2 of each count) rather than 6
+    assert used.count(1) == 2 * 5
+    assert sum(n == 1 for n in used[-500:]) <= 2
 
 
 def test_a_busy_core_moves_to_fewer_threads_and_back_when_it_frees():
