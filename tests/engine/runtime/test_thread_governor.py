@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from localchat.engine.runtime.thread_governor import ThreadGovernor
+from localchat.engine.runtime.thread_governor import FIRST_PROBE_AFTER, ThreadGovernor
 
 KEY = (1, 1)  # one sequence decoding one token
 
@@ -75,7 +75,7 @@ def test_many_cores_walk_down_one_thread_at_a_time_to_the_free_ones():
 def test_steps_of_other_shapes_are_not_compared():
     machine = Machine(cores=2, busy=1)
     governor = ThreadGovernor(2, machine.set_threads, interval=8, probe_steps=3)
-    run(governor, machine, 8)  # the probe starts
+    run(governor, machine, FIRST_PROBE_AFTER)  # the first probe starts
     for i in range(6):  # the probe's steps alternate shapes: no pair is comparable
         governor.before_step(eligible=True)
         governor.observe((1, 1) if machine.threads == 1 else (1, 5), machine.step_s())
