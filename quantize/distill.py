@@ -4,6 +4,7 @@ next-token distributions. State lives in `DRAFT.gguf.distill/` beside the output
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import random
@@ -13,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from gguf import GGMLQuantizationType as Q
 
 from localchat.errors import UsageError
 from quantize.distill_data import (Example, chat_prompts, conversation_messages, teacher_labels,
@@ -20,6 +22,8 @@ from quantize.distill_data import (Example, chat_prompts, conversation_messages,
 from quantize.progress import Progress
 from quantize.safe_output import atomic_output_file
 from quantize.student import Student, default_layers, student_from_target, write_student_gguf
+
+LAYER_TYPES = {"Q8_0": Q.Q8_0, "Q4_1": Q.Q4_1, "Q4_0": Q.Q4_0}
 
 HELD_OUT = 24  # examples kept out of training to measure α at the end
 
@@ -38,6 +42,7 @@ class DistillOptions:
     text_file: str | None = None  # also learn from this text
     threads: int | None = None
     seed: int = 0
+    layer_type: str = "Q8_0"  # the draft's layer matrices; 4-bit types train quantization-aware
 
 
 def kd_loss(logits: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor,
@@ -167,10 +172,7 @@ def distill(target: Path, out: Path, options: DistillOptions, resume: bool = Fal
     if state is not None:
         options = DistillOptions(**{**state["options"], "steps": options.steps})
     t_start = time.perf_counter()
-    examples = work.load("teacher.pt") if resume else None
-    if examples is None:
-        examples = collect_teacher(target, options, log)
-        work.save("teacher.pt", examples)
+    examples = _labels(work, target, options, resume, log)
     rng = random.Random(options.seed)
     order = list(range(len(examples)))
     rng.shuffle(order)
@@ -185,6 +187,8 @@ def distill(target: Path, out: Path, options: DistillOptions, resume: bool = Fal
     rng.shuffle(batches)  # neighbours by length: little padding; batches in random order
     facts_layers = _target_layers(target)
     student = student_from_target(target, default_layers(facts_layers, options.layers))
+    matrix_type = LAYER_TYPES[options.layer_type]
+    student.train_as(None if matrix_type == Q.Q8_0 else matrix_type)
     optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad],
                                   lr=options.lr, weight_decay=0.0)
     step = 0
@@ -235,13 +239,48 @@ def distill(target: Path, out: Path, options: DistillOptions, resume: bool = Fal
     bar.close()
     save_state()
     with atomic_output_file(out) as tmp:
-        write_student_gguf(student, target, tmp)
+        write_student_gguf(student, target, tmp, matrix_type)
         alpha_after = file_agreement(tmp, held_out, options.threads)
     minutes = (time.perf_counter() - t_start) / 60
-    log(f"wrote {out}: {options.layers} layers, α on held-out replies {alpha_before:.3f} -> "
+    log(f"wrote {out}: {options.layers} {options.layer_type} layers, α on held-out replies {alpha_before:.3f} -> "
         f"{alpha_after:.3f}, {minutes:.1f} min")
     return {"out": str(out), "layers": student.source_layers, "steps": step,
             "alpha_before": alpha_before, "alpha_after": alpha_after, "minutes": minutes}
+
+
+def _labels(work: Workdir, target: Path, options: DistillOptions, resume: bool,
+            log) -> list[Example]:
+    """The target's labels: collected, or reused from the workdir when they came from this
+    target file with the same label options (an earlier run, or the one being resumed)."""
+    key = _labels_key(target, options)
+    saved = work.load("teacher.pt")
+    if isinstance(saved, dict) and (resume or (key is not None and saved.get("key") == key)):
+        examples = saved["examples"]
+        log(f"target labels: reusing {sum(e.n_labels for e in examples)} positions from "
+            f"{work.path / 'teacher.pt'}")
+        return examples
+    if resume and isinstance(saved, list):  # written before labels had a key
+        return saved
+    examples = collect_teacher(target, options, log)
+    work.save("teacher.pt", {"key": key, "examples": examples})
+    return examples
+
+
+def _labels_key(target: Path, options: DistillOptions) -> dict | None:
+    """What the labels depend on; None (never reused) when they come from saved
+    conversations, which change."""
+    if options.history:
+        return None
+    try:
+        stat = target.stat()
+        text = Path(options.text_file).stat() if options.text_file else None
+    except OSError:
+        return None  # collecting them says what is wrong
+    prompts = hashlib.sha256("\n".join(chat_prompts(options.seed)).encode()).hexdigest()
+    return {"target": str(target.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "text": [options.text_file, text.st_size, text.st_mtime_ns] if text else None,
+            "teacher_tokens": options.teacher_tokens, "max_new": options.max_new,
+            "prompts": prompts}
 
 
 def _target_layers(target: Path) -> int:

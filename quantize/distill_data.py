@@ -22,6 +22,11 @@ TEMPLATES = (
     "How would you teach a child about {}?", "Write an email to a friend about {}.",
     "What are common mistakes people make with {}?", "Describe {} in detail.",
     "Compare {} with something similar and explain the differences.", "Write a blog post about {}.",
+    "Write a short dialogue between two people about {}.", "Explain {} using an analogy.",
+    "Give a step-by-step guide to getting started with {}.",
+    "List five questions people often ask about {} and answer each briefly.",
+    "What should a student know about {}?", "Write a product description for something to do with {}.",
+    "What is the most surprising fact about {}, and why?", "Write a speech about {}.",
 )
 SUBJECTS = (
     "photosynthesis", "the French revolution", "a hash table", "learning to cook", "black holes",
@@ -32,6 +37,14 @@ SUBJECTS = (
     "public speaking", "the Roman empire", "electric cars", "sleep", "time management", "bees",
     "SQL databases", "the internet", "a dragon and a knight", "healthy breakfast", "rainbows",
     "writing a resume", "ancient Egypt", "git branches", "friendship", "the ocean",
+    "the solar system", "baking bread", "binary search", "the immune system", "a haunted house",
+    "learning a new language", "the printing press", "renewable energy", "a cat who learns to fly",
+    "Python decorators", "meditation", "the Great Wall of China", "budget travel", "earthquakes",
+    "linked lists", "a detective solving a mystery", "coral reefs", "the Renaissance",
+    "job interviews", "3D printing", "the speed of light", "composting", "a first day at school",
+    "HTTP requests", "dinosaurs", "teamwork", "inflation", "the periodic table", "knitting",
+    "a spaceship crew far from home", "unit testing", "bird migration", "Shakespeare",
+    "smartphones", "the Olympic games", "regular expressions",
 )
 
 

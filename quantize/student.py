@@ -18,6 +18,7 @@ from localchat.engine.executors.torch.rope import RotaryEmbedding
 from localchat.engine.executors.torch.weights import LlamaConfig
 from localchat.errors import UsageError
 from localchat.models.gguf_reader import read_gguf
+from quantize.fake_quant import fake_quant
 
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
@@ -40,11 +41,17 @@ class Block(torch.nn.Module):
     def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
         super().__init__()
         self.w = torch.nn.ParameterDict({k: torch.nn.Parameter(v) for k, v in tensors.items()})
+        self.matrix_type: Q | None = None  # set: the matrices are seen as written in that type
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        if self.matrix_type is None:
+            return dict(self.w)
+        return {k: fake_quant(v, self.matrix_type) if v.ndim == 2 else v for k, v in self.w.items()}
 
     def forward(self, x: torch.Tensor, config: LlamaConfig, cos: torch.Tensor, sin: torch.Tensor,
                 rope: RotaryEmbedding) -> torch.Tensor:
         b, t, _ = x.shape
-        w, c = self.w, config
+        w, c = self.weights(), config
         h = F.rms_norm(x, (c.dim,), w["attn_norm"], c.norm_eps)
         q = (h @ w["attn_q"].T).view(b * t, c.n_heads, c.head_dim)
         k = (h @ w["attn_k"].T).view(b * t, c.n_kv_heads, c.head_dim)
@@ -87,6 +94,12 @@ class Student(torch.nn.Module):
         if self.head_bf16 is not None:  # frozen head; bfloat16 only where measured faster
             return (h.to(torch.bfloat16) @ self.head_bf16.T).float()
         return h @ head.T
+
+    def train_as(self, matrix_type: Q | None) -> None:
+        """Train the layer matrices as they will be written (quantization-aware), or as
+        float32 (None)."""
+        for block in self.blocks:
+            block.matrix_type = matrix_type
 
     def use_bf16_head(self) -> bool:
         """Time the head's matmul in float32 and bfloat16 (native on some CPUs, emulated

@@ -20,6 +20,9 @@ def add_parser(sub) -> None:
     p.add_argument("target", metavar="TARGET", help="model SPEC: 'default' or a Llama-family .gguf")
     p.add_argument("-o", "--output", default=None, metavar="DRAFT.gguf")
     p.add_argument("--layers", type=int, default=4, metavar="N", help="draft layers (default: 4)")
+    p.add_argument("--layer-type", default="Q8_0", choices=("Q8_0", "Q4_1", "Q4_0"),
+                   help="the draft's layer matrices: Q8_0 (default), or 4-bit (cheaper to run; "
+                        "trained quantization-aware)")
     p.add_argument("--steps", type=int, default=None, metavar="N",
                    help="training steps of 8 sequences (default: 240)")
     p.add_argument("--temperature", "-T", type=float, default=1.0, metavar="T",
@@ -57,7 +60,8 @@ def run_distill(args) -> int:
         check_output(facts.path, out, replace=args.force)
     options = DistillOptions(layers=args.layers, temperature=args.temperature,
                              hard_weight=args.hard_weight, history=args.history,
-                             text_file=args.text, threads=args.threads)
+                             text_file=args.text, threads=args.threads,
+                             layer_type=args.layer_type)
     for flag, field in (("steps", "steps"), ("lr", "lr"), ("teacher_tokens", "teacher_tokens")):
         if getattr(args, flag) is not None:
             options = replace(options, **{field: getattr(args, flag)})

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType as Q
 
 from localchat.engine.runtime.executor_api import Chunk
 from localchat.engine.executors.llamacpp import LlamaCppExecutor
@@ -72,15 +73,42 @@ def test_a_cut_student_runs_in_llama_cpp_as_in_torch(replies, tmp_path):
     tokens = replies[0].tokens
     with torch.no_grad():
         ours = student(tokens[None])[0]
-    executor = LlamaCppExecutor(facts, n_ctx=256, threads=2, parallel=1)
+    same = float((ours.argmax(-1) == _llama_cpp_logits(out, tokens).argmax(-1)).float().mean())
+    assert same > 0.9, same  # Q8_0 layers in the file
+
+
+def test_a_student_trained_as_q4_1_is_what_llama_cpp_runs_from_the_q4_1_file(replies, tmp_path):
+    """Quantization-aware: with its weights moved off the target's 4-bit grid (as training
+    moves them), the student's Q4_1-aware forward matches the written Q4_1 file much more
+    closely than its float32 forward does."""
+    torch.manual_seed(0)
+    student = student_from_target(TARGET, default_layers(30, 2))
+    with torch.no_grad():
+        for block in student.blocks:
+            for w in block.w.values():
+                if w.ndim == 2:
+                    w.add_(torch.randn_like(w) * w.std() * 0.3)
+    out = write_student_gguf(student, TARGET, tmp_path / "draft.gguf", Q.Q4_1)
+    assert validate_model_file(out).quant_type == "Q4_1"
+    tokens = replies[0].tokens
+    theirs = torch.log_softmax(_llama_cpp_logits(out, tokens), -1)
+    with torch.no_grad():
+        as_float = torch.log_softmax(student(tokens[None])[0], -1)
+        student.train_as(Q.Q4_1)
+        aware = torch.log_softmax(student(tokens[None])[0], -1)
+    float_error = float((as_float - theirs).abs().mean())
+    aware_error = float((aware - theirs).abs().mean())
+    assert aware_error < 0.3 * float_error, (aware_error, float_error)
+
+
+def _llama_cpp_logits(model: Path, tokens: torch.Tensor) -> torch.Tensor:
+    executor = LlamaCppExecutor(validate_model_file(model), n_ctx=256, threads=2, parallel=1)
     try:
-        theirs = executor.forward([Chunk(slot=0, tokens=tokens.tolist(), start=0,
-                                         n_logits=len(tokens), block_table=[], write_from=0,
-                                         n_prompt=len(tokens))])
+        return executor.forward([Chunk(slot=0, tokens=tokens.tolist(), start=0,
+                                       n_logits=len(tokens), block_table=[], write_from=0,
+                                       n_prompt=len(tokens))])
     finally:
         executor.close()
-    same = float((ours.argmax(-1) == theirs.argmax(-1)).float().mean())
-    assert same > 0.9, same  # Q8_0 layers in the file
 
 
 def test_training_steps_lower_the_loss(replies):
@@ -128,6 +156,11 @@ def test_distill_command_writes_a_draft_that_auto_then_uses_and_resumes(tmp_path
     resumed = localchat("distill", "default", "--resume", "--steps", "3", "--json", **at_home)
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["steps"] == 3
+    # a new run with other training options reuses the labels; --layer-type Q4_1 writes 4 bits
+    four_bit = localchat("distill", "default", *tiny, "--force", "--layer-type", "Q4_1", **at_home)
+    assert four_bit.returncode == 0, four_bit.stderr
+    assert "target labels: reusing" in four_bit.stderr, four_bit.stderr
+    assert validate_model_file(draft).quant_type == "Q4_1"
 
 
 def test_distill_argument_errors_are_one_line(tmp_path):
