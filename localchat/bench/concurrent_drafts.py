@@ -10,6 +10,7 @@ import sys
 from dataclasses import replace
 
 from localchat.bench.concurrency import GREEDY, chat_requests, complete_concurrently
+from localchat.bench.speculative import alpha_of
 from localchat.engine import open_engine
 from localchat.engine.base import Message, Request
 from localchat.engine.config import NO_DRAFT, EngineConfig
@@ -27,7 +28,6 @@ def _level(plain, drafted, n: int) -> dict:
     base = (before["aggregate_tok_s"] + after["aggregate_tok_s"]) / 2
     drafts = [r.stats.draft or {} for r in results]
     proposed = sum(d.get("proposed", 0) for d in drafts)
-    accepted = sum(d.get("accepted", 0) for d in drafts)
     passes = [d["tokens_per_target_pass"] for d in drafts if d.get("tokens_per_target_pass")]
     return {
         "no_draft_tok_s": base, "draft_tok_s": with_draft["aggregate_tok_s"],
@@ -35,7 +35,7 @@ def _level(plain, drafted, n: int) -> dict:
         "no_draft_runs_tok_s": [before["aggregate_tok_s"], after["aggregate_tok_s"]],
         "draft_p50_latency_s": with_draft["p50_latency_s"],
         "no_draft_p50_latency_s": before["p50_latency_s"],
-        "alpha": accepted / proposed if proposed else 0.0, "proposed": proposed,
+        "alpha": alpha_of(drafts), "proposed": proposed,
         "tokens_per_target_pass": sum(passes) / len(passes) if passes else 1.0,
         "identical_output": [r.text for r in results] == [r.text for r in base_results],
     }

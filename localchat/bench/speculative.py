@@ -50,6 +50,13 @@ def _decode(engine, prompt: str, gen_tokens: int) -> tuple[float, tuple[int, ...
     return result.stats.decode_tok_s, tuple(tokens), result.stats.draft or {}
 
 
+def alpha_of(drafts: list[dict]) -> float:
+    """α per token over requests' draft stats, as in the speedup formula: kept drafts over
+    judged ones (a round's drafts after its first miss were never judged)."""
+    judged = sum(d.get("judged", 0) for d in drafts)
+    return sum(d.get("accepted", 0) for d in drafts) / judged if judged else 0.0
+
+
 def _task(plain, drafted, prompts, gen_tokens: int) -> dict:
     """Each prompt plain, with the draft, plain again: a ratio against the two plain runs
     around it, so drift on a shared machine cancels (each prompt once: the draft remembers)."""
@@ -64,8 +71,6 @@ def _task(plain, drafted, prompts, gen_tokens: int) -> dict:
         ratios.append(rate / base if base else 0.0)
         drafts.append(stats)
         identical = identical and out == base_out
-    proposed = sum(d.get("proposed", 0) for d in drafts)
-    accepted = sum(d.get("accepted", 0) for d in drafts)
 
     def mean(key):
         values = [d[key] for d in drafts if d.get(key) is not None and d.get("proposed")]
@@ -74,7 +79,7 @@ def _task(plain, drafted, prompts, gen_tokens: int) -> dict:
     return {
         "no_draft_tok_s": statistics.median(base_rates), "draft_tok_s": statistics.median(rates),
         "speedup": statistics.median(ratios),
-        "alpha": accepted / proposed if proposed else 0.0,
+        "alpha": alpha_of(drafts),
         "c": mean("c"), "beta": mean("beta"), "gamma": drafts[-1].get("gamma"),
         "predicted_speedup": mean("predicted_speedup"),
         "engine_measured_speedup": mean("measured_speedup"),  # the controller's own figure

@@ -193,3 +193,18 @@ def test_alpha_counts_drafts_so_a_long_accepted_round_outweighs_a_short_rejected
     assert a.alpha == pytest.approx((11 + 1.2) / (13 + 2))
     assert a.optimistic_alpha() == pytest.approx((11 + 2) / (13 + 2))
     assert AdaptiveGamma().optimistic_alpha() == 1.0  # before any round: probes explore
+
+
+def test_reported_alpha_is_per_judged_draft_as_in_the_speedup_formula():
+    """A round of 4 drafts with 1 kept judged 2 of them (the kept one and the miss); the
+    other 2 were never judged, so α is not 1/4 (accepted ÷ proposed undercounts at γ > 1)."""
+    from localchat.bench.speculative import alpha_of
+
+    spec = Speculation("model:x", AdaptiveGamma())
+    spec.record(4, 1, 0.04, 0.1, 0.14)
+    spec.record(4, 4, 0.04, 0.1, 0.14)  # all kept: 4 judged
+    spec.record(2, 0, 0.02, 0.1, 0.12)
+    stats = spec.snapshot()
+    assert (stats["proposed"], stats["accepted"], stats["judged"]) == (10, 5, 7)
+    assert stats["acceptance_rate"] == pytest.approx(5 / 10)
+    assert alpha_of([stats, {"accepted": 3, "judged": 3}]) == pytest.approx(8 / 10)

@@ -219,6 +219,7 @@ class DraftStats:
     rule: str  # the acceptance rule this engine applied
     proposed: int = 0
     accepted: int = 0
+    judged: int = 0  # drafts the target judged: the kept ones and the first rejected of a round
     target_passes: int = 0  # decode-time target forward passes (verify rounds and plain steps)
     tokens: int = 0  # tokens produced by those passes
     accepted_runs: Counter = field(default_factory=Counter)  # drafts kept per round -> rounds
@@ -235,6 +236,7 @@ class DraftStats:
             "source": self.source, "rule": self.rule,
             "proposed": self.proposed, "accepted": self.accepted,
             "acceptance_rate": self.accepted / self.proposed if self.proposed else 0.0,
+            "judged": self.judged,  # accepted ÷ judged is α per token (drafts after a miss are unjudged)
             "tokens_per_target_pass": self.tokens / self.target_passes if self.target_passes else 0.0,
             "accepted_run_histogram": {str(k): v for k, v in sorted(self.accepted_runs.items())},
             "gamma": self.gamma, "alpha": self.alpha, "c": self.c, "beta": self.beta,

@@ -62,6 +62,7 @@ class Speculation:
         s = self.stats
         s.proposed += proposed
         s.accepted += accepted
+        s.judged += accepted + (1 if accepted < proposed else 0)
         s.accepted_runs[accepted] += 1
 
     def recent_speedup(self) -> float | None:
