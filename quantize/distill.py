@@ -21,6 +21,7 @@ from quantize.distill_data import (Example, chat_prompts, conversation_messages,
                                    teacher_replies)
 from quantize.progress import Progress
 from quantize.safe_output import atomic_output_file
+from quantize.self_prompts import self_prompts
 from quantize.student import Student, default_layers, student_from_target, write_student_gguf
 
 LAYER_TYPES = {"Q8_0": Q.Q8_0, "Q4_1": Q.Q4_1, "Q4_0": Q.Q4_0}
@@ -43,6 +44,7 @@ class DistillOptions:
     threads: int | None = None
     seed: int = 0
     layer_type: str = "Q8_0"  # the draft's layer matrices; 4-bit types train quantization-aware
+    prompts: str = "builtin"  # "self": the target writes the prompts it answers (self_prompts.py)
 
 
 def kd_loss(logits: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor,
@@ -122,7 +124,8 @@ class Workdir:
 
 
 def collect_teacher(target: Path, options: DistillOptions, log) -> list[Example]:
-    """The target's greedy replies to the built-in prompts, plus history/text if asked."""
+    """The target's greedy replies to the built-in (or its own) prompts, plus history/text
+    if asked."""
     from localchat.engine.executors.llamacpp import LlamaCppExecutor
     from localchat.models.files import validate_model_file
 
@@ -131,11 +134,12 @@ def collect_teacher(target: Path, options: DistillOptions, log) -> list[Example]
     try:
         extra = _extra_sequences(executor, facts, options)
         extra_budget = options.teacher_tokens // 3 if extra else 0
-        bar = Progress("target labels", options.teacher_tokens)
         t0 = time.perf_counter()
+        prompts = _prompts(executor, facts, options)
+        bar = Progress("target labels", options.teacher_tokens)
         examples = teacher_labels(executor, extra, extra_budget, bar.advance) if extra else []
         got = sum(e.n_labels for e in examples)
-        examples += teacher_replies(executor, facts.chat_template, chat_prompts(options.seed),
+        examples += teacher_replies(executor, facts.chat_template, prompts,
                                     options.max_new, options.teacher_tokens - got, bar.advance)
         bar.close()
         n = sum(e.n_labels for e in examples)
@@ -144,6 +148,19 @@ def collect_teacher(target: Path, options: DistillOptions, log) -> list[Example]
         return examples
     finally:
         executor.close()
+
+
+def _prompts(executor, facts, options: DistillOptions) -> list[str]:
+    """The built-in prompts, or enough that the target writes itself for the label budget
+    (a reply and its prompt average ~270 positions)."""
+    if options.prompts == "builtin":
+        return chat_prompts(options.seed)
+    count = options.teacher_tokens // 200 + 16
+    bar = Progress("target prompts", count)
+    prompts = self_prompts(executor, facts.chat_template, count, options.seed,
+                           on_prompt=bar.advance)
+    bar.close()
+    return prompts
 
 
 def _extra_sequences(executor, facts, options: DistillOptions) -> list[list[int]]:
@@ -276,7 +293,8 @@ def _labels_key(target: Path, options: DistillOptions) -> dict | None:
         text = Path(options.text_file).stat() if options.text_file else None
     except OSError:
         return None  # collecting them says what is wrong
-    prompts = hashlib.sha256("\n".join(chat_prompts(options.seed)).encode()).hexdigest()
+    prompts = (hashlib.sha256("\n".join(chat_prompts(options.seed)).encode()).hexdigest()
+               if options.prompts == "builtin" else f"self, seed {options.seed}")
     return {"target": str(target.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
             "text": [options.text_file, text.st_size, text.st_mtime_ns] if text else None,
             "teacher_tokens": options.teacher_tokens, "max_new": options.max_new,

@@ -32,6 +32,9 @@ def add_parser(sub) -> None:
     p.add_argument("--lr", type=float, default=None, metavar="LR", help="learning rate (default: 5e-4)")
     p.add_argument("--teacher-tokens", type=int, default=None, metavar="N",
                    help="positions labelled by TARGET (default: 80000)")
+    p.add_argument("--prompts", default="builtin", choices=("builtin", "self"),
+                   help="what TARGET answers: built-in prompts (templates x subjects), or prompts "
+                        "it writes itself, which vary as users' do (default: builtin)")
     p.add_argument("--history", action="store_true",
                    help="also learn from your saved conversations")
     p.add_argument("--text", default=None, metavar="FILE", help="also learn from this text")
@@ -61,7 +64,7 @@ def run_distill(args) -> int:
     options = DistillOptions(layers=args.layers, temperature=args.temperature,
                              hard_weight=args.hard_weight, history=args.history,
                              text_file=args.text, threads=args.threads,
-                             layer_type=args.layer_type)
+                             layer_type=args.layer_type, prompts=args.prompts)
     for flag, field in (("steps", "steps"), ("lr", "lr"), ("teacher_tokens", "teacher_tokens")):
         if getattr(args, flag) is not None:
             options = replace(options, **{field: getattr(args, flag)})
