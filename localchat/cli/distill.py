@@ -34,7 +34,8 @@ def add_parser(sub) -> None:
                    help="positions labelled by TARGET (default: 80000)")
     p.add_argument("--prompts", default="builtin", choices=("builtin", "self"),
                    help="what TARGET answers: built-in prompts (templates x subjects), or prompts "
-                        "it writes itself, which vary as users' do (default: builtin)")
+                        "it writes itself (more varied; on the bench's prompts the built-in "
+                        "ones measured better) (default: builtin)")
     p.add_argument("--history", action="store_true",
                    help="also learn from your saved conversations")
     p.add_argument("--text", default=None, metavar="FILE", help="also learn from this text")
