@@ -12,6 +12,7 @@ import torch
 from llguidance.numpy import fill_next_token_bitmask
 
 from localchat.engine.constraint import Constraint
+from localchat.engine.finite import require_finite
 from localchat.errors import ConstraintError
 
 # bounded time and memory for any schema or grammar a request brings
@@ -21,7 +22,9 @@ LIMITS = llguidance.LLParserLimits(verbose_errors=False)
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 def grammar_for(constraint: Constraint) -> str:
-    """llguidance's grammar for a constraint (not yet checked against a tokenizer)."""
+    """llguidance's grammar for a constraint (not yet checked against a tokenizer);
+    ConstraintError if it is invalid or no finite text satisfies it."""
+    require_finite(constraint)
     try:
         if constraint.kind == "json_schema":
             return llguidance.LLMatcher.grammar_from_json_schema(constraint.text,
@@ -52,7 +55,19 @@ class Guide:
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=LIMITS)
         if matcher.is_error():
             raise ConstraintError(f"invalid {constraint.label}: {_one_line(matcher.get_error())}")
-        return cls(matcher, tokenizer.eos_token, tokenizer.vocab_size)
+        guide = cls(matcher, tokenizer.eos_token, tokenizer.vocab_size)
+        if not matcher.is_accepting() and not guide._allows_text(tokenizer.eos_tokens):
+            raise ConstraintError(f"invalid {constraint.label}: no text satisfies it")
+        return guide
+
+    def _allows_text(self, ends: Sequence[int]) -> bool:
+        """Whether any token but an end may come next (llguidance allows only the ends
+        where a schema has no value at all, e.g. a $ref cycle)."""
+        bits = np.zeros((1, (self.vocab_size + 31) // 32), dtype=np.int32)
+        fill_next_token_bitmask(self.matcher, bits, 0)
+        allowed = np.unpackbits(bits.view(np.uint8), bitorder="little")
+        allowed[list(ends)] = 0
+        return bool(allowed.any())
 
     def forced(self) -> list[int]:
         """Tokens the grammar forces next (llguidance's fast-forward)."""
@@ -72,13 +87,19 @@ class Guide:
         return self.matcher.consume_token(token)
 
     @property
+    def accepting(self) -> bool:
+        """What was written so far is a complete value: the reply may end here."""
+        return self.matcher.is_accepting()
+
+    @property
     def complete(self) -> bool:
         """Nothing but the end may follow: the reply is over."""
         return self.matcher.is_stopped() and not self.matcher.is_error()
 
     @property
     def error(self) -> str:
-        return self.matcher.get_error()
+        """llguidance's reason, one line (its "<non-verbose/>" marker left out)."""
+        return _one_line(self.matcher.get_error())
 
 
 def step_masks(guided: list[tuple[Guide, int, list[int]]], n_rows: int,
@@ -92,12 +113,13 @@ def step_masks(guided: list[tuple[Guide, int, list[int]]], n_rows: int,
     bits = np.full((n_rows, width), -1, dtype=np.int32)
     for guide, row, drafts in guided:
         matcher = guide.matcher
+        consumed = 0
         for i in range(len(drafts) + 1):
             fill_next_token_bitmask(matcher, bits, row + i)
-            if i < len(drafts) and not matcher.consume_token(drafts[i]):
-                raise ValueError(f"a draft the grammar accepted was refused: {guide.error}")
-        if drafts:
-            matcher.rollback(len(drafts))
+            if i < len(drafts):
+                consumed += _consume_draft(guide, drafts[i])
+        if consumed:
+            matcher.rollback(consumed)
     unpacked = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")
     if unpacked.shape[1] < vocab:  # logits past the tokenizer's vocabulary: never allowed
         unpacked = np.pad(unpacked, ((0, 0), (0, vocab - unpacked.shape[1])))
@@ -109,6 +131,18 @@ def step_masks(guided: list[tuple[Guide, int, list[int]]], n_rows: int,
     return out
 
 
+def _consume_draft(guide: Guide, token: int) -> int:
+    """Consume one draft the grammar accepted; how many tokens that put in the matcher's
+    history for rollback: 0 for an end token after the grammar completed (llguidance
+    takes it without recording it, so rolling it back would undo a real token)."""
+    if guide.matcher.is_stopped():
+        return 0
+    if not guide.matcher.consume_token(token):
+        raise ValueError(f"a draft the grammar accepted was refused: {guide.error}")
+    return 1
+
+
 def _one_line(message: str) -> str:
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    lines = [line.strip() for line in message.strip().splitlines()
+             if line.strip() and line.strip() != "<non-verbose/>"]
     return lines[0] if lines else "rejected by llguidance"

@@ -432,6 +432,10 @@ class Runner:
             seq.tokens.append(token)
             end = self._is_end(token)
             done = end or len(seq.tokens) - seq.n_prompt >= seq.budget
+            if guide is not None and end and not guide.accepting:
+                self.scheduler.finish(seq)  # never a "stop" for text the grammar has not accepted
+                seq.out.put(EngineError("the reply ended before its constraint was met"))
+                return
             if guide is not None and not end:
                 if not guide.consume(token):
                     self.scheduler.finish(seq)
