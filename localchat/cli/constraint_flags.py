@@ -31,7 +31,7 @@ def constraint_from_args(args: argparse.Namespace) -> Constraint | None:
         text = schema if schema.lstrip().startswith(("{", "true", "false")) else \
             _read(schema, "-j/--json-schema")
         try:
-            return Constraint.json_schema(text)
+            return _checked(Constraint.json_schema(text))
         except UsageError as e:
             raise UsageError(f"-j/--json-schema: {e}") from None
     grammar = getattr(args, "grammar", None)
@@ -39,10 +39,17 @@ def constraint_from_args(args: argparse.Namespace) -> Constraint | None:
         text = _read(grammar, "--grammar")
         gbnf = grammar.endswith(".gbnf") or "::=" in text
         try:
-            return Constraint("gbnf" if gbnf else "lark", text)
+            return _checked(Constraint("gbnf" if gbnf else "lark", text))
         except UsageError as e:
             raise UsageError(f"--grammar: {e}") from None
     return None
+
+
+def _checked(constraint: Constraint) -> Constraint:
+    """The constraint, refused before any model loads if llguidance rejects it or no
+    finite text satisfies it."""
+    constraint.check()
+    return constraint
 
 
 def _read(path: str, flag: str) -> str:

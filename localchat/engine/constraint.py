@@ -39,9 +39,14 @@ class Constraint:
                 "lark": "Lark grammar", "gbnf": "GBNF grammar"}[self.kind]
 
     def check(self) -> None:
-        """llguidance's verdict on a JSON schema or Lark grammar, without a tokenizer:
-        ConstraintError with its reason (one line). Checked once more when decoding."""
+        """llguidance's verdict on a JSON schema or Lark grammar, without a tokenizer, and
+        that some finite text satisfies it: ConstraintError with its reason (one line).
+        Checked once more when decoding."""
         import llguidance  # a compiled extension: loaded only when a schema is checked
+
+        from localchat.engine.finite import require_finite
+
+        require_finite(self)
 
         try:
             if self.kind == "json_schema":

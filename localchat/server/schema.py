@@ -15,7 +15,7 @@ from localchat.engine.base import Message, SamplingParams
 from localchat.engine.constraint import Constraint, from_response_format
 from localchat.errors import ConstraintError, UsageError
 from localchat.json_text import first_lone_surrogate
-from localchat.sampling_fields import SAMPLING_PARAMS
+from localchat.sampling_fields import MAX_SEED, SAMPLING_PARAMS
 from localchat.server.errors import ApiError
 from localchat.server.tool_fields import (
     ToolUse,
@@ -27,7 +27,6 @@ from localchat.server.tool_fields import (
 MAX_MESSAGES = 1024
 MAX_STOPS = 16
 MAX_STOP_CHARS = 1000
-SEED_RANGE = 2 ** 32  # llama.cpp seeds are 32-bit; larger seeds are folded into it
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
           "tool": "tool"}
 
@@ -117,9 +116,10 @@ def _common(body: dict, n_ctx: int, *, messages: tuple[Message, ...],
     for unsupported in ("logprobs", "top_logprobs"):
         if body.get(unsupported) not in (None, False, 0):
             raise _bad(unsupported, f"{unsupported} is not supported by this server")
-    for ignored in ("frequency_penalty", "presence_penalty"):
-        if body.get(ignored) is not None:
-            _number(ignored, body[ignored], -2.0, 2.0)
+    for penalty in ("frequency_penalty", "presence_penalty"):  # OpenAI's; 0 changes nothing
+        if body.get(penalty) is not None and _number(penalty, body[penalty], -2.0, 2.0) != 0:
+            raise _bad(penalty, f"{penalty} is not supported by this server (use "
+                                "repeat_penalty)", "unsupported_parameter")
     _refuse_unsupported_shapes(body)
     return CompletionBody(
         messages=messages, prompt=prompt, sampling=_sampling(body),
@@ -133,7 +133,8 @@ def _common(body: dict, n_ctx: int, *, messages: tuple[Message, ...],
 # functions/function_call (OpenAI's deprecated form of tools) are refused: send tools
 _SHAPE_FIELDS = {"functions": (None, []), "function_call": (None, "none"),
                  "echo": (None, False), "suffix": (None, ""),
-                 "best_of": (None, 1), "logit_bias": (None, {})}
+                 "best_of": (None, 1), "logit_bias": (None, {}),
+                 "ignore_eos": (None, False)}  # llama.cpp's: generate past the end
 _CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
 
 
@@ -156,12 +157,16 @@ def _constraint(body: dict) -> Constraint | None:
     name, value = given[0], body[given[0]]
     try:
         if name == "response_format":
-            return from_response_format(value)
-        if name == "json_schema":
-            return Constraint.json_schema(value)
-        if not isinstance(value, str):
+            constraint = from_response_format(value)
+        elif name == "json_schema":
+            constraint = Constraint.json_schema(value)
+        elif not isinstance(value, str):
             raise _bad("grammar", "grammar must be a string (GBNF)", "invalid_type")
-        return Constraint("gbnf", value) if value else None
+        else:
+            constraint = Constraint("gbnf", value) if value else None
+        if constraint is not None:  # llguidance's verdict, and a finite text exists
+            constraint.check()
+        return constraint
     except ConstraintError as exc:
         raise _bad(name, f"{name}: {exc}" if not str(exc).startswith(name) else str(exc)) \
             from None
@@ -172,7 +177,9 @@ def _sampling(body: dict) -> SamplingParams:
     seed = body.get("seed")
     if seed is not None:
         seed = _integer("seed", seed)
-        seed = None if seed < 0 else seed % SEED_RANGE  # -1: random, as in llama.cpp
+        if seed > MAX_SEED:  # as `run --seed` and --batch: never silently another seed
+            raise _bad("seed", f"seed must be at most {MAX_SEED} (2^64 - 1)")
+        seed = None if seed < 0 else seed  # -1: random, as in llama.cpp
     values = {"seed": seed}
     for f in sorted(SAMPLING_PARAMS, key=lambda f: f.kind is int):  # top_k's error after others
         value, limits = body.get(f.name), f.api_range
@@ -293,7 +300,10 @@ def _int_range(name: str, value: Any, lo: int, hi: int) -> int:
 def _number(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _bad(name, f"{name} must be a number", "invalid_type")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer with hundreds of digits
+        value = math.inf
     low_ok = value > lo if lo_open else value >= lo
     if not (math.isfinite(value) and low_ok and value <= hi):
         bracket = "(" if lo_open else "["
