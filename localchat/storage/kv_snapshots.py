@@ -6,18 +6,19 @@ byte budget by evicting the least recently used. A damaged or stale file is remo
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import queue
+import re
+import stat
 import struct
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from localchat.atomic import atomic_write_bytes
 from localchat.paths import data_dir
+from localchat.storage.own_folder import OwnFolder, process_alive, writer_pid
 
 MAGIC = b"LCKVSNP1"
 DIGEST_BYTES = 32
@@ -25,6 +26,10 @@ HEAD_DIGEST_BYTES = 16  # the header's own digest: startup reads headers only
 SUFFIX = ".kv"
 DEFAULT_BUDGET = 2 << 30  # --kv-disk's default: 2 GiB
 STALE_TMP_S = 3600  # a temporary file this old is a write a process never finished
+MAX_HEADER_BYTES = 64 << 20  # a header larger than this is not one of ours
+READ_CHUNK = 8 << 20  # the payload is read (and digested) in pieces of this size
+NAME = re.compile(r"^[0-9a-f]{32}\.kv$")  # how the store names its files
+TEMPORARY = re.compile(r"^\.[0-9a-f]{32}\.kv\..+\.tmp$")  # and their writes in progress
 
 
 def snapshot_dir() -> Path:
@@ -69,11 +74,16 @@ def encode(model: str, identity: str, tokens: list[int], keys: list[bytes],
 
 
 def _read_header(f) -> dict:
-    """The JSON header at the start of an open snapshot file; ValueError if it is not one."""
+    """The JSON header at the start of an open snapshot file; ValueError if it is not one
+    (NotOurs if it does not even start with the magic). `_head` holds its bytes."""
     start = f.read(len(MAGIC) + 4)
-    if len(start) < len(MAGIC) + 4 or start[:len(MAGIC)] != MAGIC:
-        raise ValueError("not a KV snapshot")
+    if len(start) < len(MAGIC) or start[:len(MAGIC)] != MAGIC:
+        raise NotOurs("not a KV snapshot")
+    if len(start) < len(MAGIC) + 4:
+        raise ValueError("truncated header")
     (length,) = struct.unpack("<I", start[len(MAGIC):])
+    if length > MAX_HEADER_BYTES:
+        raise ValueError("header too large")
     raw = f.read(length + HEAD_DIGEST_BYTES)
     if len(raw) != length + HEAD_DIGEST_BYTES:
         raise ValueError("truncated header")
@@ -83,19 +93,27 @@ def _read_header(f) -> dict:
     header = json.loads(raw)
     if not isinstance(header, dict) or header.get("compression") != "none":
         raise ValueError("unknown header")
-    header["_head_bytes"] = len(start) + length + HEAD_DIGEST_BYTES
+    header["_head"] = start + raw + digest
     return header
+
+
+class NotOurs(ValueError):
+    """A file this store did not write: never removed."""
 
 
 class KVSnapshotStore:
     """The snapshot folder and its in-memory index. Lookups and loads run on the caller's
-    thread; put() queues the write for the writer thread. Thread-safe."""
+    thread; put() queues the write for the writer thread. Thread-safe. Only files it wrote
+    (named as it names them, starting with its magic) are ever removed; anything else in
+    the folder is left alone and noted; a folder that is a symbolic link is not used."""
 
     def __init__(self, folder: Path | None = None, budget: int = DEFAULT_BUDGET) -> None:
-        self.folder = Path(folder) if folder is not None else snapshot_dir()
+        self.folder = OwnFolder(Path(folder) if folder is not None else snapshot_dir())
         self.budget = budget
         self.removed_bad = 0  # damaged, truncated or stale files removed so far
         self.evicted = 0  # files evicted for the budget
+        self.notes: list[str] = []  # one line per file left alone, or a folder not usable
+        self.unfinished: dict[str, int] = {}  # temporary files of writes in progress: bytes
         self._lock = threading.Lock()
         self._entries: dict[str, Entry] = {}
         self._by_key: dict[bytes, set[str]] = {}
@@ -104,30 +122,73 @@ class KVSnapshotStore:
         self._queue: queue.Queue = queue.Queue()
         self._writer: threading.Thread | None = None
         self.write_gate = threading.Lock()  # held by the writer while it writes (tests pause it)
+        self.usable = True  # False: the folder is a link or not a folder; nothing is saved
         self._scan()
+
+    @property
+    def path(self) -> Path:
+        return self.folder.path
 
     # ---- index ---------------------------------------------------------------------
 
+    def _note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
     def _scan(self) -> None:
-        if not self.folder.is_dir():
+        problem = self.folder.problem()
+        if problem is not None:
+            self.usable = False
+            self._note(f"{self.path}: {problem}; KV snapshots are off")
             return
-        for path in self._temporary_files():
-            try:
-                if time.time() - path.stat().st_mtime > STALE_TMP_S:
-                    path.unlink()
-            except OSError:
-                pass
-        for path in self.folder.glob(f"*{SUFFIX}"):
-            try:
-                with path.open("rb") as f:
-                    header = _read_header(f)
-                entry = Entry(path.stem, str(header["model"]), str(header["identity"]),
-                              int(header["n_tokens"]), [bytes.fromhex(k) for k in header["keys"]],
-                              path.stat().st_size, path.stat().st_mtime)
-            except (OSError, ValueError, KeyError, TypeError):
-                self._unlink(path.stem, bad=True)
-                continue
-            self._add(entry)
+        try:
+            listing = self.folder.entries()
+        except OSError as e:
+            self.usable = False
+            self._note(f"{self.path}: cannot read it ({e.strerror or e}); KV snapshots are off")
+            return
+        for name, st in listing:
+            if TEMPORARY.match(name):
+                self._temporary(name, st)
+            elif name.endswith(SUFFIX):
+                self._index(name, st)
+
+    def _temporary(self, name: str, st: os.stat_result) -> None:
+        """A write in progress, or one a process never finished: removed once its writer
+        is gone or it is an hour old."""
+        if not stat.S_ISREG(st.st_mode):
+            return
+        pid = writer_pid(name)
+        dead = pid is not None and pid != os.getpid() and not process_alive(pid)
+        if dead or time.time() - st.st_mtime > STALE_TMP_S:
+            if self._remove(name, allow_empty=True):
+                return
+        self.unfinished[name] = st.st_size
+
+    def _index(self, name: str, st: os.stat_result) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            self._note(f"{self.path / name}: {kind}, left alone")
+            return
+        if not NAME.match(name):
+            self._note(f"{self.path / name}: not a KV snapshot, left alone")
+            return
+        try:
+            with self.folder.open_regular(name) as f:
+                header = _read_header(f)
+            entry = Entry(name[:-len(SUFFIX)], str(header["model"]), str(header["identity"]),
+                          int(header["n_tokens"]), [bytes.fromhex(k) for k in header["keys"]],
+                          st.st_size, st.st_mtime)
+        except NotOurs:
+            self._note(f"{self.path / name}: not a KV snapshot, left alone")
+            return
+        except (ValueError, KeyError, TypeError, OverflowError):
+            self._remove(name, bad=True)
+            return
+        except OSError as e:
+            self._note(f"{self.path / name}: cannot read it ({e.strerror or e}), left alone")
+            return
+        self._add(entry)
 
     def _add(self, entry: Entry) -> None:
         self._entries[entry.name] = entry
@@ -148,13 +209,41 @@ class KVSnapshotStore:
                     del self._by_key[key]
 
     def _unlink(self, name: str, *, bad: bool = False) -> None:
+        """Forget the snapshot and remove its file (if it still is one of ours)."""
         self._drop(name)
+        if self._remove(f"{name}{SUFFIX}") and bad:
+            self.removed_bad += 1
+
+    def _remove(self, filename: str, *, bad: bool = False, allow_empty: bool = False) -> bool:
+        """Remove a file of the folder if it is a regular file that starts with the magic
+        (allow_empty: or is empty, a temporary file just created); True if it is gone."""
         try:
-            (self.folder / f"{name}{SUFFIX}").unlink()
+            with self.folder.open_regular(filename) as f:
+                size = os.fstat(f.fileno()).st_size
+                ours = f.read(len(MAGIC)) == MAGIC or (allow_empty and size == 0)
+            if not ours:
+                self._note(f"{self.path / filename}: not a KV snapshot, left alone")
+                return False
+            self.folder.unlink(filename)
         except FileNotFoundError:
-            pass
+            return True
+        except OSError as e:
+            self._note(f"{self.path / filename}: cannot remove it ({e.strerror or e})")
+            return False
         if bad:
             self.removed_bad += 1
+        return True
+
+    def sync(self) -> None:
+        """Forget snapshots whose files are gone (another process cleared the folder)."""
+        try:
+            present = {name for name, _ in self.folder.entries()}
+        except OSError:
+            return
+        with self._lock:
+            for name in [n for n in self._entries if f"{n}{SUFFIX}" not in present]:
+                self._drop(name)
+            self.unfinished = {n: b for n, b in self.unfinished.items() if n in present}
 
     def entries(self) -> list[Entry]:
         """Every indexed snapshot, least recently used first."""
@@ -188,22 +277,16 @@ class KVSnapshotStore:
     # ---- reading -------------------------------------------------------------------
 
     def load(self, entry: Entry) -> Snapshot | None:
-        """The snapshot, its digest verified; None (and the file removed) if it is damaged,
-        truncated or no longer what the index says."""
-        path = self.folder / f"{entry.name}{SUFFIX}"
+        """The snapshot, its size checked against its header before anything large is read
+        and its digest verified while reading; None (and the file removed) if it is
+        damaged, truncated, larger than the budget or no longer what the index says."""
         try:
-            with path.open("rb") as f:
-                data = bytearray(os.fstat(f.fileno()).st_size)
-                if f.readinto(data) != len(data):
-                    raise OSError("the file changed while it was read")
-        except OSError:
-            with self._lock:
-                self._drop(entry.name)
-            return None
-        try:
-            snapshot = self._parse(entry, data)
-        except (ValueError, KeyError, TypeError):
+            with self.folder.open_regular(f"{entry.name}{SUFFIX}") as f:
+                snapshot = self._read(entry, f, os.fstat(f.fileno()).st_size)
+        except FileNotFoundError:
             snapshot = None
+        except (OSError, ValueError, KeyError, TypeError, OverflowError, MemoryError):
+            snapshot = None  # anything that fails to load is damaged: prefill instead
         if snapshot is None:
             with self._lock:
                 self._unlink(entry.name, bad=True)
@@ -211,28 +294,40 @@ class KVSnapshotStore:
         self.touch(entry)
         return snapshot
 
-    @staticmethod
-    def _parse(entry: Entry, data: bytearray) -> Snapshot | None:
-        view = memoryview(data)
-        if len(data) < DIGEST_BYTES or hashlib.sha256(
-                view[:-DIGEST_BYTES]).digest() != data[-DIGEST_BYTES:]:
-            return None
-        (length,) = struct.unpack_from("<I", view, len(MAGIC))
-        header = _read_header(io.BytesIO(view[:len(MAGIC) + 4 + length + HEAD_DIGEST_BYTES]))
-        start = header["_head_bytes"]
-        payload = view[start:-DIGEST_BYTES]
+    def _read(self, entry: Entry, f, size: int) -> Snapshot | None:
+        header = _read_header(f)
+        head = header["_head"]
+        payload_bytes = int(header["payload_bytes"])
         tokens = [int(t) for t in header["tokens"]]
-        if (len(payload) != header["payload_bytes"] or header["model"] != entry.model
-                or header["identity"] != entry.identity or len(tokens) != entry.n_tokens
+        if (size != len(head) + payload_bytes + DIGEST_BYTES or payload_bytes > self.budget
+                or header["model"] != entry.model or header["identity"] != entry.identity
+                or len(tokens) != entry.n_tokens
                 or [bytes.fromhex(k) for k in header["keys"]] != entry.keys):
             return None
-        return Snapshot(entry, tokens, payload)
+        digest = hashlib.sha256(head)
+        payload = bytearray(payload_bytes)
+        view = memoryview(payload)
+        done = 0
+        while done < payload_bytes:
+            n = f.readinto(view[done:done + READ_CHUNK])
+            if not n:
+                return None
+            digest.update(view[done:done + n])
+            done += n
+        if f.read(DIGEST_BYTES + 1) != digest.digest():
+            return None
+        return Snapshot(entry, tokens, view)
+
+    def discard(self, entry: Entry) -> None:
+        """Remove a snapshot found damaged after it loaded (an executor refused it)."""
+        with self._lock:
+            self._unlink(entry.name, bad=True)
 
     def touch(self, entry: Entry) -> None:
         """Mark the snapshot used now (LRU order survives restarts: the file's mtime)."""
         entry.used = time.time()
         try:
-            os.utime(self.folder / f"{entry.name}{SUFFIX}", (entry.used, entry.used))
+            self.folder.touch(f"{entry.name}{SUFFIX}", entry.used)
         except OSError:
             pass
 
@@ -241,10 +336,11 @@ class KVSnapshotStore:
     def put(self, model: str, identity: str, tokens: list[int], keys: list[bytes],
             payload) -> bool:
         """Queue a snapshot for the writer thread; False (nothing queued) if it could not
-        fit the budget, or the copies waiting to be written would pass it."""
+        fit the budget, the copies waiting to be written would pass it, or the folder is
+        not usable."""
         size = len(payload) + 4096 + 12 * len(tokens)
         with self._lock:
-            if size > self.budget or self._pending + size > self.budget:
+            if not self.usable or size > self.budget or self._pending + size > self.budget:
                 return False
             self._pending += size
             if self._writer is None or not self._writer.is_alive():
@@ -264,8 +360,8 @@ class KVSnapshotStore:
             try:
                 with self.write_gate:
                     self._write(*item[:5])
-            except OSError:
-                pass  # a full or read-only disk: the snapshot is lost, nothing else
+            except OSError as e:  # a full or read-only disk: the snapshot is lost, nothing else
+                self._note(f"{self.path}: a snapshot could not be written ({e.strerror or e})")
             finally:
                 with self._lock:
                     self._pending -= item[5]
@@ -275,10 +371,8 @@ class KVSnapshotStore:
                payload) -> None:
         parts = encode(model, identity, tokens, keys, payload)
         name = hashlib.blake2b(identity.encode() + b"".join(keys), digest_size=16).hexdigest()
-        path = self.folder / f"{name}{SUFFIX}"
-        atomic_write_bytes(path, parts)
-        stat = path.stat()
-        entry = Entry(name, model, identity, len(tokens), keys, stat.st_size, stat.st_mtime)
+        st = self.folder.write_atomic(f"{name}{SUFFIX}", parts)
+        entry = Entry(name, model, identity, len(tokens), keys, st.st_size, st.st_mtime)
         with self._lock:
             self._drop(name)
             for other in list(self._entries.values()):  # a prefix of this one: redundant
@@ -297,16 +391,17 @@ class KVSnapshotStore:
             self.evicted += 1
 
     def clear(self) -> int:
-        """Remove every snapshot (stray temporary files too); the bytes freed."""
+        """Remove every snapshot and every unfinished write left by a process that is gone;
+        the bytes freed."""
         self.flush()
         with self._lock:
             freed = sum(e.size for e in self._entries.values())
             for name in list(self._entries):
                 self._unlink(name)
-        for path in self._temporary_files():
-            path.unlink(missing_ok=True)
+            for name, size in list(self.unfinished.items()):
+                pid = writer_pid(name)
+                if (pid is None or pid == os.getpid() or not process_alive(pid)) and \
+                        self._remove(name, allow_empty=True):
+                    del self.unfinished[name]
+                    freed += size
         return freed
-
-    def _temporary_files(self) -> list[Path]:
-        """Files atomic writes left behind (a process ended while writing)."""
-        return list(self.folder.glob(f".*{SUFFIX}.*.tmp")) if self.folder.is_dir() else []

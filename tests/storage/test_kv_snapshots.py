@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from localchat.storage.kv_snapshots import SUFFIX, KVSnapshotStore
+from localchat.storage.kv_snapshots import MAGIC, SUFFIX, KVSnapshotStore
 
 MODEL, IDENTITY = "/models/a.gguf", "llama.cpp|1000|1|q8_0/f16"
 
@@ -56,7 +56,11 @@ def test_a_flipped_bit_anywhere_in_the_file_is_detected_and_the_file_removed(tmp
         path.write_bytes(bytes(damaged))
         store = KVSnapshotStore(tmp_path)
         assert lookup(store, tokens) is None, offset
-        assert files(tmp_path) == [] and store.entries() == [], offset
+        assert store.entries() == [], offset
+        if offset < len(MAGIC):  # no longer starts as the store's files do: left alone
+            assert files(tmp_path) == [path] and "not a KV snapshot" in store.notes[0], offset
+        else:
+            assert files(tmp_path) == [], offset
     path.write_bytes(original)  # the undamaged file still loads: the test can tell
     assert lookup(KVSnapshotStore(tmp_path), tokens).tokens == tokens
 
@@ -68,7 +72,8 @@ def test_a_truncated_file_is_ignored_and_removed(tmp_path, keep):
     (path,) = files(tmp_path)
     path.write_bytes(path.read_bytes()[:keep])
     assert lookup(KVSnapshotStore(tmp_path), tokens) is None
-    assert files(tmp_path) == []
+    # shorter than the magic: it cannot be told from a file someone else wrote
+    assert files(tmp_path) == ([path] if 0 <= keep < len(MAGIC) else [])
 
 
 def test_a_snapshot_of_another_version_of_the_model_is_removed_other_models_kept(tmp_path):
@@ -135,14 +140,22 @@ def test_clear_removes_every_snapshot(tmp_path):
     assert store.clear() > 0 and files(tmp_path) == [] and store.total_bytes() == 0
 
 
-def test_a_write_a_process_never_finished_is_cleaned_up_once_it_is_old(tmp_path):
+def test_a_write_a_process_never_finished_is_removed_once_its_writer_is_gone_or_it_is_old(tmp_path):
     import os
     import time
 
     put(KVSnapshotStore(tmp_path), list(range(32)))
-    old, fresh = tmp_path / f".x{SUFFIX}.abc.tmp", tmp_path / f".y{SUFFIX}.def.tmp"
-    old.write_bytes(b"half a snapshot")
-    fresh.write_bytes(b"another process is writing this one")
+    name = "0123456789abcdef0123456789abcdef.kv"
+    old = tmp_path / f".{name}.1.aaaa.tmp"  # pid 1 lives, but an hour is too long
+    dead = tmp_path / f".{name}.999999999.bbbb.tmp"  # no such process: killed mid-write
+    live = tmp_path / f".{name}.1.cccc.tmp"  # a write in progress elsewhere
+    stranger = tmp_path / f".{name}.999999999.dddd.tmp"  # named so, but not our bytes
+    for path in (old, dead, live):
+        path.write_bytes(MAGIC + b"half a snapshot")
+    stranger.write_bytes(b"someone else's")
     os.utime(old, (time.time() - 7200, time.time() - 7200))
     store = KVSnapshotStore(tmp_path)
-    assert not old.exists() and fresh.exists() and len(store.entries()) == 1
+    assert not old.exists() and not dead.exists() and live.exists() and stranger.exists()
+    assert len(store.entries()) == 1
+    assert store.unfinished == {live.name: live.stat().st_size,
+                                stranger.name: stranger.stat().st_size}

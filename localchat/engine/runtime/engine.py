@@ -122,6 +122,8 @@ class RuntimeEngine(VocabMixin, Engine):
         return memory
 
     def memory(self) -> dict:
+        if self.disk is not None:  # another process may have cleared the folder
+            self.disk.store.sync()
         memory = self._memory(None)
         if self._latest is not None:  # the last request's context and draft, for the gauges
             memory.update(context_tokens=self._latest.computed,

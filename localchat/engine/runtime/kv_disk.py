@@ -63,15 +63,25 @@ class DiskCache:
         if snapshot is None or snapshot.tokens[:n] != seq.tokens[:n]:
             return
 
+        refused = []
+
         def write(slot: int, table: list[int], start: int) -> bool:
-            return self.executor.restore_kv(slot, table, start, n, snapshot.payload,
-                                            len(snapshot.tokens))
+            try:
+                ok = self.executor.restore_kv(slot, table, start, n, snapshot.payload,
+                                              len(snapshot.tokens))
+            except (EngineError, ValueError, TypeError):
+                ok = False
+            if not ok:
+                refused.append(slot)
+            return ok
 
         if self.blocks.restore(seq.tokens[:n], write):
             seq.restored_tokens = n - in_memory
             seq.restore_s = time.perf_counter() - t0
             self.restored_tokens += seq.restored_tokens
             self.restore_s += seq.restore_s
+        elif refused:  # the executor could not take it: damaged for this engine
+            self.store.discard(found[0])
 
     def save(self, seq: Sequence) -> None:
         """After seq finished: queue a snapshot of its full computed blocks, unless one of

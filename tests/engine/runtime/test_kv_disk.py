@@ -88,3 +88,39 @@ def test_the_snapshot_is_written_by_the_writer_thread_not_the_reply():
         assert [e.n_tokens for e in store.entries()] == [(len(tokens) + 11) // 16 * 16]
     finally:
         first.close()
+
+
+def test_an_inflated_snapshot_is_prefilled_instead_and_removed():
+    """A valid snapshot grown to 40 GB (sparse; its header still valid) once failed every
+    request with its prefix: load() allocated the file's size before checking it."""
+    first = load("llama.cpp")
+    try:
+        tokens = prompts(first)["a"]
+        want = reply(first, tokens).text
+    finally:
+        first.close()
+    (path,) = snapshot_dir().glob(f"*{SUFFIX}")
+    with path.open("r+b") as f:
+        f.truncate(path.stat().st_size + (40 << 30))
+    second = load("llama.cpp")
+    try:
+        result = reply(second, tokens)
+        assert result.text == want and result.stats.restored_tokens == 0
+        assert not path.exists()
+    finally:
+        second.close()
+
+
+def test_the_disk_figure_follows_another_process_clearing_the_folder():
+    from localchat.storage.kv_snapshots import KVSnapshotStore
+
+    engine = load("llama.cpp")
+    try:
+        reply(engine, prompts(engine)["a"])
+        COMPUTE.call(lambda: None)  # the step that ended the reply has captured its KV
+        engine.disk.store.flush()
+        assert engine.memory()["kv_disk_bytes"] > 0
+        KVSnapshotStore().clear()  # `localchat cache clear` while serving
+        assert engine.memory()["kv_disk_bytes"] == 0
+    finally:
+        engine.close()
