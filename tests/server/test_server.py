@@ -219,6 +219,11 @@ def test_text_parts_are_joined(client):
     ({"top_p": 0}, "top_p"),
     ({"top_k": -1}, "top_k"),
     ({"seed": 1.5}, "seed"),
+    ({"seed": 2 ** 64}, "seed"),  # once folded into another seed, silently
+    ({"seed": 10 ** 400}, "seed"),
+    ({"ignore_eos": True}, "ignore_eos"),  # llama.cpp's field: once accepted and ignored
+    ({"frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"presence_penalty": 10 ** 400}, "presence_penalty"),
     ({"stop": 5}, "stop"),
     ({"stop": ["a"] * 17}, "stop"),
     ({"stream": "yes"}, "stream"),

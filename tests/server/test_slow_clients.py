@@ -66,3 +66,35 @@ def test_a_body_that_stops_coming_is_dropped(server: ServerProcess, stalled_body
     assert _closed_by_server(stalled_body)
     response = httpx2.get(server.url + "/health", timeout=30)
     assert response.status_code == 200
+
+
+def _answer(server: ServerProcess, raw: bytes) -> bytes:
+    """Everything the server sends back to one raw request, until it closes."""
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(raw)
+        sock.settimeout(WAIT_FOR_CLOSE_S)
+        data = b""
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return data
+
+
+BODY = b'{"prompt": "Hi", "max_tokens": 2}'
+HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+
+
+def test_chunked_and_content_length_together_are_a_400(server: ServerProcess) -> None:
+    """RFC 9112 6.3: a request with both may be smuggling another; it was accepted."""
+    answer = _answer(server, HEAD + b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n"
+                     + b"%x\r\n" % len(BODY) + BODY + b"\r\n0\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert b"connection: close" in answer.lower()
+
+
+def test_a_chunk_larger_than_any_body_is_a_400(server: ServerProcess) -> None:
+    """A 2^64-1 byte chunk closed the connection with no response at all."""
+    answer = _answer(server, HEAD + b"Transfer-Encoding: chunked\r\n\r\nFFFFFFFFFFFFFFFF\r\n" + BODY)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
