@@ -108,7 +108,7 @@ def teacher_replies(executor, template: str | None, prompts: Iterable[str], max_
                         n_logits=len(st["tokens"]) - st["computed"], block_table=[],
                         write_from=st["computed"], n_prompt=len(st["tokens"]))
                   for s, st in slots.items()]
-        logits = executor.forward(chunks)
+        logits = torch.from_numpy(executor.forward(chunks))
         row = 0
         for chunk in chunks:
             st = slots[chunk.slot]
@@ -148,8 +148,9 @@ def teacher_labels(executor, sequences: Iterable[list[int]], budget_tokens: int,
             piece = seq[start:start + window]
             if len(piece) < 2 or collected >= budget_tokens:
                 continue
-            logits = executor.forward([Chunk(slot=0, tokens=piece, start=0, n_logits=len(piece),
-                                             block_table=[], write_from=0, n_prompt=len(piece))])
+            logits = torch.from_numpy(executor.forward([Chunk(
+                slot=0, tokens=piece, start=0, n_logits=len(piece), block_table=[], write_from=0,
+                n_prompt=len(piece))]))
             ids, logp = _top(logits, k)
             out.append(Example(torch.tensor(piece), ids, logp))
             collected += len(piece)

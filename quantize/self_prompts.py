@@ -41,7 +41,7 @@ def self_prompts(executor, template: str | None, count: int, seed: int = 0,
         chunks = [Chunk(slot=s, tokens=t[computed[s]:], start=computed[s], n_logits=1,
                         block_table=[], write_from=computed[s], n_prompt=len(t))
                   for s, t in slots.items()]
-        logits = executor.forward(chunks)
+        logits = torch.from_numpy(executor.forward(chunks))
         for row, chunk in enumerate(chunks):
             tokens = slots[chunk.slot]
             computed[chunk.slot] = len(tokens)

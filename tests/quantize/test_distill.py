@@ -104,9 +104,9 @@ def test_a_student_trained_as_q4_1_is_what_llama_cpp_runs_from_the_q4_1_file(rep
 def _llama_cpp_logits(model: Path, tokens: torch.Tensor) -> torch.Tensor:
     executor = LlamaCppExecutor(validate_model_file(model), n_ctx=256, threads=2, parallel=1)
     try:
-        return executor.forward([Chunk(slot=0, tokens=tokens.tolist(), start=0,
-                                       n_logits=len(tokens), block_table=[], write_from=0,
-                                       n_prompt=len(tokens))])
+        return torch.from_numpy(executor.forward([Chunk(
+            slot=0, tokens=tokens.tolist(), start=0, n_logits=len(tokens), block_table=[],
+            write_from=0, n_prompt=len(tokens))]))
     finally:
         executor.close()
 

@@ -43,8 +43,9 @@ def test_self_prompts_are_the_target_s_own_user_turns_and_repeat_with_a_seed(tar
     prefix = user_turn_prefix(executor.vocab, template)
     for prompt in prompts:
         tokens = prefix + executor.vocab.tokenize_text(prompt)
-        logits = executor.forward([Chunk(slot=0, tokens=tokens, start=0, n_logits=len(tokens),
-                                         block_table=[], write_from=0, n_prompt=len(tokens))])
+        logits = torch.from_numpy(executor.forward([Chunk(
+            slot=0, tokens=tokens, start=0, n_logits=len(tokens), block_table=[], write_from=0,
+            n_prompt=len(tokens))]))
         candidates = logits[len(prefix) - 1:-1].topk(TOP_K).indices
         written = torch.tensor(tokens[len(prefix):])[:, None]
         share = float((candidates == written).any(-1).float().mean())

@@ -61,7 +61,7 @@ class ComputeThread:
 
     def _start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="torch-compute", daemon=True)
+            self._thread = threading.Thread(target=self._loop, name="localchat-compute", daemon=True)
             self._thread.start()
             atexit.register(self._stop)  # not mid-kernel while the interpreter shuts down
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
+import numpy as np
 
 
-def decided_rows(chunks: Sequence, masks: dict[int, torch.Tensor]) -> list[tuple[int, ...]]:
+def decided_rows(chunks: Sequence, masks: dict[int, np.ndarray]) -> list[tuple[int, ...]]:
     """Per scheduled chunk, the offsets of its logits rows (0 = its first) whose mask
     allows exactly one token."""
     out, row = [], 0
@@ -25,14 +25,14 @@ def decided_rows(chunks: Sequence, masks: dict[int, torch.Tensor]) -> list[tuple
     return out
 
 
-def with_decided_rows(logits: torch.Tensor, decided: list[tuple[int, ...]],
-                      chunks: Sequence) -> torch.Tensor:
+def with_decided_rows(logits: np.ndarray, decided: list[tuple[int, ...]],
+                      chunks: Sequence) -> np.ndarray:
     """The executor's rows with an all-zero row put back where each decided row belongs
     (the rows chunk by chunk, as if every row had been computed)."""
     if not any(decided):
         return logits
     parts, src = [], 0
-    zero = logits.new_zeros((1, logits.shape[-1]))
+    zero = np.zeros((1, logits.shape[-1]), dtype=logits.dtype)
     for chunk, skip in zip(chunks, decided):
         if not chunk.samples:
             continue
@@ -42,14 +42,14 @@ def with_decided_rows(logits: torch.Tensor, decided: list[tuple[int, ...]],
             else:
                 parts.append(logits[src:src + 1])
                 src += 1
-    return torch.cat(parts)
+    return np.concatenate(parts)
 
 
-def fit_width(mask: torch.Tensor, width: int) -> torch.Tensor:
+def fit_width(mask: np.ndarray, width: int) -> np.ndarray:
     """A mask at the tokenizer's width made as wide as the logits (tokens past the
     tokenizer's vocabulary: never allowed)."""
     if mask.shape[0] == width:
         return mask
     if mask.shape[0] > width:
         return mask[:width]
-    return torch.cat([mask, mask.new_zeros(width - mask.shape[0])])
+    return np.concatenate([mask, np.zeros(width - mask.shape[0], dtype=mask.dtype)])

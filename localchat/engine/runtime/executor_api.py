@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-import torch
+import numpy as np
 
 from localchat.engine.base import Message, ModelInfo, Tool
 
@@ -75,7 +75,7 @@ class Executor(ABC):
     supports_rollback: bool = True  # False: cached KV cannot be cut back (recurrent state)
 
     @abstractmethod
-    def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
+    def forward(self, chunks: Sequence[Chunk]) -> np.ndarray:
         """Run every chunk in one pass; the wanted logits, chunk by chunk, as [R, vocab]
         float32 on the CPU. Called on the compute thread only."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from localchat.engine.base import SamplingParams
 
@@ -22,7 +22,7 @@ class Sequence:
     n_prompt: int
     params: SamplingParams = field(default_factory=SamplingParams)
     budget: int = 1 << 30  # most tokens to generate
-    generator: torch.Generator | None = None
+    generator: np.random.Generator | None = None
     arrival: int = 0
     status: str = WAITING
     slot: int = 0  # the block manager's pool (llama.cpp: the KV stream) it lives in
@@ -36,6 +36,7 @@ class Sequence:
     restored_tokens: int = 0  # prompt tokens whose KV came from a snapshot on disk
     restore_s: float = 0.0  # and the seconds that took
     disk_checked: bool = False  # the snapshots were looked up for it (once, at admission)
+    kv_note: str = ""  # whether its KV was saved to disk when it finished, and why not
     speculation: object = None  # speculative.Speculation while a draft serves it
     guide: object = None  # guide.Guide: the constraint's matcher, if the request has one
     out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue, repr=False)

@@ -72,7 +72,7 @@ ex = LlamaCppExecutor(resolve_model_facts("default"), n_ctx=256, threads=2, para
 tokens = ex.vocab.tokenize_text("The capital of France is Paris. The capital of Italy is Rome. "
                                 "Water boils at one hundred degrees. The largest planet is")
 logits = ex.forward([Chunk(0, tokens, 0, len(tokens), list(range(16)), 0)])
-np.save(sys.argv[1], logits.float().numpy())
+np.save(sys.argv[1], logits)
 print(ex.info.compute)
 ex.close()
 """

@@ -17,7 +17,7 @@ from localchat.engine.executors.torch.model import Batch
 
 def test_calls_run_on_the_compute_thread_and_raise_in_the_caller():
     compute = ComputeThread()
-    assert compute.call(lambda: threading.current_thread().name) == "torch-compute"
+    assert compute.call(lambda: threading.current_thread().name) == "localchat-compute"
     assert compute.call(lambda: compute.call(lambda: 5)) == 5  # from inside: runs inline
     with pytest.raises(ZeroDivisionError):
         compute.call(lambda: 1 / 0)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import numpy as np
 import pytest
-import torch
 
 from localchat.engine.runtime.speculative.adaptive import AdaptiveGamma, expected_speedup
 from localchat.engine.runtime.speculative.rule import accept_drafts, accept_greedy
@@ -17,14 +17,19 @@ from helpers.stats import chi_square_p_value
 V = 5  # a small vocabulary, so every outcome is seen many times
 
 
-def markov(seed: int, sharp: float) -> torch.Tensor:
+def markov(seed: int, sharp: float) -> np.ndarray:
     """A toy language model: next-token distribution given the previous token [V, V]."""
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(V, V, generator=g, dtype=torch.float64) * sharp).softmax(-1)
+    logits = np.random.default_rng(seed).standard_normal((V, V)) * sharp
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
 
 
-def speculate(target: torch.Tensor, draft: torch.Tensor, first: int, gamma: int, length: int,
-              g: torch.Generator) -> list[int]:
+def pick(q: np.ndarray, g: np.random.Generator) -> int:
+    return int(g.choice(len(q), p=q))
+
+
+def speculate(target: np.ndarray, draft: np.ndarray, first: int, gamma: int, length: int,
+              g: np.random.Generator) -> list[int]:
     """Generate `length` tokens after `first` with drafts of γ, like the engine does."""
     out = [first]
     while len(out) <= length:
@@ -32,10 +37,10 @@ def speculate(target: torch.Tensor, draft: torch.Tensor, first: int, gamma: int,
         for _ in range(gamma):
             q = draft[(drafts or out)[-1]]
             qs.append(q)
-            drafts.append(int(torch.multinomial(q, 1, generator=g)))
+            drafts.append(pick(q, g))
         context = out + drafts
-        p = torch.stack([target[context[len(out) - 1 + i]] for i in range(gamma + 1)])
-        n, nxt = accept_drafts(p, torch.stack(qs), drafts, g)
+        p = np.stack([target[context[len(out) - 1 + i]] for i in range(gamma + 1)])
+        n, nxt = accept_drafts(p, np.stack(qs), drafts, g)
         out += drafts[:n] + [nxt]
     return out[1:length + 1]
 
@@ -45,7 +50,7 @@ def test_speculative_sampling_has_the_targets_distribution(gamma):
     """χ² over the joint distribution of the first two generated tokens (25 outcomes):
     a draft that disagrees a lot with the target must not bias the output."""
     target, draft = markov(1, 1.5), markov(2, 1.5)
-    g = torch.Generator().manual_seed(3)
+    g = np.random.default_rng(3)
     n = 6000
     observed = Counter(tuple(speculate(target, draft, 0, gamma, 2, g)) for _ in range(n))
     expected = {(a, b): float(target[0, a] * target[a, b]) for a in range(V) for b in range(V)}
@@ -56,35 +61,35 @@ def test_speculative_sampling_has_the_targets_distribution(gamma):
 def test_the_chi_square_check_catches_a_biased_sampler():
     """The same check fails when tokens come from the draft unverified."""
     target, draft = markov(1, 1.5), markov(2, 1.5)
-    g = torch.Generator().manual_seed(3)
+    g = np.random.default_rng(3)
     n = 6000
     observed = Counter()
     for _ in range(n):
-        a = int(torch.multinomial(draft[0], 1, generator=g))
-        observed[(a, int(torch.multinomial(draft[a], 1, generator=g)))] += 1
+        a = pick(draft[0], g)
+        observed[(a, pick(draft[a], g))] += 1
     expected = {(a, b): float(target[0, a] * target[a, b]) for a in range(V) for b in range(V)}
     assert chi_square_p_value(observed, expected, n) < 1e-6
 
 
 def test_self_draft_accepts_everything():
     target = markov(1, 1.5)
-    g = torch.Generator().manual_seed(0)
+    g = np.random.default_rng(0)
     for _ in range(200):
-        drafts = [int(torch.multinomial(target[0], 1, generator=g)) for _ in range(4)]
+        drafts = [pick(target[0], g) for _ in range(4)]
         p = target[[0, *drafts]]
         q = target[[0, *drafts[:-1]]]
         assert accept_drafts(p, q, drafts, g)[0] == 4
 
 
 def test_zero_draft_probability_is_a_rejection_and_residual_excludes_the_draft():
-    p = torch.tensor([[0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
-    q = torch.tensor([[0.0, 0.5, 0.5]])
-    g = torch.Generator().manual_seed(0)
+    p = np.array([[0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
+    q = np.array([[0.0, 0.5, 0.5]])
+    g = np.random.default_rng(0)
     for _ in range(50):
         n, nxt = accept_drafts(p, q, [0], g)  # q(0) = 0: never kept, even though p(0) = 0.5
         assert n == 0 and nxt == 0  # residual max(0, p - q) = [0.5, 0, 0]
     for _ in range(50):  # deterministic draft (prompt lookup): residual is p without the draft
-        n, nxt = accept_drafts(torch.tensor([[0.0, 0.5, 0.5], [1, 0, 0.0]]), None, [0], g)
+        n, nxt = accept_drafts(np.array([[0.0, 0.5, 0.5], [1, 0, 0.0]]), None, [0], g)
         assert n == 0 and nxt in (1, 2)
 
 

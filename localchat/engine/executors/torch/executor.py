@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from localchat.engine.base import ModelInfo
@@ -120,7 +121,7 @@ class TorchExecutor(Executor):
                                          kernels={**chooser.chosen, **self.model.describe()},
                                          compute=kernel_isa(self.device))
 
-    def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
+    def forward(self, chunks: Sequence[Chunk]) -> np.ndarray:
         bs = BLOCK_SIZE
         tokens: list[int] = []
         positions, new_slots, logit_rows = [], [], []
@@ -141,7 +142,7 @@ class TorchExecutor(Executor):
             logit_rows += [first + i for i in range(chunk.n_logits) if i not in chunk.no_logits]
         batch = Batch(torch.tensor(tokens), torch.cat(positions), torch.cat(new_slots), seqs,
                       torch.tensor(logit_rows, dtype=torch.long))
-        return self.model.forward_batch(batch, self.kv)
+        return self.model.forward_batch(batch, self.kv).float().cpu().numpy()
 
     def kv_identity(self) -> str | None:
         stat = os.stat(self.facts.path)

@@ -3,7 +3,6 @@ floats; GGUF's 4-bit blocks map exactly onto the int4 kernels' w = (q − 8)·sc
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
