@@ -1,6 +1,7 @@
 """`localchat bench --draft-model SPEC` (or `--draft ngram|auto`) measured: decode speed with and without
 the draft on the same prompts at temperature 0, with α, c, β and γ as the engine measured them,
-and whether the outputs were identical (greedy speculation changes the speed, never the text)."""
+and whether the outputs were identical (greedy speculation changes the speed, never the text);
+and short one-shot replies, each with a fresh draft state, where drafting must not cost."""
 
 from __future__ import annotations
 
@@ -36,6 +37,18 @@ TASKS = {
         "Correct the grammar of the following text and give it back in full:\n\n" + PASSAGE,
     ),
 }
+# one-shot replies (`localchat run PROMPT -n 64`): each with a fresh draft state, as a new
+# process has; where nothing is accepted, drafting must not cost the reply
+SHORT = (
+    "Say hi.",
+    "What is the capital of France? Answer in one sentence.",
+    "Give me three fruit names.",
+    "Write a haiku about autumn.",
+    "How do I reverse a list in Python?",
+    "What is 12 times 7?",
+)
+SHORT_TOKENS = 64
+SHORT_REPEATS = 5
 GREEDY = SamplingParams(temperature=0.0)
 
 
@@ -89,6 +102,44 @@ def _task(plain, drafted, prompts, gen_tokens: int) -> dict:
     }
 
 
+def _fresh(config: EngineConfig, prompt: str) -> tuple[float, tuple[int, ...], dict]:
+    """One reply from a freshly loaded engine, as a one-shot `run` has it (its KV memory
+    and draft state new)."""
+    engine = open_engine(config)
+    try:
+        return _decode(engine, prompt, SHORT_TOKENS)
+    finally:
+        engine.close()
+
+
+def _short(config: EngineConfig, repeats: int = SHORT_REPEATS) -> dict:
+    """Each short prompt `repeats` times: without a draft, with it, without again, each on a
+    freshly loaded engine (a one-shot `run` against `run --no-draft`). Per prompt the median
+    ratio (a reply of a few tokens is a few milliseconds: one run is mostly noise); the
+    lowest of those, and the lowest among prompts whose replies kept no draft."""
+    plain = replace(config, draft=NO_DRAFT, num_draft_tokens=None)
+    ratios, kept_none, drafts, identical = [], [], [], True
+    for prompt in SHORT:
+        runs, kept = [], 0
+        for _ in range(repeats):
+            before, base_out, _ = _fresh(plain, prompt)
+            rate, out, stats = _fresh(config, prompt)
+            after = _fresh(plain, prompt)[0]
+            runs.append(rate / ((before + after) / 2) if before + after else 0.0)
+            kept += stats.get("accepted", 0)
+            identical = identical and out == base_out
+        drafts.append(stats)
+        ratios.append(statistics.median(runs))
+        if not kept:
+            kept_none.append(ratios[-1])
+    return {"speedup": statistics.median(ratios), "lowest": min(ratios),
+            "lowest_nothing_kept": min(kept_none) if kept_none else None,
+            "replies_nothing_kept": len(kept_none), "alpha": alpha_of(drafts),
+            "proposed": sum(d.get("proposed", 0) for d in drafts), "identical_output": identical,
+            "prompts": len(SHORT), "gen_tokens": SHORT_TOKENS, "repeats": repeats,
+            "per_prompt": {"ratio": ratios, "draft_stats": drafts}}
+
+
 def bench_speculative(config: EngineConfig, gen_tokens: int) -> dict:
     """The target loaded twice (plain, and with the draft), each prompt run on both; speedup
     is the median of the per-prompt ratios. Top-level figures are the chat task's."""
@@ -107,6 +158,8 @@ def bench_speculative(config: EngineConfig, gen_tokens: int) -> dict:
             drafted.close()
     finally:
         plain.close()
+    print("benchmarking short one-shot replies, each engine loaded afresh…", file=sys.stderr)
+    short = _short(config)
     head = {k: v for k, v in tasks["chat"].items() if k != "per_prompt"}
     return {"draft": config.draft.record(), "source": source, "engine": config.engine,
-            "gen_tokens": gen_tokens, **head, "tasks": tasks}
+            "gen_tokens": gen_tokens, **head, "tasks": tasks, "short": short}

@@ -18,6 +18,17 @@ def format_speculative(s: dict) -> str:
             f"{num(t['predicted_speedup']):>8s}x {num(t.get('engine_measured_speedup')):>6s}x "
             f"{t['tokens_per_target_pass']:8.2f}  "
             f"{'yes' if t['identical_output'] else 'NO'}")
+    short = s.get("short")
+    if short:
+        lowest = short["lowest_nothing_kept"]
+        lines.append(
+            f"  short  {short['prompts']} one-shot prompts × {short['gen_tokens']} tokens, a fresh "
+            f"draft each, median of {short.get('repeats', 1)} runs a prompt: median "
+            f"{short['speedup']:.2f}x, lowest {short['lowest']:.2f}x; "
+            f"{short['replies_nothing_kept']} kept no draft"
+            + (f" (lowest {lowest:.2f}x)" if lowest is not None else "")
+            + f", {short['proposed']} drafts proposed, identical "
+            f"{'yes' if short['identical_output'] else 'NO'}")
     lines.append("  (tok/s: decode rate; α: drafts kept ÷ proposed; c: a draft step ÷ a target "
                  "step; β: a verify pass's extra cost per draft token, in target steps; predicted: from "
                  "α, c, β; engine: the speedup the controller measured against its timed plain "

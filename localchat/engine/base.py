@@ -54,6 +54,9 @@ class Request:
     # what the reply must look like (a JSON schema, any JSON object, a grammar); the
     # runtime masks sampling by it and ends the reply when it is complete
     constraint: Constraint | None = None
+    # a JSON constraint is also said in the system turn, unless a message already asks
+    # for it (prompt/format_prompt.py); False: the messages are rendered as given
+    format_prompt: bool = True
     # functions the prompt offers the model (rendered by the chat template, or as its
     # family's tools section); reading calls out of the reply is the caller's part
     tools: tuple[Tool, ...] = ()
@@ -100,6 +103,7 @@ class Stats:
     restored_tokens: int = 0
     restore_s: float = 0.0
     kv_disk_bytes: int = 0
+    kv_saved: str = ""  # "saved: N tokens", or why the reply's KV was not saved to disk
 
     def to_dict(self) -> dict:
         return asdict(self)

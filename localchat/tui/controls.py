@@ -130,7 +130,7 @@ class ControlsMixin:
         else:
             size = f"{len(attachment.text)} characters"
         self.attachments.append(attachment)
-        self.notice(f"📎 {attachment.name}: {size}; sent with your next message")
+        self.notice(f"📎 {attachment.name}: {size}; sent with your next message", warning=False)
 
     def _set_system(self, text: str | None) -> None:
         self.session.set_system(text)
@@ -280,6 +280,8 @@ class ControlsMixin:
             f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows)
         if reply.stats.restored_tokens:
             body = f"{reply.stats.restored_note()}\n\n{body}"
+        if reply.stats.kv_saved:
+            body = f"KV snapshot: {reply.stats.kv_saved}\n\n{body}"
         if reply.stats.draft:
             body += "\n\n**Speculative decoding**\n\n" + draft_markdown(reply.stats.draft)
         self.push_screen(InfoScreen("Stats of the last reply", body))
@@ -353,8 +355,7 @@ class ControlsMixin:
             return
         await self.query_one(ChatLog).show(self.session.entries)
         self.show_branch_context()
-        if self.selected is not None:
-            self._select(index)
+        self._select(index)  # the next Alt+Left/Right acts on this message again
 
     def show_branch_context(self) -> None:
         """The ctx gauge after a branch switch: the tokens of the branch now on screen (its

@@ -4,12 +4,9 @@ the sequence itself, the same for every executor."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Iterator
-
-import torch
 
 from localchat.engine.base import Engine, Event, Request
 from localchat.engine.runtime.executor_api import Executor
@@ -18,6 +15,7 @@ from localchat.engine.runtime.compute_thread import COMPUTE
 from localchat.engine.runtime.guide import Guide, grammar_for
 from localchat.engine.runtime.kv_disk import DiskCache
 from localchat.engine.runtime.runner import Runner
+from localchat.engine.runtime.sampler import generator as request_generator
 from localchat.engine.runtime.sequence import Sequence
 from localchat.engine.runtime.speculative.drafts import DraftSource
 from localchat.engine.runtime.stream import EngineHooks, stream_events
@@ -26,12 +24,6 @@ from localchat.models.facts import GGUFFacts
 from localchat.storage.kv_snapshots import KVSnapshotStore
 
 GRAMMARS_KEPT = 32  # compiled constraints kept for requests that repeat them
-
-
-def request_generator(seed: int | None) -> torch.Generator:
-    """A request's own random stream: seeded, it samples the same alone or batched."""
-    return torch.Generator().manual_seed(
-        seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
 
 
 class RuntimeEngine(VocabMixin, Engine):
@@ -118,6 +110,7 @@ class RuntimeEngine(VocabMixin, Engine):
             memory.update(context_tokens=seq.computed, preemptions=seq.preemptions,
                           recomputed_tokens=seq.recomputed_tokens,
                           restored_tokens=seq.restored_tokens, restore_s=seq.restore_s,
+                          kv_saved=seq.kv_note,
                           draft=seq.speculation.snapshot() if seq.speculation else None)
         return memory
 

@@ -83,27 +83,43 @@ class DiskCache:
         elif refused:  # the executor could not take it: damaged for this engine
             self.store.discard(found[0])
 
+    def note(self, seq: Sequence) -> None:
+        """Before seq's last tokens are handed out: seq.kv_note says whether save() will
+        keep its KV (the reply's stats carry it), or why not."""
+        n = seq.computed // self.blocks.block_size * self.blocks.block_size
+        seq.kv_note = ("not saved: this model's cache cannot be restored exactly"
+                       if not self.enabled else
+                       f"not saved: shorter than {self.min_tokens} tokens (a short prefix "
+                       "prefills about as fast as it loads)" if n < self.min_tokens else
+                       f"saved: {n:,} tokens")
+
     def save(self, seq: Sequence) -> None:
         """After seq finished: queue a snapshot of its full computed blocks, unless one of
         them (or of a longer conversation starting with them) is on disk already."""
-        if not self.enabled:
-            return
+        problem = self._save(seq)
+        if problem:
+            seq.kv_note = problem
+
+    def _save(self, seq: Sequence) -> str | None:
+        """None if the snapshot is queued or on disk; else why not."""
         bs = self.blocks.block_size
         n = seq.computed // bs * bs
-        if n < self.min_tokens:
-            return
+        if not self.enabled or n < self.min_tokens:
+            return None  # note() said so
         tokens = seq.tokens[:n]
         keys = chain_keys(tokens, bs)
         found = self.store.longest(self.model, self.identity, keys)
         if found is not None and found[1] == len(keys):
             self.store.touch(found[0])
-            return
+            return None
         table = self.blocks.saved_table(seq, n)
         if table is None:
-            return
+            return "not saved: its blocks were reused"
         try:
             data = self.executor.save_kv(seq.slot, table, n)
         except EngineError:  # no snapshot: never a failed reply
-            return
-        if self.store.put(self.model, self.identity, tokens, keys, data):
-            self.saved += 1
+            return "not saved: the engine could not copy its cache"
+        if not self.store.put(self.model, self.identity, tokens, keys, data):
+            return "not saved: over the --kv-disk budget, or the folder is not usable"
+        self.saved += 1
+        return None

@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from typing import Callable, Iterator
 
-import torch
+import numpy as np
 
 from localchat.engine.base import SamplingParams
 from localchat.engine.runtime.executor_api import Chunk, Executor
@@ -115,7 +115,7 @@ class Runner:
     # ---- caller side ---------------------------------------------------------------
 
     def submit(self, prompt: list[int], params: SamplingParams, budget: int,
-               generator: torch.Generator, guide: Guide | None = None) -> Sequence:
+               generator: np.random.Generator, guide: Guide | None = None) -> Sequence:
         seq = Sequence(next(self._ids), list(prompt), len(prompt), params, budget, generator)
         seq.guide = guide
         if self.draft is not None and not (self.draft.auto and params.seed is not None):
@@ -284,7 +284,8 @@ class Runner:
                 gamma = seq.speculation.choose(min(room, budget), evidence)
             else:
                 seq.speculation.key = evidence
-                gamma = max(0, min(batch_gamma, room, budget))
+                gamma = seq.speculation.affordable(max(0, min(batch_gamma, room, budget)),
+                                                   evidence)
             budget -= gamma
             requests.append((seq, gamma))
             owners.append(chunk)
@@ -330,8 +331,8 @@ class Runner:
             seq.params.temperature == 0 or seq.params.seed is None)
 
     @staticmethod
-    def _grammatical(guide: Guide, drafts: list[int], q: torch.Tensor | None
-                     ) -> tuple[list[int], torch.Tensor | None]:
+    def _grammatical(guide: Guide, drafts: list[int], q: np.ndarray | None
+                     ) -> tuple[list[int], np.ndarray | None]:
         """Drafts cut at the first one the grammar refuses. A sampled draft (q given)
         keeps that one, so that the acceptance rule rejects it and draws from the
         residual, as exactness needs; a deterministic one's rejection draws from p."""
@@ -341,7 +342,7 @@ class Runner:
         return drafts[:n], None if q is None else q[:n]
 
     def _append_drafts(self, chunk: ScheduledChunk, drafts: list[int],
-                       q: torch.Tensor | None) -> None:
+                       q: np.ndarray | None) -> None:
         seq = chunk.seq
         fitted = []
         for token in drafts:
@@ -363,8 +364,8 @@ class Runner:
 
     # ---- sampling ----------------------------------------------------------------------
 
-    def _choose(self, chunks: list[ScheduledChunk], logits: torch.Tensor,
-                masks: dict[int, torch.Tensor]) -> dict[int, list]:
+    def _choose(self, chunks: list[ScheduledChunk], logits: np.ndarray,
+                masks: dict[int, np.ndarray]) -> dict[int, list]:
         """Per sampling sequence, its new tokens: kept drafts (as (token, FROM_DRAFT)),
         then the token the target chose. Plain rows are sampled together; a constrained
         row only among the tokens its grammar allows there (masks: row -> allowed)."""
@@ -392,7 +393,7 @@ class Runner:
                 out[seq.seq_id] = [token]
         return out
 
-    def _masks(self, chunks: list[ScheduledChunk]) -> dict[int, torch.Tensor]:
+    def _masks(self, chunks: list[ScheduledChunk]) -> dict[int, np.ndarray]:
         """logits row -> the tokens allowed there (the tokenizer's width), for the rows a
         constraint governs."""
         guided, row = [], 0
@@ -412,8 +413,8 @@ class Runner:
         return masks
 
     @staticmethod
-    def _verify(seq: Sequence, chunk: ScheduledChunk, logits: torch.Tensor,
-                allowed: list[torch.Tensor | None]) -> tuple[int, int]:
+    def _verify(seq: Sequence, chunk: ScheduledChunk, logits: np.ndarray,
+                allowed: list[np.ndarray | None]) -> tuple[int, int]:
         drafts, sp = chunk.drafts, seq.params
         rows = [Row(sp, seq.completion + drafts[:i], seq.generator, allowed[i])
                 for i in range(len(drafts) + 1)]
@@ -453,6 +454,8 @@ class Runner:
             self.draft.settle(seq)
         if done:
             self.scheduler.finish(seq)
+            if self.disk is not None:  # before its last token: the reply's stats say it
+                self.disk.note(seq)
         for item in handed:
             seq.out.put(item)
         if done:

@@ -124,3 +124,16 @@ def test_the_disk_figure_follows_another_process_clearing_the_folder():
         assert engine.memory()["kv_disk_bytes"] == 0
     finally:
         engine.close()
+
+
+def test_each_reply_says_whether_its_kv_was_saved_and_why_not():
+    engine = load("llama.cpp")
+    try:
+        short = engine.complete(Request(prompt_tokens=engine.tokenize_text("Hi there."),
+                                        sampling=SamplingParams(temperature=0), max_tokens=4))
+        assert short.stats.kv_saved.startswith("not saved: shorter than 256 tokens")
+        tokens = prompts(engine)["a"]
+        long = reply(engine, tokens)  # its computed tokens' full blocks
+        assert long.stats.kv_saved == f"saved: {(len(tokens) + 11) // 16 * 16} tokens"
+    finally:
+        engine.close()

@@ -208,3 +208,65 @@ def test_reported_alpha_is_per_judged_draft_as_in_the_speedup_formula():
     assert (stats["proposed"], stats["accepted"], stats["judged"]) == (10, 5, 7)
     assert stats["acceptance_rate"] == pytest.approx(5 / 10)
     assert alpha_of([stats, {"accepted": 3, "judged": 3}]) == pytest.approx(8 / 10)
+
+
+def lookup_reply(steps: int, key: int, *, accept, beta: float = 0.6) -> tuple[list[int], float]:
+    """One reply on a fresh controller (a one-shot `run`) drafting by prompt lookup with
+    evidence `key` at every step; (γ per step, the reply's time ÷ plain decoding's)."""
+    from localchat.engine.runtime.speculative.drafts import NgramDraft
+
+    a = AdaptiveGamma(alpha_priors=NgramDraft.alpha_priors, c_prior=0.0)
+    spec = Speculation("ngram", a)
+    choices, spent, tokens = [], 0.0, 0
+    while tokens < steps:
+        g = spec.choose(99, key)
+        choices.append(g)
+        if g:
+            kept = accept(g)
+            seconds = (1 + beta * g) * STEP
+            spec.record(g, kept, 0.0, seconds, seconds)
+            tokens += kept + 1
+        else:
+            seconds = STEP
+            spec.record(0, 0, 0.0, STEP, STEP)
+            tokens += 1
+        spent += seconds
+    return choices, spent / (tokens * STEP)
+
+
+@pytest.mark.parametrize("key", [1, 2, 3, 4, 5, 6, 7])
+@pytest.mark.parametrize("steps", [16, 64, 256])
+def test_a_lookup_reply_that_keeps_nothing_costs_at_most_3_percent(key, steps):
+    """Before, a fresh request probed at once with an optimistic γ (up to 16 drafts) and
+    trusted its priors: a 64-token reply with nothing kept decoded at 0.84-0.90x."""
+    from localchat.engine.runtime.speculative.state import CREDIT_SHARE
+
+    choices, cost = lookup_reply(steps, key, accept=lambda g: 0)
+    worst_round = 0.6 * max(choices)  # the credit is spent before a round is known lost
+    assert cost <= 1 + CREDIT_SHARE + worst_round / steps, (choices, cost)
+    assert cost <= 1.05
+
+
+def test_quoting_drafts_from_its_first_tokens_and_ramps_up():
+    """A match of 8+ tokens (quoting) may spend a step at once; what it gains pays for
+    longer rounds, so a quoted reply is soon drafting at full length."""
+    choices, cost = lookup_reply(128, 8, accept=lambda g: g)
+    assert choices[:3] == [0, 0, 0]  # three plain steps time the target first
+    assert 0 < choices[3] <= 2 and choices[6] >= 8  # then 2, 3, 5, 8, ...: credit earned
+    assert cost < 0.7, (choices, cost)
+
+
+def test_no_measured_speedup_is_reported_for_a_few_rounds():
+    from localchat.engine.runtime.speculative.state import MIN_MEASURED_ROUNDS
+
+    a = AdaptiveGamma(fixed=2)
+    spec = Speculation("ngram", a)
+    for i in range(40):
+        g = spec.choose(99)
+        if g and spec.rounds < MIN_MEASURED_ROUNDS - 1:
+            spec.record(g, g, 0.0, 0.2, 0.2)
+        elif not g:
+            spec.record(0, 0, 0.0, STEP, STEP)
+    assert spec.snapshot()["measured_speedup"] is None
+    spec.record(2, 2, 0.0, 0.2, 0.2)
+    assert spec.snapshot()["measured_speedup"] is not None

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from statistics import median
 
 
+ESTABLISHED_ROUNDS = 4  # measured rounds after which a key's α is its own, not its prior's
+
+
 def expected_speedup(alpha: float, gamma: int, c: float, verify_extra: float = 0.0) -> float:
     """Leviathan et al.'s (1 − α^(γ+1)) / ((1 − α)(γc + 1)), with the verify pass costing
     1 + verify_extra·γ target steps instead of exactly one (on a CPU, scoring γ+1
@@ -80,6 +83,24 @@ class AdaptiveGamma:
     _probe_wait: int = 0
     _probing: bool = False
     _rounds_in_a_row: int = 0
+    _extra_medians: dict | None = None
+    _measured: int = 0  # rounds and acceptances observed: what peak()'s cache is valid for
+    _peaks: dict = field(default_factory=dict)
+
+    @property
+    def probing(self) -> bool:
+        """The γ last chosen explores (speculation is off and this round tries it)."""
+        return self._probing
+
+    def established(self, key=None) -> bool:
+        """α for this evidence rests on measured rounds, not on its prior alone."""
+        rounds = self._rounds if key is None else self._rounds_by_key.get(key, ())
+        return len(rounds) >= ESTABLISHED_ROUNDS
+
+    def worst_loss(self, gamma: int, key=None) -> float:
+        """What a round of γ drafts costs, in plain steps, if none is kept: drafting them
+        and verifying them beside the target's own token."""
+        return gamma * (self.c_for(key) + self.extra_at(gamma)) if gamma else 0.0
 
     @property
     def target_step_s(self) -> float | None:
@@ -97,7 +118,11 @@ class AdaptiveGamma:
 
     @property
     def extra_by_gamma(self) -> dict[int, float]:
-        return {g: median(v) for g, v in self._extra.items() if v}
+        """β measured at each γ (medians; recomputed only after a new measurement: the
+        γ choice asks every step)."""
+        if self._extra_medians is None:
+            self._extra_medians = {g: median(v) for g, v in self._extra.items() if v}
+        return self._extra_medians
 
     def choose(self, key=None) -> int:
         if self.target_step_s is None or (
@@ -124,10 +149,15 @@ class AdaptiveGamma:
 
     def peak(self, key=None, optimistic: bool = False) -> int:
         """The γ (≥ 1) with the highest predicted speedup (optimistic: for the acceptance
-        the recent rounds allow at best, see optimistic_alpha)."""
+        the recent rounds allow at best, see optimistic_alpha). Asked every step: kept
+        until a round or an acceptance changes α, c or β."""
+        cached = self._peaks.get((key, optimistic))
+        if cached is not None and cached[0] == self._measured:
+            return cached[1]
         alpha = self.optimistic_alpha(key) if optimistic else None
-        return max(range(1, self.gamma_max + 1),
-                   key=lambda g: self.predicted(g, key, alpha))
+        best = max(range(1, self.gamma_max + 1), key=lambda g: self.predicted(g, key, alpha))
+        self._peaks[(key, optimistic)] = (self._measured, best)
+        return best
 
     def predicted(self, gamma: int | None = None, key=None, alpha: float | None = None) -> float:
         g = self.gamma if gamma is None else gamma
@@ -177,6 +207,7 @@ class AdaptiveGamma:
         """α alone from a round of gamma drafts, accepted of them kept (a batched round's
         timings are the batch controller's, not this single-sequence cost model's)."""
         tried = accepted + (1 if accepted < gamma else 0)
+        self._measured += 1
         if self._alpha_prior is None:
             self._alpha_prior = self.alpha
         self.alpha = self._estimate(self._rounds, (accepted, tried), self._alpha_prior)
@@ -205,6 +236,8 @@ class AdaptiveGamma:
             self._keep(self._c_by_key.setdefault(key, deque()), c)
             self._keep(self._extra.setdefault(gamma, deque()),
                        max(0.0, verify_s / step - 1) / gamma)
+            self._extra_medians = None
+            self._measured += 1
         if self._probing:  # a probe that still predicts no gain waits twice as long next time
             self._probing = False
             if self.predicted(self.peak(key), key) <= 1.0:

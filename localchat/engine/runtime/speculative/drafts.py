@@ -10,14 +10,14 @@ from typing import Protocol
 
 import time
 
-import torch
+import numpy as np
 
 from localchat.engine.runtime.executor_api import Chunk, Executor
 from localchat.engine.runtime.block_manager import BlockManager
 from localchat.engine.runtime.sampler import Row, argmax, distributions, draw, penalized
 from localchat.engine.runtime.sequence import Sequence
 
-Proposal = tuple[list[int], torch.Tensor | None]  # drafts, their distributions ([γ, V]) or None
+Proposal = tuple[list[int], np.ndarray | None]  # drafts, their distributions ([γ, V]) or None
 
 
 class DraftSource(Protocol):
@@ -71,7 +71,7 @@ class ModelDraft:
 
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[Proposal]:
         drafts: list[list[int]] = [[] for _ in requests]
-        dists: list[list[torch.Tensor]] = [[] for _ in requests]
+        dists: list[list[np.ndarray]] = [[] for _ in requests]
         live = [i for i, (seq, gamma) in enumerate(requests)
                 if gamma > 0 and self._catch_up(seq)]
         self._prefill([self._mirrors[requests[i][0].seq_id] for i in live])
@@ -96,7 +96,7 @@ class ModelDraft:
                 self.blocks.append_token(mirror, token)
                 mirror.tokens.append(token)
                 drafts[i].append(token)
-        return [(d, torch.stack(q) if q else None) for d, q in zip(drafts, dists)]
+        return [(d, np.stack(q) if q else None) for d, q in zip(drafts, dists)]
 
     def _prefill(self, mirrors: list[Sequence], whole: bool = False) -> None:
         """One pass over the mirrors' unseen tokens but the last (whole: all of them),
@@ -119,7 +119,7 @@ class ModelDraft:
                      n_prompt=mirror.n_prompt, copy_from=self.blocks.take_copy(mirror))
 
     @staticmethod
-    def _choose(logits: torch.Tensor, rows: list[Row], dists: list[list[torch.Tensor]]) -> list[int]:
+    def _choose(logits: np.ndarray, rows: list[Row], dists: list[list[np.ndarray]]) -> list[int]:
         """The draft's token per row: its argmax at temperature 0, else a draw from q."""
         if all(row.params.temperature == 0 for row in rows):
             return argmax(penalized(logits, rows))

@@ -1,6 +1,8 @@
 """One request's speculation: its rounds through the engine's shared γ adaptation, a guard
 that turns it off for this request when its measured speedup falls below FLOOR (probing
-back with backoff), and the statistics its results report."""
+back with backoff), a per-reply credit that prices rounds whose gain is not yet shown
+(probes, and prompt-lookup evidence only its prior vouches for), and the statistics its
+results report."""
 
 from __future__ import annotations
 
@@ -12,6 +14,16 @@ from localchat.engine.runtime.speculative.rule import RULE
 FLOOR = 0.95  # a request measured slower than this fraction of plain decoding stops drafting
 JUDGE_AFTER = 4  # rounds measured before the request's speedup is judged
 JUDGE_WINDOW = 8  # the most recent rounds it is judged on
+# A reply may spend on rounds whose gain is not yet shown at most this share of its plain
+# steps, plus what its earlier rounds gained: a reply where no draft is kept decodes at
+# >= 1 - CREDIT_SHARE of plain decoding (less one round's misjudged cost at most).
+CREDIT_SHARE = 0.03
+MIN_MEASURED_ROUNDS = 8  # fewer drafted rounds: no measured speedup is reported
+# Evidence its prior rates this likely to be kept (a prompt-lookup match of 8+ tokens: the
+# reply is quoting) may spend one plain step beyond the credit at once, so quoting speeds
+# up from its first tokens; what it gains then pays for longer rounds.
+STRONG_PRIOR = 0.9
+STRONG_ADVANCE = 1.0
 
 
 class Speculation:
@@ -24,6 +36,8 @@ class Speculation:
         self._off_for = 0  # plain steps left before this request probes again
         self._backoff = adaptive.probe_every
         self.switched_off = 0  # times the guard turned this request's drafting off
+        self.credit = 0.0  # plain steps this reply may still lose to unproven rounds
+        self.rounds = 0  # drafted rounds
 
     def choose(self, limit: int, key=None) -> int:
         """γ for this step given the draft's evidence `key`, at most `limit` (room left in
@@ -32,7 +46,21 @@ class Speculation:
         if self._off_for > 0:
             self._off_for -= 1
             return 0
-        return max(0, min(self.adaptive.choose(key), limit))
+        return self.affordable(max(0, min(self.adaptive.choose(key), limit)), key)
+
+    def affordable(self, gamma: int, key=None) -> int:
+        """γ, or less where a prompt-lookup round's gain is not yet shown (a probe, or a match
+        length with no measured rounds) and losing it would cost this reply more than its
+        credit. A draft model's rounds (no key) are its guard's to judge, as before."""
+        a = self.adaptive
+        if gamma == 0 or a.fixed is not None or key is None or not (
+                a.probing or not a.established(key)):
+            return gamma
+        allowance = self.credit + (STRONG_ADVANCE if a.alpha_priors.get(key, 0.0) >= STRONG_PRIOR
+                                   else 0.0)
+        while gamma > 0 and a.worst_loss(gamma, key) > allowance:
+            gamma -= 1
+        return gamma
 
     def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float,
                step_s: float, catch_up_s: float = 0.0, batched: bool = False) -> None:
@@ -45,6 +73,7 @@ class Speculation:
         s = self.stats
         s.target_passes += 1
         s.tokens += accepted + 1
+        self._settle_credit(proposed, accepted, step_s - catch_up_s, batched)
         if batched:
             if proposed:
                 self._count(proposed, accepted)
@@ -57,6 +86,21 @@ class Speculation:
         self.adaptive.observe_round(proposed, accepted, draft_s, verify_s, self.key)
         self._recent.append((accepted + 1, step_s - catch_up_s))
         self._judge()
+
+    def _settle_credit(self, proposed: int, accepted: int, seconds: float,
+                       batched: bool) -> None:
+        """A plain step earns CREDIT_SHARE of a step; a round pays what it cost beyond the
+        plain steps its tokens would have taken (a gain adds to the credit). A batched
+        step's time is the batch's: its round pays the cost model's price instead."""
+        step = self.adaptive.target_step_s
+        if not proposed:
+            self.credit += CREDIT_SHARE
+            return
+        self.rounds += 1
+        if batched:
+            self.credit += accepted - self.adaptive.worst_loss(proposed, self.key)
+        elif step:
+            self.credit -= seconds / step - (accepted + 1)
 
     def _count(self, proposed: int, accepted: int) -> None:
         s = self.stats
@@ -92,7 +136,8 @@ class Speculation:
         s.gamma, s.alpha, s.c = a.gamma, a.alpha_for(self.key), a.c_for(self.key)
         s.beta = a.extra_at(max(a.gamma, 1))
         s.predicted_speedup = a.predicted(max(a.gamma, 1), self.key) if a.target_step_s else 1.0
-        if a.target_step_s and self.decode_s > 0 and s.tokens:
+        if a.target_step_s and self.decode_s > 0 and s.tokens and \
+                self.rounds >= MIN_MEASURED_ROUNDS:  # fewer rounds: noise, not a measurement
             s.measured_speedup = s.tokens / self.decode_s * a.target_step_s
         s.switched_off = self.switched_off
         return s.as_dict()
