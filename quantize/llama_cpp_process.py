@@ -34,7 +34,7 @@ def quantize_here(src: str, out: str, ftype: str, nthread: str) -> int:
     """The child's side: llama.cpp's quantizer with its log kept off the terminal."""
     import ctypes
 
-    import llama_cpp
+    from localchat.engine.executors.llama_lib import llama_cpp
 
     from localchat.engine.executors import llamacpp_vocab  # noqa: F401  (silences llama.cpp's log)
 

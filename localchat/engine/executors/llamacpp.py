@@ -11,10 +11,9 @@ import math
 import os
 from typing import Sequence
 
-import llama_cpp
 import numpy as np
-import torch
-from llama_cpp._internals import LlamaContext, LlamaModel
+
+from localchat.engine.executors.llama_lib import LlamaContext, LlamaModel, llama_cpp
 
 from localchat.engine.base import ModelInfo
 from localchat.engine.executors.llamacpp_backends import cpu_backend, load_cpu_backend
@@ -138,7 +137,7 @@ class LlamaCppExecutor(Executor):
         self._filled = [0] * parallel  # positions each slot's stream holds
         self._batch = _Batch(MAX_BATCH)
 
-    def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
+    def forward(self, chunks: Sequence[Chunk]) -> np.ndarray:
         for chunk in chunks:  # copies first: a later chunk may cut a copy's source
             if chunk.copy_from is not None:  # across streams llama.cpp copies the whole buffer
                 llama_cpp.llama_memory_seq_cp(self._memory, chunk.copy_from, chunk.slot, -1, -1)
@@ -179,8 +178,7 @@ class LlamaCppExecutor(Executor):
                     n = wanted = 0
         if n:
             outputs.append(self._decode(n, wanted))
-        rows = np.concatenate(outputs) if len(outputs) > 1 else outputs[0]
-        return torch.from_numpy(rows)
+        return np.concatenate(outputs) if len(outputs) > 1 else outputs[0]
 
     def _decode(self, n: int, n_out: int) -> np.ndarray:
         """The batch's first n tokens, of which n_out want logits."""

@@ -13,7 +13,7 @@ import re
 import threading
 from pathlib import Path
 
-import llama_cpp
+from localchat.engine.executors.llama_lib import llama_cpp
 
 from localchat.errors import EngineError
 

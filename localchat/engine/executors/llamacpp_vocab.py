@@ -10,8 +10,7 @@ import threading
 import warnings
 from typing import Sequence
 
-import llama_cpp
-from llama_cpp._internals import LlamaModel
+from localchat.engine.executors.llama_lib import LlamaModel, llama_cpp
 
 from localchat.prompt.template import render_chat
 from localchat.engine.base import Message, Tool
