@@ -8,12 +8,13 @@ import json
 
 from localchat.errors import UsageError
 from localchat.models.facts import DEFAULT_CTX
-from localchat.models.planner import PROJECTIONS_ONLY, build_plan, model_size
 from localchat.models.specs import resolve_model_facts
 from localchat.units import human_bytes, machine_memory, parse_memory
 
 
 def format_plan(plan: dict) -> str:
+    from localchat.models.planner import PROJECTIONS_ONLY
+
     lines = [f"{plan['model']} ({plan['quant']}): {plan['params'] / 1e6:.0f}M parameters, "
              f"weights {human_bytes(plan['weights_bytes'])}",
              "weights if quantized as: " + ", ".join(
@@ -53,6 +54,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ctx = args.ctx_size or DEFAULT_CTX
     if ctx < 1:
         raise UsageError(f"context size must be >= 1, got {ctx}")
+    from localchat.models.planner import build_plan, model_size  # reads GGUF tensors: gguf
+
     plan = build_plan(model_size(resolve_model_facts(args.model)), budgets, ctx)
     print(json.dumps(plan) if args.json else format_plan(plan))
     return 0

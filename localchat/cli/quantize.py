@@ -102,6 +102,9 @@ def _write(src: Path, out: Path, type_name: str, threads: int, args) -> None:
         raise OutputError(f"cannot write {out}: {e.strerror or e}; nothing was written") from None
 
 
+FLOAT_TYPES = ("F32", "F16", "BF16", "float32", "float16", "bfloat16")
+
+
 def run_quantize(args) -> int:
     from localchat.models.specs import resolve_model_facts, validate_model_path
     from quantize.gguf_quantize import GGUF_TYPES
@@ -133,6 +136,10 @@ def run_quantize(args) -> int:
     facts = validate_model_path(out)
     print(f"wrote {out} ({facts.quant_type}, {facts.file_size / 2**20:.1f} MiB; "
           f"source {src_facts.quant_type}, {src_facts.file_size / 2**20:.1f} MiB)", file=sys.stderr)
+    if facts.file_size > src_facts.file_size and src_facts.quant_type not in FLOAT_TYPES:
+        print(f"note: the source is already {src_facts.quant_type}: {facts.quant_type} from it "
+              "is larger but not better (rounding lost in the source does not come back); "
+              "quantize from the float (F16/BF16/F32) weights instead", file=sys.stderr)
     if args.report:
         from quantize.eval_file import evaluate_file, format_report
 

@@ -8,13 +8,17 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from gguf import LlamaFileType
+from typing import TYPE_CHECKING
 
 from localchat.prompt.builtin_templates import CHAT_MARKERS
 from localchat.errors import ModelFormatError, ModelNotFoundError, UnsafeCheckpointError
 from localchat.models.facts import GGUFFacts
-from localchat.models.gguf_checks import check_model_metadata
-from localchat.models.gguf_reader import GGUF_MAGIC, GGUFFile, read_gguf
+from localchat.models.facts_cache import cached_facts, remember_facts
+
+if TYPE_CHECKING:
+    from localchat.models.gguf_reader import GGUFFile
+
+GGUF_MAGIC = b"GGUF"
 
 PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".ckpt", ".pkl"})
 _GUESSED_FTYPE_FLAG = 1024  # llama.cpp ORs this into general.file_type when it guessed
@@ -49,9 +53,17 @@ def validate_model_file(path: str | Path) -> GGUFFacts:
         )
     if head[:4] != GGUF_MAGIC:
         raise ModelFormatError(f"{path} is not a GGUF file (magic {head[:4]!r})")
+    cached = cached_facts(path)  # validated before, and unchanged since
+    if cached is not None and cached.file_size == file_size:
+        return cached
+    from localchat.models.gguf_checks import check_model_metadata
+    from localchat.models.gguf_reader import read_gguf
+
     with read_gguf(path) as gguf_file:  # checks version, counts, sizes and offsets
         check_model_metadata(gguf_file)
-        return _facts(gguf_file, path, file_size)
+        facts = _facts(gguf_file, path, file_size)
+    remember_facts(facts)
+    return facts
 
 
 def _unsafe(path: Path, what: str) -> UnsafeCheckpointError:
@@ -139,6 +151,8 @@ def _quant_type(g: GGUFFile) -> str:
     ftype = g.metadata.get("general.file_type")
     if type(ftype) is int:
         try:
+            from gguf import LlamaFileType
+
             name = LlamaFileType(ftype & ~_GUESSED_FTYPE_FLAG).name
             return name.removeprefix("MOSTLY_").removeprefix("ALL_")
         except ValueError:

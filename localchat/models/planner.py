@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from localchat.errors import ConfigError
 from localchat.models.facts import GGUFFacts
-from localchat.models.gguf_reader import read_gguf
+from localchat.models.quant_mix import BASE_TYPE, Tensor, planned_bytes
 
 # bits per weight of llama.cpp's types (block bytes × 8 / block size; K-quant mixes averaged)
 BITS_PER_WEIGHT = {"F16": 16.0, "Q8_0": 8.5, "Q6_K": 6.5625, "Q5_K_M": 5.69, "Q5_1": 6.0,
@@ -30,6 +30,7 @@ class ModelSize:
     n_params: int
     facts: GGUFFacts
     float_params: int | None = None  # outside the block projections (None: not known)
+    tensors: tuple[Tensor, ...] = ()  # a GGUF's tensors: each one's type in another file type
 
     def kv_bytes_per_token(self, kv_type: str = "f16") -> int:
         return self.facts.kv_bytes_per_token(KV_BYTES_PER_VALUE[kv_type])
@@ -42,6 +43,10 @@ class ModelSize:
         if quant in PROJECTIONS_ONLY and self.float_params is not None:
             projections = self.n_params - self.float_params
             return round(projections * BITS_PER_WEIGHT[quant] / 8) + 4 * self.float_params
+        if self.tensors and quant in BASE_TYPE:  # llama.cpp's own choice per tensor
+            f = self.facts
+            return planned_bytes(list(self.tensors), quant, arch=f.architecture,
+                                 n_gqa=f.n_heads // max(1, f.n_kv_heads))
         return round(self.n_params * BITS_PER_WEIGHT[quant] / 8)
 
 
@@ -93,12 +98,14 @@ def model_size(facts: GGUFFacts) -> ModelSize:
         from localchat.models.hf_files import tensor_totals
 
         return ModelSize(*tensor_totals(facts.path), facts)
+    from localchat.models.gguf_reader import read_gguf  # gguf and numpy: only for a plan
+
     with read_gguf(facts.path) as f:
         tensors = list(f.tensors.items())
     float_params = sum(t.n_elements for name, t in tensors
                        if not (name.startswith("blk.") and len(t.shape) >= 2))
     return ModelSize(sum(t.n_bytes for _, t in tensors), sum(t.n_elements for _, t in tensors),
-                     facts, float_params)
+                     facts, float_params, tuple(Tensor(n, tuple(t.shape)) for n, t in tensors))
 
 
 def context_that_fits(size: ModelSize, memory: int, kv_type: str) -> int:

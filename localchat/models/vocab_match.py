@@ -4,11 +4,12 @@ draft's token ids mean something else to the target. Checked before either loads
 from __future__ import annotations
 
 from localchat.errors import ConfigError
-from localchat.models.gguf_reader import read_gguf
 
 
 def tokenizer_metadata(path) -> dict:
     """The file's tokenizer.ggml.* metadata."""
+    from localchat.models.gguf_reader import read_gguf  # gguf: only when a draft is checked
+
     gguf_file = read_gguf(path)
     try:
         return {k: v for k, v in gguf_file.metadata.items() if k.startswith("tokenizer.ggml.")}

@@ -304,3 +304,27 @@ def test_hf_directory_to_gguf_round_trips(hf_dir, f32_gguf, tmp_path):
         if key.startswith(("llama.", "tokenizer.")) and key != "tokenizer.ggml.add_space_prefix":
             assert b.fields[key].contents() == field.contents(), key
     assert _greedy(out, "llama.cpp") == _greedy(f32_gguf, "llama.cpp")
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K_M", "Q3_K_M", pytest.param("Q2_K", marks=pytest.mark.slow),
+                                       pytest.param("Q5_K_M", marks=pytest.mark.slow),
+                                       pytest.param("Q4_K_S", marks=pytest.mark.slow)])
+def test_the_plan_predicts_llama_cpps_type_for_every_tensor(f32_two_layers, tmp_path, type_name):
+    """`plan` once assumed 4.85 bits for all of Q4_K_M (77.8 MiB predicted, 100.6 written):
+    llama.cpp gives the output more bits and falls back where rows do not split into 256."""
+    from localchat.models.quant_mix import Tensor, planned_bytes, planned_types
+
+    written = gguf.GGUFReader(str(_llama_cpp_quantize(f32_two_layers, tmp_path / "q.gguf",
+                                                      type_name)))
+    source = gguf.GGUFReader(str(f32_two_layers))
+    tensors = [Tensor(t.name, tuple(int(d) for d in t.shape)) for t in source.tensors]
+    assert planned_types(tensors, type_name, n_gqa=3) == {
+        t.name: t.tensor_type.name for t in written.tensors}
+    assert planned_bytes(tensors, type_name, n_gqa=3) == sum(int(t.n_bytes) for t in written.tensors)
+
+
+def test_quantizing_a_4_bit_file_to_8_bits_says_it_adds_no_quality(tmp_path, capsys):
+    out = tmp_path / "q8.gguf"
+    assert main(["quantize", "default", "-o", str(out), "--type", "Q8_0"]) == 0
+    err = capsys.readouterr().err
+    assert "note: the source is already Q4_1" in err and "not better" in err

@@ -4,19 +4,31 @@ at once (drafted positions included). No grammar engine of our own."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import llguidance
 import numpy as np
-import torch
-from llguidance.numpy import fill_next_token_bitmask
 
 from localchat.engine.constraint import Constraint
 from localchat.engine.finite import require_finite
 from localchat.errors import ConstraintError
 
-# bounded time and memory for any schema or grammar a request brings
-LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+if TYPE_CHECKING:
+    import llguidance
+
+
+def _llguidance():
+    """llguidance, imported when a constrained request first needs it (a compiled library:
+    a prompt without a constraint does not wait for it)."""
+    import llguidance
+
+    return llguidance
+
+
+def _fill(matcher, bits: np.ndarray, row: int) -> None:
+    from llguidance.numpy import fill_next_token_bitmask
+
+    fill_next_token_bitmask(matcher, bits, row)
+
 # JSON as models write it, one way only: '{"a": 1, "b": [2, 3]}' (no free whitespace
 # a small model could spend its whole budget on; more of the text is forced)
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -25,6 +37,7 @@ def grammar_for(constraint: Constraint) -> str:
     """llguidance's grammar for a constraint (not yet checked against a tokenizer);
     ConstraintError if it is invalid or no finite text satisfies it."""
     require_finite(constraint)
+    llguidance = _llguidance()
     try:
         if constraint.kind == "json_schema":
             return llguidance.LLMatcher.grammar_from_json_schema(constraint.text,
@@ -42,17 +55,20 @@ def grammar_for(constraint: Constraint) -> str:
 class Guide:
     """One sequence's matcher: what may come next, forced tokens, and the end."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, end_token: int, vocab_size: int) -> None:
+    def __init__(self, matcher: "llguidance.LLMatcher", end_token: int, vocab_size: int) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size  # the tokenizer's (its masks' width)
         self.end_token = end_token  # handed out when the grammar is complete
 
     @classmethod
-    def start(cls, tokenizer: llguidance.LLTokenizer, grammar: str,
+    def start(cls, tokenizer: "llguidance.LLTokenizer", grammar: str,
               constraint: Constraint) -> "Guide":
         """A fresh matcher; ConstraintError (llguidance's reason, one line) if the grammar is
         invalid for this tokenizer."""
-        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=LIMITS)
+        llguidance = _llguidance()
+        # bounded time and memory for any schema or grammar a request brings
+        limits = llguidance.LLParserLimits(verbose_errors=False)
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=limits)
         if matcher.is_error():
             raise ConstraintError(f"invalid {constraint.label}: {_one_line(matcher.get_error())}")
         guide = cls(matcher, tokenizer.eos_token, tokenizer.vocab_size)
@@ -64,7 +80,7 @@ class Guide:
         """Whether any token but an end may come next (llguidance allows only the ends
         where a schema has no value at all, e.g. a $ref cycle)."""
         bits = np.zeros((1, (self.vocab_size + 31) // 32), dtype=np.int32)
-        fill_next_token_bitmask(self.matcher, bits, 0)
+        _fill(self.matcher, bits, 0)
         allowed = np.unpackbits(bits.view(np.uint8), bitorder="little")
         allowed[list(ends)] = 0
         return bool(allowed.any())
@@ -103,7 +119,7 @@ class Guide:
 
 
 def step_masks(guided: list[tuple[Guide, int, list[int]]], n_rows: int,
-               vocab: int) -> dict[int, torch.Tensor]:
+               vocab: int) -> dict[int, np.ndarray]:
     """Per logits row of a step that a guide constrains, the tokens allowed there ([vocab]
     bool). guided: (guide, its first row, the drafts verified in the rows after it, all
     of which the grammar accepts): each draft is consumed for the next row's mask, then
@@ -115,7 +131,7 @@ def step_masks(guided: list[tuple[Guide, int, list[int]]], n_rows: int,
         matcher = guide.matcher
         consumed = 0
         for i in range(len(drafts) + 1):
-            fill_next_token_bitmask(matcher, bits, row + i)
+            _fill(matcher, bits, row + i)
             if i < len(drafts):
                 consumed += _consume_draft(guide, drafts[i])
         if consumed:
@@ -123,7 +139,7 @@ def step_masks(guided: list[tuple[Guide, int, list[int]]], n_rows: int,
     unpacked = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")
     if unpacked.shape[1] < vocab:  # logits past the tokenizer's vocabulary: never allowed
         unpacked = np.pad(unpacked, ((0, 0), (0, vocab - unpacked.shape[1])))
-    allowed = torch.from_numpy(unpacked[:, :vocab]).bool()
+    allowed = unpacked[:, :vocab].astype(bool)
     out = {}
     for guide, row, drafts in guided:
         for r in range(row, row + len(drafts) + 1):
