@@ -22,6 +22,7 @@ class ReplyParams:
     max_tokens: int | None = None  # None: until the model stops or the context is full
     system: str | None = None
     constraint: Constraint | None = None  # what every reply must look like (/json)
+    format_prompt: bool = True  # say a JSON constraint in the system turn (run --no-format-prompt)
 
     def system_messages(self) -> list[Message]:
         return [Message("system", self.system)] if self.system else []
@@ -30,7 +31,8 @@ class ReplyParams:
         """A Request for messages with these sampling, max_tokens and constraint (options:
         the rest)."""
         return Request(messages=list(messages), sampling=self.sampling,
-                       max_tokens=self.max_tokens, constraint=self.constraint, **options)
+                       max_tokens=self.max_tokens, constraint=self.constraint,
+                       format_prompt=self.format_prompt, **options)
 
     def to_record(self) -> dict:
         """Sampling, max_tokens and the constraint as the plain dict a conversation stores."""

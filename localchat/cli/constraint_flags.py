@@ -20,6 +20,10 @@ def add_constraint_flags(parser: argparse.ArgumentParser) -> None:
                             "GBNF (llama.cpp's, a .gbnf file or one with '::=' rules)")
     group.add_argument("--json-object", action="store_true",
                        help="the reply is one JSON object")
+    parser.add_argument("--no-format-prompt", dest="format_prompt", action="store_false",
+                        help="with -j/--json-object: do not add the format to the system "
+                             "prompt (by default a line asking for JSON, or the schema, is "
+                             "added unless the prompt already asks)")
 
 
 def constraint_from_args(args: argparse.Namespace) -> Constraint | None:

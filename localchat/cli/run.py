@@ -90,6 +90,8 @@ def format_stats(stats: Stats) -> str:
     ]
     if stats.restored_tokens:
         rows.insert(2, ("kv from disk", stats.restored_note()))
+    if stats.kv_saved:
+        rows.append(("kv snapshot", stats.kv_saved))
     if stats.draft:
         d = stats.draft
         rows += [
@@ -101,6 +103,8 @@ def format_stats(stats: Stats) -> str:
         if d.get("predicted_speedup") is not None and d.get("measured_speedup") is not None:
             rows.append(("draft speedup", f"{d['measured_speedup']:.2f}x measured, "
                                           f"{d['predicted_speedup']:.2f}x predicted"))
+        elif d.get("proposed"):
+            rows.append(("draft speedup", "not measured (too few drafted rounds)"))
     return "\n".join(f"{name + ':':<22}{value}" for name, value in rows)
 
 
@@ -110,7 +114,7 @@ def continued_params(params: ReplyParams, conv, args: argparse.Namespace) -> Rep
     system = args.system if args.system is not None else stored.system
     constraint = params.constraint or stored.constraint  # -j given now, else the stored one
     return replace(stored.updated(explicit_sampling(args)), system=system or None,
-                   constraint=constraint)
+                   constraint=constraint, format_prompt=params.format_prompt)
 
 
 def add_parser(sub, *parents: argparse.ArgumentParser) -> None:
@@ -135,6 +139,19 @@ def add_parser(sub, *parents: argparse.ArgumentParser) -> None:
                           "result per line on "
                           "stdout, in input order")
     add_constraint_flags(run)
+    tools = run.add_argument_group("tools (MCP servers)")
+    tools.add_argument("--mcp", nargs="?", const="", default=None, metavar="FILE",
+                       help="let the model call the tools of the MCP servers in FILE (the "
+                            "mcpServers shape Claude Desktop reads; without FILE: mcp.json in "
+                            "the data dir)")
+    tools.add_argument("--allow-tool", action="append", default=[], metavar="NAME",
+                       help="a tool that may run (repeatable; also the config's \"allow\"); "
+                            "a call to any other is refused and the refusal told to the model")
+    tools.add_argument("--tool-choice", default="auto", metavar="auto|required|none|NAME",
+                       help="how the reply may call: auto (default); required or a tool's "
+                            "name: its first step is a call, forced by grammar; none")
+    tools.add_argument("--max-tool-steps", type=int, default=8, metavar="N",
+                       help="calls at most before the model must answer (default: 8)")
     run.add_argument("--verbose", action="store_true", help="stats block on stderr")
     run.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
     run.add_argument("--continue", dest="continue_last", action="store_true",
@@ -188,9 +205,11 @@ def take_model_word(args: argparse.Namespace) -> bool:
 def cmd_run(args: argparse.Namespace) -> int:
     config = engine_config(args, parallel=args.parallel or 1)  # one request: one KV slot
     # a bad schema file is said before the model loads
-    params = replace(reply_params(args), constraint=constraint_from_args(args))
+    params = replace(reply_params(args), constraint=constraint_from_args(args),
+                     format_prompt=getattr(args, "format_prompt", True))
     typed = read_prompt(prompt_argument(args), file=args.prompt_file)
     prompt = with_attachments(typed, getattr(args, "attach", []))
+    servers = _mcp_servers(args)  # a bad mcp.json is said before the model loads
     store = conv = writer = None
     earlier: list[Message] = []
     raw = getattr(args, "raw", False)
@@ -233,6 +252,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"localchat: {BASE_MODEL_NOTE} (--raw sends the prompt as plain text)",
                       file=sys.stderr)
             request = params.request(messages)
+        if servers is not None:
+            from localchat.cli.run_tools import run_with_tools
+
+            return run_with_tools(args, engine, messages, params, servers,
+                                  lambda: _begin_saving(store, conv, config, params, prompt,
+                                                        typed) if store is not None else None)
         cancel = threading.Event()
         result = None
         with ctrl_c_cancels(cancel):
@@ -276,6 +301,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         engine.close()
         if store is not None:
             store.close()
+
+
+def _mcp_servers(args: argparse.Namespace):
+    """The MCP servers `--mcp [FILE]` names (None without the flag); a bad file is one line."""
+    if getattr(args, "mcp", None) is None:
+        return None
+    from localchat.tools.config import load_servers
+
+    if getattr(args, "raw", False):
+        raise UsageError("--mcp needs chat messages: it does not combine with --raw")
+    if constraint_from_args(args) is not None:
+        raise UsageError("--mcp and -j/--json-schema/--grammar/--json-object: give one")
+    servers = load_servers(args.mcp or None)
+    if not servers:
+        raise UsageError("--mcp: no MCP servers are configured (give a file, or put "
+                         "mcp.json in the data dir)")
+    return servers
 
 
 def _open_history_or_warn():

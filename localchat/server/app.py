@@ -154,6 +154,7 @@ class Server:
             return EngineRequest(messages=body.messages, prompt_tokens=prompt_tokens,
                                  sampling=body.sampling, max_tokens=body.max_tokens,
                                  stop=body.stop, constraint=body.constraint,
+                                 format_prompt=body.format_prompt,
                                  tools=body.tools.tools if body.tools is not None else ())
         except LocalchatError as exc:  # schema.py checks first; this is the engine's word
             raise ApiError(400, str(exc)) from None

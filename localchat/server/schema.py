@@ -45,6 +45,7 @@ class CompletionBody:
     constraint: Constraint | None = None  # response_format (or llama.cpp's json_schema/grammar)
     model: str | None = None  # the model the client names (None: the served one)
     tools: ToolUse | None = None  # functions the reply may call (chat only)
+    format_prompt: bool = True  # say a JSON response_format in the system turn (ours)
 
 
 def parse_json(raw: bytes) -> dict:
@@ -126,6 +127,7 @@ def _common(body: dict, n_ctx: int, *, messages: tuple[Message, ...],
         max_tokens=_max_tokens(body, n_ctx), stop=_stop(body.get("stop")),
         stream=stream, include_usage=include_usage, constraint=_constraint(body),
         model=body.get("model"),
+        format_prompt=_boolean("format_prompt", body.get("format_prompt", True)),
     )
 
 

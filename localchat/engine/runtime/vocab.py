@@ -10,6 +10,16 @@ from localchat.engine.runtime.executor_api import Vocabulary
 from localchat.engine.runtime.stream import check_prompt_fits
 from localchat.errors import TemplateError
 from localchat.models.facts import GGUFFacts
+from localchat.prompt.format_prompt import with_format_instruction
+
+
+def messages_of(request: Request):
+    """The request's messages, with its JSON constraint said in the system turn where asked
+    (Request.format_prompt)."""
+    c = request.constraint
+    if c is None or not request.format_prompt:
+        return request.messages
+    return with_format_instruction(request.messages, c.kind, c.text)
 
 
 class VocabMixin:
@@ -49,7 +59,7 @@ class VocabMixin:
     def prompt_and_budget(self, request: Request) -> tuple[list[int], int]:
         """The prompt's tokens, and how many may be generated after them."""
         prompt = (list(request.prompt_tokens) if request.prompt_tokens is not None
-                  else self.tokenize_messages(request.messages, request.tools))
+                  else self.tokenize_messages(messages_of(request), request.tools))
         if request.assistant_prefix:  # continuing a reply: the prompt ends with its text
             prompt += self.tokenize_text(request.assistant_prefix)
         check_prompt_fits(len(prompt), self.info.n_ctx, self.info.n_ctx_train)
