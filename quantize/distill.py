@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as Q
 from localchat.errors import UsageError
 from quantize.distill_data import (Example, chat_prompts, conversation_messages, teacher_labels,
                                    teacher_replies)
-from quantize.progress import Progress
+from quantize.progress import Progress, clock
 from quantize.safe_output import atomic_output_file
 from quantize.self_prompts import self_prompts
 from quantize.student import Student, default_layers, student_from_target, write_student_gguf
@@ -46,6 +46,8 @@ class DistillOptions:
     layer_type: str = "Q8_0"  # the draft's layer matrices; 4-bit types train quantization-aware
     prompts: str = "builtin"  # "self": the target writes the prompts it answers (self_prompts.py)
 
+
+ESTIMATE_AFTER = 3  # training steps timed before the time left is said
 
 def kd_loss(logits: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor,
             mask: torch.Tensor, temperature: float, hard_weight: float) -> torch.Tensor:
@@ -97,8 +99,9 @@ def file_agreement(draft: Path, examples: list[Example], threads: int | None) ->
     try:
         for e in examples:
             n = len(e.tokens)
-            logits = executor.forward([Chunk(slot=0, tokens=e.tokens.tolist(), start=0, n_logits=n,
-                                             block_table=[], write_from=0, n_prompt=n)])
+            logits = torch.from_numpy(executor.forward([Chunk(
+                slot=0, tokens=e.tokens.tolist(), start=0, n_logits=n, block_table=[],
+                write_from=0, n_prompt=n)]))
             hit += int((logits.argmax(-1) == e.top_ids[:, 0].long()).sum())
             total += n
     finally:
@@ -136,6 +139,8 @@ def collect_teacher(target: Path, options: DistillOptions, log) -> list[Example]
         extra_budget = options.teacher_tokens // 3 if extra else 0
         t0 = time.perf_counter()
         prompts = _prompts(executor, facts, options)
+        log(f"target labels: {options.teacher_tokens:,} positions from the target's replies "
+            "(the bar says the time left)")
         bar = Progress("target labels", options.teacher_tokens)
         examples = teacher_labels(executor, extra, extra_budget, bar.advance) if extra else []
         got = sum(e.n_labels for e in examples)
@@ -225,6 +230,7 @@ def distill(target: Path, out: Path, options: DistillOptions, resume: bool = Fal
 
     bar = Progress("distilling", options.steps)
     bar.advance(step)
+    first_step = step
     running = None
     last_save = time.perf_counter()
     try:
@@ -245,6 +251,9 @@ def distill(target: Path, out: Path, options: DistillOptions, resume: bool = Fal
                 hit = ((logits.argmax(-1) == ids[..., 0].long()).float() * mask).sum() / mask.sum()
             running = float(hit) if running is None else 0.9 * running + 0.1 * float(hit)
             bar.advance(note=f"loss {float(loss.detach()):.3f} α≈{running:.2f}")
+            if step - first_step == ESTIMATE_AFTER and bar.eta() is not None:
+                log(f"training: {options.steps - step} more steps, about {clock(bar.eta())} "
+                    "at this machine's pace")
             if time.perf_counter() - last_save > 60:
                 save_state()
                 last_save = time.perf_counter()

@@ -16,7 +16,7 @@ from localchat.models.facts import GGUFFacts
 from localchat.models.files import validate_model_file
 from localchat.models.hf_files import is_hf_directory, validate_hf_directory
 from localchat.models.hub import cached_gguf_files, cached_spec, fetch, parse_hub_ref
-from localchat.models.names import expand_short_name, short_name_for
+from localchat.models.names import expand_short_name, known_names, short_name_for
 from localchat.paths import data_dir
 
 DEFAULT_SPEC = "default"
@@ -76,8 +76,9 @@ def resolve_model_facts(spec: str, *, local_only: bool = False) -> GGUFFacts:
     path = Path(spec).expanduser()
     if not path.exists() and not _looks_like_path(spec):
         raise ModelNotFoundError(
-            f"model not found: {spec} (use 'default', a path to a .gguf file, "
-            "OWNER/REPO:FILE.gguf or OWNER/REPO:QUANT)"
+            f"model not found: {spec} (use 'default', a short name: "
+            f"{', '.join(known_names())}; a path to a .gguf file, OWNER/REPO:FILE.gguf or "
+            "OWNER/REPO:QUANT)"
         )
     path = Path(os.path.abspath(path))  # absolute, but keep symlink names (hub snapshots)
     facts = validate_model_path(path)

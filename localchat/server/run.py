@@ -37,12 +37,19 @@ class Uvicorn(uvicorn.Server):
         self.server.stop_soon()
 
 
+def _first_torch_start() -> bool:
+    """No compiled layers are in the cache dir yet: this start compiles them."""
+    from localchat.paths import cache_dir
+
+    return not any((cache_dir() / "aot").glob("decode-layer-*.pt2"))
+
+
 def serve(options, config: EngineConfig, sock: socket.socket, *, loopback: bool,
           api_key: str | None) -> int:
     """options: ServeOptions (server/__init__.py). The engine and llama.cpp slots the flags
     leave unset are serve's defaults (engine/serving.py), said in the start-up line."""
     choice = serving_config(config, options.max_queue)
-    if choice.config.engine == "torch":  # llama.cpp loads in a second; say why torch waits
+    if choice.config.engine == "torch" and _first_torch_start():  # say why this one waits
         print("localchat: loading on torch (the first start on a machine compiles its layers "
               "for this CPU: 1-2 min; later starts take seconds)", file=sys.stderr, flush=True)
     engine = open_engine(choice.config)

@@ -384,9 +384,9 @@ class ChatApp(ControlsMixin, App):
 
     # -- notices -----------------------------------------------------------------------
 
-    def notice(self, text: str, before: int | None = None) -> None:
-        """A one-line notice in the chat (above entry `before`'s message)."""
-        self.query_one(ChatLog).notice(text, before)
+    def notice(self, text: str, before: int | None = None, warning: bool = True) -> None:
+        """A one-line notice in the chat (above entry `before`'s message); ⚠ for a warning."""
+        self.query_one(ChatLog).notice(text, before, warning)
 
     def error(self, text: str, restore: str | None = None) -> None:
         """A one-line error; `restore` puts what was typed back in the input."""

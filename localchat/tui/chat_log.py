@@ -21,8 +21,9 @@ def status_line(entry: Entry) -> str:
     s = entry.stats
     parts = []
     if s is not None:
-        parts.append(f"{s.completion_tokens} tokens · {s.decode_tok_s:.1f} tok/s · TTFT "
-                     f"{s.ttft_s * 1000:.0f} ms")
+        n = s.completion_tokens
+        rate = f"{s.decode_tok_s:.1f} tok/s · " if s.decode_tok_s > 0 else ""  # 1 token: none
+        parts.append(f"{n} token{'' if n == 1 else 's'} · {rate}TTFT {s.ttft_s * 1000:.0f} ms")
         if s.cached_tokens:  # an earlier turn or branch's prefix, not recomputed
             parts.append(f"{s.cached_tokens} of {s.prompt_tokens} prompt tokens cached")
         if s.restored_tokens:  # of those, the ones a KV snapshot on disk gave
@@ -67,9 +68,11 @@ class ChatLog(VerticalScroll):
         self.views.clear()
         await self.remove_children()
 
-    def notice(self, text: str, before: int | None = None) -> None:
-        """A one-line notice at the end (or above entry `before`'s view)."""
-        self.mount(Static(f"⚠ {text}", classes="notice"), before=self.views.get(before))
+    def notice(self, text: str, before: int | None = None, warning: bool = True) -> None:
+        """A one-line notice at the end (or above entry `before`'s view); a warning is
+        marked ⚠, a plain note (an attached file) is not."""
+        self.mount(Static(f"⚠ {text}" if warning else text, classes="notice"),
+                   before=self.views.get(before))
 
     def select(self, key: int | None) -> None:
         """Mark the view of entry `key` as the message the controls act on (None: none)."""

@@ -26,6 +26,8 @@ class ConfirmScreen(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Static(self.question, classes="question")
+            yield Static(f"y: {self.yes.lower()} · n or Esc: {self.no.lower()} · Enter: the "
+                         "highlighted button", classes="hint")
             with Horizontal(classes="buttons"):
                 yield Button(self.yes, variant="error", id="yes")
                 yield Button(self.no, id="no")

@@ -30,6 +30,15 @@ def fitted_title(title: str, columns: int = TITLE_COLUMNS) -> str:
     return set_cell_size(base, room).rstrip() + "…" + mark
 
 
+
+class SearchBox(Input):
+    """The sidebar's search box; Down moves into the list below it."""
+
+    BINDINGS = [Binding("down", "into_list", "To the list", show=False)]
+
+    def action_into_list(self) -> None:
+        self.parent.query_one(ListView).focus()
+
 class ConversationItem(ListItem):
     def __init__(self, conversation: Conversation, current: bool) -> None:
         super().__init__(Label(("● " if current else "  ") + fitted_title(conversation.title)),
@@ -70,7 +79,7 @@ class Sidebar(Vertical):
         text: str
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="search chats", id="search")
+        yield SearchBox(placeholder="search chats", id="search")
         yield ConversationList(id="conversations")
         yield Static("enter open · r rename · d delete · n new", classes="hint")
 

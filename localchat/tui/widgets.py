@@ -100,8 +100,9 @@ def kv_usage(used: int, capacity: int) -> str:
 def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> str:
     """One line: TTFT, prefill and decode rates, KV cache bar and bytes, context used N of M (⚠ from
     90 % on), the draft's acceptance when speculating, and the cache (RAM + disk snapshots).
-    Given a width, the least useful figures go first until the line fits (the cache, KV bytes,
-    the rates' words, half the KV bar, TTFT, the KV bar with the prefill rate, then the context)."""
+    Given a width, the least useful figures go first until the line fits (the cache, the rates'
+    words, half the KV bar, the KV bytes, TTFT, the KV bar with the prefill rate, then the
+    context)."""
     if stats is None:
         return state
     ttft = f"TTFT {stats.ttft_s * 1000:.0f} ms" if stats.ttft_s > 0 else "TTFT –"
@@ -125,12 +126,14 @@ def format_gauges(stats: Stats | None, state: str, width: int | None = None) -> 
     # cached prefixes: in memory, and KV snapshots on disk (shown once there are some)
     cache = (f"cache {human_bytes(stats.kv_cache_cached_bytes)} + "
              f"{human_bytes(stats.kv_disk_bytes)} disk") if stats.kv_disk_bytes else None
+    def kv_with_bytes(bar_width: int) -> str:
+        return f"{kv(bar_width)} {kv_bytes}" if stats.kv_cache_capacity_bytes else kv(bar_width)
+
     variants = [
-        [state, ttft, rates, f"{kv(8)} {kv_bytes}" if stats.kv_cache_capacity_bytes else kv(8),
-         ctx, draft, cache],
-        [state, ttft, rates, f"{kv(8)} {kv_bytes}" if stats.kv_cache_capacity_bytes else kv(8),
-         ctx, draft],
-        [state, ttft, rates, kv(8), ctx, draft],
+        [state, ttft, rates, kv_with_bytes(8), ctx, draft, cache],
+        [state, ttft, rates, kv_with_bytes(8), ctx, draft],
+        [state, ttft, rates_short, kv_with_bytes(8), ctx, draft],
+        [state, ttft, rates_short, kv_with_bytes(4), ctx, draft],
         [state, ttft, rates_short, kv(8), ctx, draft],
         [state, ttft, rates_short, kv(4), ctx, draft],
         [state, rates_short, kv(4), ctx, draft],

@@ -98,6 +98,8 @@ def test_bad_local_files(tmp_path: Path) -> None:
         resolve_model(str(tmp_path / "missing.gguf"))
     with pytest.raises(ModelNotFoundError, match="model not found: smollm"):
         resolve_model("smollm")
+    with pytest.raises(ModelNotFoundError, match="a short name: smollm2:135m, .*llama3.2:1b"):
+        resolve_model("nosuch:7b")  # the short names are listed, not only the spec forms
     with pytest.raises(UsageError):
         resolve_model("o/r:../evil.gguf")
     with pytest.raises(UsageError):

@@ -47,6 +47,7 @@ async def test_an_edit_becomes_a_version_and_alt_arrows_switch_back(engine):
         await pilot.press("alt+left")  # no selection: the lowest message with versions
         await wait_until(pilot, lambda: on_screen(app) == france)
         assert "1/2" in labels(app)[0]
+        assert app.selected == 0  # the message just switched stays selected for Alt+Right
         assert [m.content for m in stored(app)] == france  # the branch on screen is stored
 
         await chat(pilot, "And of Spain?")  # goes on from the France branch

@@ -4,6 +4,8 @@ acceptance, F4 colours the tokens the draft proposed, /stats has the draft secti
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import re
 
 import pytest
@@ -159,9 +161,15 @@ def test_format_gauges_with_a_draft_fits_80_columns():
     assert "draft" not in format_gauges(stats_with(None), "ready")
     plain = format_gauges(stats_with(None), "ready")
     assert format_gauges(stats_with(None), "ready", width=90) == plain  # fits: unchanged
-    # at 78 columns the KV bytes are the first to go, and nothing else
+    # at 78 columns the KV bar is halved first; its bytes stay
     assert format_gauges(stats_with(None), "ready", width=78) == plain.replace(
-        " 19.8 MiB/2.1 GiB", "")
+        "█░░░░░░░", "█░░░")
+    # at 120 columns with prefill, a draft and snapshots on disk: the cache and the rates'
+    # words go, the KV bytes stay (they once went first)
+    busy = replace(stats_with(draft), prefill_tok_s=312.4, kv_cache_cached_bytes=3 << 20,
+                   kv_disk_bytes=50 << 20)
+    line = format_gauges(busy, "generating", width=118)
+    assert "19.8 MiB/2.1 GiB" in line and "pp 312" in line and "ngram 80% γ4" in line
     # nothing proposed yet; llama.cpp's dict has fewer keys
     assert "draft – γ4" in format_gauges(stats_with({"proposed": 0, "gamma": 4}), "ready")
     assert "draft 50%" in format_gauges(

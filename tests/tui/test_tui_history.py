@@ -87,6 +87,7 @@ async def test_rename_delete_with_confirmation_and_search(engine):
 
         await pilot.press("d")
         assert isinstance(app.screen, ConfirmScreen)
+        assert "y: delete" in " ".join(str(s.render()) for s in app.screen.query(".hint"))
         await pilot.press("n")  # cancelled: nothing deleted
         assert store.get_conversation(b.id) is not None
         await pilot.press("d")
@@ -98,6 +99,9 @@ async def test_rename_delete_with_confirmation_and_search(engine):
         await wait_until(pilot, lambda: store.get_conversation(b.id) is None)
         await wait_until(pilot, lambda: sidebar_titles(app) == ["Dragons"])
 
+        app.query_one("#search").focus()
+        await pilot.press("down")  # from the search box into the list
+        assert app.focused is app.query_one("#conversations")
         app.query_one("#search").focus()
         await pilot.press(*"WYVERN")  # matches message text, and typing r/d/n here is text
         await wait_until(pilot, lambda: sidebar_titles(app) == ["Dragons"])
@@ -327,6 +331,7 @@ async def test_attach_shows_tokens_then_goes_with_the_next_message(engine, tmp_p
         await send(pilot, f"/attach {code}")
         notice = str(app.query(".notice").last().render())
         assert "add.py" in notice and "tokens of the 1024-token context" in notice
+        assert "⚠" not in notice  # a note, not a warning
         await chat(pilot, "What does it do?")
         sent = app.entries[0].content
         assert sent.startswith("File add.py:\n```\ndef add(a, b):") and sent.endswith("What does it do?")
