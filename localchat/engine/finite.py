@@ -10,20 +10,19 @@ import json
 import re
 from typing import Any, Callable
 
-from localchat.engine.constraint import Constraint
 from localchat.errors import ConstraintError
 
 MAX_ROUNDS = 256  # rounds over a schema's $refs; a deeper chain is assumed satisfiable
 
 
-def require_finite(constraint: Constraint) -> None:
-    """ConstraintError where no finite text satisfies the constraint."""
+def require_finite(constraint) -> None:
+    """ConstraintError where no finite text satisfies the constraint (a Constraint)."""
     if not satisfiable(constraint):
         raise ConstraintError(f"invalid {constraint.label}: no finite text satisfies it "
                               "(a part it requires requires itself)")
 
 
-def satisfiable(constraint: Constraint) -> bool:
+def satisfiable(constraint) -> bool:
     """False only where no finite text can satisfy the constraint."""
     if constraint.kind == "json_object":
         return True

@@ -173,7 +173,7 @@ def test_masks_leave_the_matcher_where_it_was_after_drafts_past_the_end():
         assert guide.valid_prefix(drafts) == len(drafts)  # the state before the drafts
         assert bool(masks[0][close[0]]) and bool(masks[1][tokenizer.eos_token])
         for row in (1, 2):  # only an end may follow
-            allowed = masks[row].nonzero().flatten().tolist()
+            allowed = masks[row].nonzero()[0].tolist()
             assert allowed and all(vocab.is_end_of_generation(t) for t in allowed)
     finally:
         vocab.close()
