@@ -84,6 +84,17 @@ def _json_value(text: str) -> Any:
 # --- the formats ---------------------------------------------------------------------
 
 
+def strict_parameters(schema):
+    """A tool's parameters as a forced call writes them: only the properties it declares
+    (additionalProperties false where the schema does not say; as OpenAI's strict mode), so
+    a small model cannot wander into keys of its own (it copied the schema's `title` and
+    `type` into the arguments until the reply ran out)."""
+    if isinstance(schema, dict) and isinstance(schema.get("properties"), dict) and \
+            "additionalProperties" not in schema:
+        return {**schema, "additionalProperties": False}
+    return schema
+
+
 class ToolFormat:
     """One family's tool-call text. `marker` starts a call in a reply; `marker_at_start`:
     only a reply that starts with it is a call."""
@@ -92,6 +103,14 @@ class ToolFormat:
     marker = ""
     marker_at_start = False
     arguments_key = "arguments"
+    echo_marker = ""  # how a tool's result starts in the prompt: a small model may repeat it
+    _echo: re.Pattern | None = None
+
+    def without_echo(self, text: str) -> str:
+        """The reply without tool results it repeated from the prompt (the family's result
+        markup is never the assistant's own text)."""
+        return self._echo.sub("", text).strip() if self._echo and self.echo_marker in text \
+            else text
 
     def section(self, tools: Sequence[Tool]) -> str:
         """The system-prompt text that offers the tools."""
@@ -118,7 +137,7 @@ class ToolFormat:
         return {"anyOf": [{
             "type": "object",
             "properties": {"name": {"const": t.name},
-                           self.arguments_key: json.loads(t.parameters)},
+                           self.arguments_key: strict_parameters(json.loads(t.parameters))},
             "required": ["name", self.arguments_key], "additionalProperties": False}
             for t in tools]}
 
@@ -146,6 +165,8 @@ class ToolFormat:
 class Hermes(ToolFormat):
     name = "hermes"
     marker = "<tool_call>"
+    echo_marker = "<tool_response>"
+    _echo = re.compile(r"<tool_response>.*?(?:</tool_response>|$)", re.DOTALL)
     _block = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
     def section(self, tools: Sequence[Tool]) -> str:
@@ -163,7 +184,11 @@ class Hermes(ToolFormat):
                          + "\n</tool_call>" for c in calls)
 
     def result_message(self, message: Message) -> Message:
-        return Message("user", f"<tool_response>\n{message.content}\n</tool_response>")
+        """For a template that knows nothing of tools, in plain words: wrapped in Hermes's
+        <tool_response> the bundled model only repeated the markup (2 of 2 round trips
+        answered nothing); said so, it answered ("The weather in Oslo is clear.")."""
+        return Message("user", f"The tool answered: {message.content}\n"
+                               "Now answer my question in one sentence.")
 
     def parse(self, text: str) -> ParsedReply | None:
         start = text.find(self.marker)

@@ -79,7 +79,8 @@ class Reply:
                                  "tool_calls": call_dicts(parsed.calls)}
             choice["finish_reason"] = "tool_calls"
         elif self.chat:
-            choice["message"] = {"role": "assistant", "content": result.text}
+            text = self.tools.writer.without_echo(result.text) if self.tools else result.text
+            choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = result.text
         return {**self._envelope("chat.completion" if self.chat else "text_completion",

@@ -38,7 +38,7 @@ class ToolUse:
 
     def read(self, text: str) -> ParsedReply | None:
         """The reply's calls (only the first unless parallel); None if it holds none."""
-        parsed = self.writer.parse(text)
+        parsed = self.writer.parse(self.writer.without_echo(text))
         if parsed is None or self.parallel:
             return parsed
         return ParsedReply(parsed.content, parsed.calls[:1])

@@ -135,12 +135,14 @@ class ToolStream:
                 self.passing = True
                 return self._release(len(self.text))
             return ""
-        found = self.text.find(marker, self.sent)
-        if found >= 0:
+        starts = [self.text.find(m, self.sent) for m in (marker, self.writer.echo_marker) if m]
+        found = min((f for f in starts if f >= 0), default=-1)
+        if found >= 0:  # a call, or a repeated tool result: held until the end
             self.holding = True
             return self._release(found)
-        keep = next((n for n in range(min(len(marker) - 1, len(self.text)), 0, -1)
-                     if marker.startswith(self.text[-n:])), 0)
+        keep = max(next((n for n in range(min(len(m) - 1, len(self.text)), 0, -1)
+                         if m.startswith(self.text[-n:])), 0)
+                   for m in (marker, self.writer.echo_marker) if m)
         return self._release(len(self.text) - keep)
 
     def _release(self, end: int) -> str:
@@ -155,5 +157,7 @@ class ToolStream:
         held = self.text[self.sent:]  # what was sent as content stays content
         parsed = self.tools.read(held) if held and not self.passing else None
         if parsed is None:
-            return self._release(len(self.text)), [], False
-        return "", call_deltas(parsed.calls), True
+            rest = self._release(len(self.text))
+            return (self.writer.without_echo(rest) if not self.passing else rest), [], False
+        # text before the calls that was held with them (after a repeated tool result)
+        return parsed.content or "", call_deltas(parsed.calls), True

@@ -137,8 +137,8 @@ def test_chatml_gets_the_hermes_tools_section_and_history():
     assert json.dumps(WEATHER.as_dict()) in prompt.text
     assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": '
             '{"city": "Paris", "unit": "c"}}\n</tool_call><|im_end|>\n') in prompt.text
-    assert "<|im_start|>user\n<tool_response>\n18 C\n</tool_response><|im_end|>\n" \
-        in prompt.text
+    assert ("<|im_start|>user\nThe tool answered: 18 C\nNow answer my question in one "
+            "sentence.<|im_end|>\n") in prompt.text
     assert prompt.text.endswith("<|im_start|>assistant\n")
     # the section and the calls are message text: never parsed as control tokens
     assert all(not s.trusted for s in prompt.segments if "<tools>" in s.text)
@@ -215,6 +215,19 @@ def test_the_bundled_smollm2_template_ignores_tools_so_the_hermes_section_is_use
     assert not template_takes_tools(template) and tool_format_for(template) == "hermes"
     prompt = render_chat(template, HISTORY, tools=[WEATHER])
     assert prompt.text.startswith("<|im_start|>system\n# Tools\n")  # not SmolLM's default
-    assert "<tool_response>\n18 C\n</tool_response>" in prompt.text
+    assert "The tool answered: 18 C\n" in prompt.text
     assert render_chat(template, HISTORY[:1]).text.startswith(
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+
+
+def test_a_repeated_tool_result_is_not_the_replys_content():
+    """After a `role: tool` message a small model may begin its reply by repeating the
+    result's markup (`<tool_response>\\n{"temperature": 18}`): that is never its own text."""
+    from localchat.prompt.tool_calls import tool_format
+
+    hermes = tool_format("hermes")
+    echoed = '<tool_response>\n{"temperature": 18}\n</tool_response>\nIt is 18 degrees.'
+    assert hermes.without_echo(echoed) == "It is 18 degrees."
+    assert hermes.without_echo('<tool_response>\n{"temperature": 18}') == ""  # cut mid-echo
+    assert hermes.without_echo("It is 18 degrees.") == "It is 18 degrees."
+    assert tool_format("llama3").without_echo(echoed) == echoed  # not its markup

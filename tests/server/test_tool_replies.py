@@ -136,3 +136,19 @@ def test_content_already_streamed_is_never_read_as_a_call_too():
     assert whole(text, "mistral")["finish_reason"] == "tool_calls"
     sent, deltas, called = streamed([text[:5], text[5:]], "mistral")
     assert "".join(sent) == text and deltas == [] and not called
+
+
+@pytest.mark.parametrize("after", ["It is 18 degrees in Oslo.", CALL])
+def test_a_repeated_tool_result_is_left_out_whole_and_streamed(after):
+    """The tool round trip once answered `<tool_response>\\n{"temperature": 18, ...`: the
+    bundled model repeats the result's markup (the user turn Hermes puts it in)."""
+    text = '<tool_response>\n{"temperature": 18}\n</tool_response>\n' + after
+    choice = whole(text)
+    sent, deltas, called = streamed([text[i:i + 4] for i in range(0, len(text), 4)])
+    if after == CALL:
+        assert choice["finish_reason"] == "tool_calls" and called
+        assert assembled(deltas) == [("get_weather", {"city": "Oslo"})]
+        assert not (choice["message"]["content"] or "").strip() and not "".join(sent).strip()
+    else:
+        assert choice["message"]["content"] == after and "".join(sent) == after
+        assert not called and deltas == []
