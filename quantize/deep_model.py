@@ -18,7 +18,7 @@ from localchat.models.hf_files import read_json
 from quantize.export_hf import export_gguf_to_hf, write_json
 from quantize.gguf_quantize import quantize_gguf
 from quantize.hf_to_gguf import write_float32_gguf
-from quantize.safe_output import atomic_output_file, save_safetensors
+from quantize.safe_output import save_safetensors
 
 DEEP_SPEC = re.compile(r"deep:(\d+)")
 SILENT = ("self_attn.o_proj.weight", "mlp.down_proj.weight")  # zero in the copied layers

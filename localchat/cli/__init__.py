@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from localchat import __version__
-from localchat.cli import bench, cache, distill, models, plan, run, serve
+from localchat.cli import bench, cache, distill, mcp, models, plan, run, serve
 from localchat.cli import eval as eval_command
 from localchat.cli import quantize as quantize_command
 from localchat.cli.flags import endpoint_flags, flag_error, model_flags, sampling_flags
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_parser(sub)
     models.add_models_parser(sub)
     cache.add_parser(sub)
+    mcp.add_parser(sub)
     return parser
 
 
