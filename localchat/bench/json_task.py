@@ -64,7 +64,7 @@ def _valid(result) -> bool:
 
 def bench_json(engine, gen_tokens: int, concurrency: int = 1, repeats: int = 1) -> dict:
     """One engine's free vs constrained numbers (greedy), `concurrency` requests at once."""
-    runner = engine.runner
+    stats = engine.step_stats
     tasks = [(Message("user", prompt), schema) for prompt, schema in TASKS]
     rounds = max(repeats, -(-len(tasks) // concurrency))  # every task at least once
 
@@ -78,9 +78,9 @@ def bench_json(engine, gen_tokens: int, concurrency: int = 1, repeats: int = 1) 
     out: dict = {"concurrency": concurrency}
     texts = {}
     for mode in ("free", "constrained", "forced_drafts"):
-        runner.forced_drafts = mode == "forced_drafts"
-        mask0, rows0, kept0, steps0 = (runner.mask_s, runner.masked_rows, runner.forced_kept,
-                                       runner.steps)
+        engine.forced_drafts = mode == "forced_drafts"
+        mask0, rows0, kept0, steps0 = (stats.mask_s, stats.masked_rows, stats.forced_kept,
+                                       stats.steps)
         rates, tokens, valid, wall, texts[mode] = [], 0, 0, 0.0, []
         for round_ in range(rounds):
             results, seconds = _run(engine, make(round_, mode != "free"))
@@ -91,14 +91,14 @@ def bench_json(engine, gen_tokens: int, concurrency: int = 1, repeats: int = 1) 
             texts[mode] += [r.text for r in results]
         entry = {"decode_tok_s": statistics.median(rates) if rates else 0.0,
                  "total_tok_s": tokens / wall if wall else 0.0, "tokens": tokens,
-                 "target_passes": runner.steps - steps0,
+                 "target_passes": stats.steps - steps0,
                  "valid": f"{valid}/{rounds * concurrency}"}
         if mode != "free":
-            rows = runner.masked_rows - rows0
-            entry["mask_us_per_token"] = (runner.mask_s - mask0) * 1e6 / rows if rows else 0.0
-            entry["forced_share"] = (runner.forced_kept - kept0) / tokens if tokens else 0.0
+            rows = stats.masked_rows - rows0
+            entry["mask_us_per_token"] = (stats.mask_s - mask0) * 1e6 / rows if rows else 0.0
+            entry["forced_share"] = (stats.forced_kept - kept0) / tokens if tokens else 0.0
         out[mode] = entry
-    runner.forced_drafts = True
+    engine.forced_drafts = True
     free, plain, forced = out["free"], out["constrained"], out["forced_drafts"]
     out["speedup_forced_vs_constrained"] = _ratio(forced["total_tok_s"], plain["total_tok_s"])
     out["speedup_constrained_vs_free"] = _ratio(forced["total_tok_s"], free["total_tok_s"])

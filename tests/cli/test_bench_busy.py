@@ -15,6 +15,7 @@ from helpers.cli import assert_one_line_error, localchat
 
 from localchat.bench.busy import BusyCores
 
+pytestmark = pytest.mark.subprocess  # spinning processes
 WAIT_S = 30  # generous: the machine running the tests may be loaded
 
 

@@ -8,7 +8,11 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
+
 from localchat.cli import main
+
+pytestmark = pytest.mark.model  # runs the bundled model
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

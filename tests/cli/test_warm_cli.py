@@ -57,6 +57,7 @@ def test_a_command_past_its_timeout_is_killed():
         warm_cli.run(["run", "-", "-n", "1"], input="", env=dict(os.environ), timeout=0.01)
 
 
+@pytest.mark.subprocess
 def test_a_command_with_its_own_pythonpath_starts_cold(tmp_path):
     """The interpreter reads PYTHONPATH as it starts, which a fork cannot redo."""
     (tmp_path / "sitecustomize.py").write_text("import sys; print('site of tmp', file=sys.stderr)")

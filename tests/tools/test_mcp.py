@@ -57,6 +57,7 @@ def test_no_config_is_no_servers_and_a_missing_file_is_one_line(tmp_path):
         load_servers(tmp_path / "nope.json")
 
 
+@pytest.mark.subprocess
 def test_a_stdio_server_lists_and_answers_and_its_failures_are_outcomes(monkeypatch):
     monkeypatch.setenv("LOCALCHAT_TEST_SECRET", "leaked")
     spec = stdio_spec(env=(("GIVEN", "yes"),))
@@ -80,6 +81,7 @@ def test_a_stdio_server_lists_and_answers_and_its_failures_are_outcomes(monkeypa
         assert any("stopped" in n for n in hub.notes)
 
 
+@pytest.mark.subprocess
 def test_a_server_that_cannot_start_is_a_note():
     with McpHub([ServerSpec("gone", command="/nonexistent/mcp-server")], start_timeout=5) as hub:
         assert hub.start() == []
@@ -92,6 +94,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.subprocess
 def test_a_streamable_http_server_on_loopback():
     port = free_port()
     proc = subprocess.Popen([sys.executable, str(SERVER), "--http", str(port)],
@@ -113,6 +116,7 @@ def test_a_streamable_http_server_on_loopback():
         proc.wait(10)
 
 
+@pytest.mark.subprocess
 def test_mcp_ls_shows_servers_their_state_and_tools(tmp_path, capsys):
     config = write_config(tmp_path / "mcp.json", {
         "test": {"command": sys.executable, "args": [str(SERVER)], "allow": ["add"]},
@@ -138,6 +142,7 @@ def config(tmp_path, monkeypatch):
                         {"test": {"command": sys.executable, "args": [str(SERVER)]}})
 
 
+@pytest.mark.model
 def test_run_forces_a_call_whose_arguments_validate_and_feeds_the_result_back(config, capsys):
     out = run_json(capsys, config, "--tool-choice", "get_weather", "--allow-tool", "get_weather",
                    "What is the weather in Oslo?")
@@ -150,6 +155,7 @@ def test_run_forces_a_call_whose_arguments_validate_and_feeds_the_result_back(co
     assert out["finish_reason"] == "stop" and "<tool" not in out["text"]
 
 
+@pytest.mark.model
 def test_run_refuses_a_tool_not_allowed_and_tells_the_model(config, capsys):
     out = run_json(capsys, config, "--tool-choice", "add", "What is 2 plus 3?")
     [call] = out["tool_calls"]
@@ -157,6 +163,7 @@ def test_run_refuses_a_tool_not_allowed_and_tells_the_model(config, capsys):
     assert call["result"] == "the user did not allow add to run"
 
 
+@pytest.mark.model
 def test_a_bad_tool_choice_is_one_line(config, capsys):
     assert main(["run", "--mcp", str(config), "--tool-choice", "nosuch", "Hi"]) == 2
     err = capsys.readouterr().err

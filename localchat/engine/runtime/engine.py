@@ -70,6 +70,22 @@ class RuntimeEngine(VocabMixin, Engine):
         yield from stream_events(request, prompt, self.runner.tokens(seq, cancel),
                                  self._hooks(prompt, seq), budget, cancel, t_start)
 
+    @property
+    def step_stats(self):
+        """The step loop's counters (steps, by batch size, masks, forced tokens): bench reads
+        them."""
+        return self.runner.observer
+
+    @property
+    def forced_drafts(self) -> bool:
+        """Tokens a grammar forces go to the model as drafts (False: one a step, the
+        baseline `bench --task json` compares with)."""
+        return self.runner.speculator.forced_drafts
+
+    @forced_drafts.setter
+    def forced_drafts(self, on: bool) -> None:
+        self.runner.speculator.forced_drafts = on
+
     def guide(self, constraint: Constraint) -> Guide:
         """A fresh matcher for one sequence; UsageError if the schema or grammar is invalid
         (before anything is decoded)."""

@@ -121,3 +121,16 @@ class ThreadGovernor:
             self._set(n)
             self._applied = n
             self.counts_used.add(n)
+
+
+def governor_for(executor, draft) -> ThreadGovernor | None:
+    """A thread governor over the target and a draft model's executor (an Executor and a
+    DraftSource), if both can change their thread count."""
+    from localchat.engine.runtime.executor_api import Executor
+
+    executors = [executor] + [e for e in [getattr(getattr(draft, "model", draft), "executor",
+                                                  None)] if e is not None]
+    if any(type(e).set_threads is Executor.set_threads or not getattr(e, "threads", None)
+           for e in executors):
+        return None
+    return ThreadGovernor(executor.threads, lambda n: [e.set_threads(n) for e in executors])

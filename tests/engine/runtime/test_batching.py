@@ -55,11 +55,11 @@ def alone(batching_engine):
 
 def test_concurrent_requests_give_what_each_gives_alone(batching_engine, alone):
     runner = batching_engine.runner
-    before = runner.steps_by_batch_size.copy()
+    before = runner.observer.steps_by_batch_size.copy()
     together = _together(batching_engine, [_request(*p) for p in PROMPTS])
     assert [r.text for r in together] == [r.text for r in alone]
     assert [r.finish_reason for r in together] == [r.finish_reason for r in alone]
-    assert max(runner.steps_by_batch_size - before) > 1  # they really ran in one batch
+    assert max(runner.observer.steps_by_batch_size - before) > 1  # they really ran in one batch
 
 
 def test_a_cache_too_small_for_all_preempts_and_still_completes_them(batching_engine, alone):

@@ -117,7 +117,7 @@ def test_a_grammar_that_cannot_finish_in_time_ends_with_length(engine):
 
 def _reply(engine, name: str, forced: bool, max_tokens=MAX_TOKENS):
     prompt, schema = SCHEMAS[name]
-    engine.runner.forced_drafts = forced
+    engine.forced_drafts = forced
     try:
         tokens, result = [], None
         for event in engine.generate(ask(prompt, Constraint.json_schema(schema),
@@ -126,17 +126,17 @@ def _reply(engine, name: str, forced: bool, max_tokens=MAX_TOKENS):
             result = event
         return tokens, result
     finally:
-        engine.runner.forced_drafts = True
+        engine.forced_drafts = True
 
 
 def test_forced_drafts_change_nothing_but_the_steps(engine):
     """Greedy output is identical with and without the grammar's forced tokens proposed
     as drafts; with them, fewer target passes than tokens."""
-    steps = engine.runner.steps
+    steps = engine.step_stats.steps
     plain_tokens, plain = _reply(engine, "array_of_objects", forced=False)
-    plain_steps, steps = engine.runner.steps - steps, engine.runner.steps
+    plain_steps, steps = engine.step_stats.steps - steps, engine.step_stats.steps
     fast_tokens, fast = _reply(engine, "array_of_objects", forced=True)
-    fast_steps = engine.runner.steps - steps
+    fast_steps = engine.step_stats.steps - steps
     assert fast_tokens == plain_tokens and fast.text == plain.text
     check_valid("array_of_objects", fast)
     assert fast_steps < plain_steps * 0.75, (fast_steps, plain_steps)
@@ -165,11 +165,11 @@ def test_seeded_sampling_under_a_constraint_is_reproducible(engine):
     seeded = SamplingParams(temperature=0.9, seed=11)
     prompt, schema = SCHEMAS["person"]
     request = ask(prompt, Constraint.json_schema(schema), seeded)
-    engine.runner.forced_drafts = False
+    engine.forced_drafts = False
     try:
         reference = engine.complete(request).text
     finally:
-        engine.runner.forced_drafts = True
+        engine.forced_drafts = True
     assert engine.complete(request).text == reference
     jsonschema.validate(json.loads(reference), schema)
 
@@ -197,6 +197,7 @@ def test_a_hugging_face_directory_builds_its_tokenizer_from_tokenizer_json(hf_di
         eng.close()
 
 
+@pytest.mark.model  # its engine fixture is looked up by name
 @pytest.mark.parametrize("which", ["engine", "torch_engine"])
 def test_rows_the_grammar_decides_are_not_computed(request, which):
     """Where the grammar allows one token only (a forced key, `": "`), the executor is not

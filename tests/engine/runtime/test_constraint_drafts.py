@@ -19,6 +19,7 @@ from localchat.engine.base import Message, Request, SamplingParams
 from localchat.engine.constraint import Constraint
 from helpers.constraint_strategies import CONSTRAINT, PROMPTS
 
+pytestmark = pytest.mark.model  # the engines load the bundled model
 GREEDY = SamplingParams(temperature=0.0)
 MAX_TOKENS = 60
 # drafting configurations, each against the reference (no draft, no forced drafts)
@@ -47,7 +48,7 @@ class Engines:
         if key not in self.loaded:
             options = {**EXECUTORS[executor], **DRAFTING.get(drafting, {})}
             engine = open_engine(EngineConfig("default", threads=2, ctx_size=512, **options))
-            engine.runner.forced_drafts = drafting != "reference"
+            engine.forced_drafts = drafting != "reference"
             self.loaded[key] = engine
         return self.loaded[key]
 

@@ -73,10 +73,10 @@ def alone(runtime):
 
 
 def test_greedy_batched_with_15_others_is_identical_to_alone(runtime, alone):
-    before = runtime.runner.steps_by_batch_size.copy()
+    before = runtime.runner.observer.steps_by_batch_size.copy()
     together = _together(runtime, [_request(i) for i in range(len(TOPICS))])
     assert together == alone
-    assert max(runtime.runner.steps_by_batch_size - before) >= 8  # they really shared steps
+    assert max(runtime.runner.observer.steps_by_batch_size - before) >= 8  # they really shared steps
 
 
 def test_seeded_sampling_batched_is_identical_to_alone(runtime):
@@ -102,7 +102,7 @@ def test_greedy_with_a_draft_batched_is_identical(runtime, alone, draft):
             assert stats["acceptance_rate"] >= 0.8
             # one draft pass per draft position serves every speculating sequence
             assert max(sum(1 for c in p if c.n_logits == 1) for p in drafting) >= 4
-        assert max(engine.runner.steps_by_batch_size) > 1  # speculation no longer serialises requests
+        assert max(engine.runner.observer.steps_by_batch_size) > 1  # speculation no longer serialises requests
         # one verify pass: several sequences' drafts scored in the same forward (the target
         # drafting for itself drafts on every sequence; lookup only where a reply repeats, which
         # depends on the text the kernels' rounding leads to: 3 or 4 of 8 here)
@@ -179,8 +179,8 @@ def test_more_requests_than_slots_wait_their_turn():
     engine = open_engine(EngineConfig("default", ctx_size=512, threads=2, parallel=2))
     try:
         alone = [_tokens(engine, _request(i)) for i in range(6)]
-        before = engine.runner.steps_by_batch_size.copy()
+        before = engine.runner.observer.steps_by_batch_size.copy()
         assert _together(engine, [_request(i) for i in range(6)]) == alone
-        assert max(engine.runner.steps_by_batch_size - before) == 2
+        assert max(engine.runner.observer.steps_by_batch_size - before) == 2
     finally:
         engine.close()

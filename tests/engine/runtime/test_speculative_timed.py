@@ -36,7 +36,7 @@ def test_a_cheap_draft_on_a_bandwidth_bound_target_is_on_and_c_is_drafting_alone
         tokens, stats = generate(eng, "Write a Python function that reverses a string.", 40)
         assert tokens == plain
         assert stats["acceptance_rate"] == 1.0
-        a = runner.adaptive
+        a = runner.speculator.adaptive
         assert all(0.09 < c < 0.12 for c in a._c_all), list(a._c_all)
         assert a.gamma >= 4 and stats["predicted_speedup"] > 3
         assert stats["measured_speedup"] > 2.5 and stats["switched_off"] == 0
@@ -114,7 +114,7 @@ def test_with_drafting_off_the_drafts_prompt_pass_still_lands_in_prefill(engine)
         target, drafted, when = clocked_with_draft(eng, lambda ch: float(tokens_of(ch)),
                                                    lambda ch: float(tokens_of(ch)))
         generate(eng, "Write a haiku about the sea.", 40)  # probes find no gain: off
-        assert eng.runner.adaptive.predicted(eng.runner.adaptive.peak()) < 1.0
+        assert eng.runner.speculator.adaptive.predicted(eng.runner.speculator.adaptive.peak()) < 1.0
         seen, before = len(target), len(drafted)
         tokens, stats = generate(eng, prompt, 40)
         assert tokens == plain

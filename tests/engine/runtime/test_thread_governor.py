@@ -125,13 +125,13 @@ def test_an_engine_without_named_threads_probes_fewer_and_decodes_the_same_token
     prompt = "Write a Python function that reverses a string."
     fixed = open_engine(EngineConfig("default", engine="llama.cpp", ctx_size=512, threads=2))
     try:
-        assert fixed.runner.threads is None  # the user named a count: it is kept
+        assert fixed.runner.observer.threads is None  # the user named a count: it is kept
         expected, _ = reply_tokens(fixed, prompt, 48)
     finally:
         fixed.close()
     governed = open_engine(EngineConfig("default", engine="llama.cpp", ctx_size=512))
     try:
-        governor = governed.runner.threads
+        governor = governed.runner.observer.threads
         governor.interval = governor.base_interval = 4  # probe often
         got, _ = reply_tokens(governed, prompt, 48)
         assert got == expected
