@@ -11,7 +11,7 @@ import time
 
 from localchat.engine.base import Message, Request, SamplingParams
 from localchat.engine import open_engine
-from localchat.engine.config import NO_DRAFT, EngineConfig
+from localchat.engine.config import EngineConfig
 
 GEN_TOKENS = 64
 PROMPT = ("Request {i}: write a long, detailed essay about the history of the number {i}, "
@@ -72,14 +72,12 @@ def run_sequential(engine, requests: list[Request]) -> dict:
 
 def bench_concurrency(config: EngineConfig, levels: list[int]) -> dict:
     """{"N": {mode: {...}}} for each mode in MODES."""
-    from dataclasses import replace
 
     table: dict[str, dict] = {str(n): {} for n in levels}
     runs = (("torch", "torch", run_concurrent), ("llama.cpp", "llama.cpp", run_concurrent),
             ("llama.cpp", "llama.cpp one at a time", run_sequential))
     for name, mode, runner in runs:
-        engine = open_engine(replace(config, engine=name, draft=NO_DRAFT, num_draft_tokens=None,
-                                     parallel=max(levels)))
+        engine = open_engine(config.without_draft(engine=name, parallel=max(levels)))
         try:
             engine.complete(Request(messages=[Message("user", "Hi")], sampling=GREEDY,
                                     max_tokens=4))

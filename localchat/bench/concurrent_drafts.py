@@ -13,7 +13,7 @@ from localchat.bench.concurrency import GREEDY, chat_requests, complete_concurre
 from localchat.bench.speculative import alpha_of
 from localchat.engine import open_engine
 from localchat.engine.base import Message, Request
-from localchat.engine.config import NO_DRAFT, EngineConfig
+from localchat.engine.config import EngineConfig
 
 OFFSET = 500_000  # prompts of their own: no prefix-cache hits from the plain concurrency table
 
@@ -44,7 +44,7 @@ def _level(plain, drafted, n: int) -> dict:
 def bench_concurrent_drafts(config: EngineConfig, levels: list[int]) -> dict:
     """{"N": {...}} per level: the first engine with the draft vs without, N at once."""
     parallel = max(levels)
-    plain = open_engine(replace(config, draft=NO_DRAFT, num_draft_tokens=None, parallel=parallel))
+    plain = open_engine(config.without_draft(parallel=parallel))
     try:
         drafted = open_engine(replace(config, parallel=parallel))
         try:

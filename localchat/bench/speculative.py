@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import statistics
 import sys
-from dataclasses import replace
 
 from localchat.engine.base import Message, Request, SamplingParams
 from localchat.engine import open_engine
-from localchat.engine.config import NO_DRAFT, EngineConfig
+from localchat.engine.config import EngineConfig
 
 PASSAGE = (
     "The river ran quietly past the old mill, where the miller's daughter sat every evening "
@@ -117,7 +116,7 @@ def _short(config: EngineConfig, repeats: int = SHORT_REPEATS) -> dict:
     freshly loaded engine (a one-shot `run` against `run --no-draft`). Per prompt the median
     ratio (a reply of a few tokens is a few milliseconds: one run is mostly noise); the
     lowest of those, and the lowest among prompts whose replies kept no draft."""
-    plain = replace(config, draft=NO_DRAFT, num_draft_tokens=None)
+    plain = config.without_draft()
     ratios, kept_none, drafts, identical = [], [], [], True
     for prompt in SHORT:
         runs, kept = [], 0
@@ -143,7 +142,7 @@ def _short(config: EngineConfig, repeats: int = SHORT_REPEATS) -> dict:
 def bench_speculative(config: EngineConfig, gen_tokens: int) -> dict:
     """The target loaded twice (plain, and with the draft), each prompt run on both; speedup
     is the median of the per-prompt ratios. Top-level figures are the chat task's."""
-    plain = open_engine(replace(config, draft=NO_DRAFT, num_draft_tokens=None))
+    plain = open_engine(config.without_draft())
     try:
         drafted = open_engine(config)
         try:

@@ -12,7 +12,7 @@ from dataclasses import replace
 from localchat.cli.bench_peer import PeerStep, format_peer
 from localchat.errors import UsageError
 from localchat.cli.flags import engine_config, load_for_run
-from localchat.engine.config import NO_DRAFT, EngineConfig
+from localchat.engine.config import EngineConfig
 from localchat.units import human_bytes
 
 
@@ -131,8 +131,7 @@ def _bench(args: argparse.Namespace) -> int:
     peer = PeerStep(args, config, report, first=engines[0] if engines else None)
     for name in engines:
         peer.before(name)
-        engine = load_for_run(replace(config, engine=name, draft=NO_DRAFT, num_draft_tokens=None,
-                                      parallel=None))
+        engine = load_for_run(config.without_draft(engine=name, parallel=None))
         try:
             report["model"] = f"{engine.info.name} ({engine.info.quant_type})"
             print(f"benchmarking {name}…", file=sys.stderr)
@@ -215,8 +214,7 @@ def _bench_json_task(args: argparse.Namespace, engines: list[str]) -> int:
                     "busy": args.busy}
     config = measured_config(args)
     for name in engines:
-        engine = load_for_run(replace(config, engine=name, draft=NO_DRAFT, num_draft_tokens=None,
-                                      parallel=max(levels)))
+        engine = load_for_run(config.without_draft(engine=name, parallel=max(levels)))
         try:
             report["model"] = f"{engine.info.name} ({engine.info.quant_type})"
             print(f"benchmarking {name} (json)…", file=sys.stderr)
@@ -241,8 +239,7 @@ def _bench_restore_task(args: argparse.Namespace, engines: list[str]) -> int:
     for name in engines:
         print(f"benchmarking {name} (restore)…", file=sys.stderr)
         report["engines"][name] = bench_restore(
-            lambda: load_for_run(replace(config, engine=name, draft=NO_DRAFT,
-                                         num_draft_tokens=None)), max(1, args.repeats // 2))
+            lambda: load_for_run(config.without_draft(engine=name)), max(1, args.repeats // 2))
     if args.json:
         print(json.dumps(report))
     else:

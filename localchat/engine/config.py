@@ -4,7 +4,7 @@ a front end's spelling of them (-c); the CLI translates them (cli/flags.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from localchat.errors import ConfigError
@@ -128,3 +128,7 @@ class EngineConfig:
     @property
     def cache_types(self) -> tuple[str | None, str | None]:
         return self.cache_type_k, self.cache_type_v
+
+    def without_draft(self, **changes) -> "EngineConfig":
+        """This config with no draft (and no fixed γ), and `changes` applied."""
+        return replace(self, draft=NO_DRAFT, num_draft_tokens=None, **changes)

@@ -14,7 +14,7 @@ from textual.message import Message as TextualMessage
 
 from localchat.engine import open_engine
 from localchat.engine.base import Engine
-from localchat.engine.config import NO_DRAFT, DraftChoice, EngineConfig
+from localchat.engine.config import DraftChoice, EngineConfig
 from localchat.errors import LocalchatError
 from localchat.tui.params import ParamsScreen, ParamValues
 from localchat.tui.picker import Choice, ModelPickerScreen
@@ -121,7 +121,7 @@ class EngineSwitcher:
         s = self.app.config
         if s.draft.enabled:
             self.last_draft = (s.draft, s.num_draft_tokens)
-            self.switch(replace(s, draft=NO_DRAFT, num_draft_tokens=None), "without a draft")
+            self.switch(s.without_draft(), "without a draft")
         else:
             draft, n = self.last_draft or (DraftChoice("ngram"), None)
             self.switch(replace(s, draft=draft, num_draft_tokens=n), f"draft {draft.label()}")
