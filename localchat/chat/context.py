@@ -65,7 +65,8 @@ def fit_history(
     count_tokens: Callable[[Sequence[Message]], int],
     budget: int,
 ) -> FitResult:
-    """Keep the most recent history whose prompt is at most `budget` tokens.
+    """Keep the most recent history whose prompt is at most `budget` tokens (all of it
+    when no earlier turn can go: the engine then says whether it fits its context).
 
     count_tokens (render and tokenize: expensive) is called at most 2 + log2(turns) times."""
     head, turns, tail = _split(messages)
@@ -80,7 +81,7 @@ def fit_history(
             counts[dropped] = count_tokens(kept(dropped))
         return counts[dropped]
 
-    if tokens(0) <= budget:
+    if not turns or tokens(0) <= budget:  # nothing to drop: the engine says if it overflows
         return FitResult(kept(0), 0, tokens(0))
     least = len(turns)
     if tokens(least) > budget:

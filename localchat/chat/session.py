@@ -1,6 +1,6 @@
 """ChatSession: one conversation's messages, in order and in the history store, and the
 replies an engine writes into it (send, regenerate, continue, edit, switch version, fork).
-No UI: generate() may run in a worker thread; every other method belongs to one thread."""
+No UI: reply() may run in a worker thread; every other method belongs to one thread."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from localchat.chat.context import FitResult, fit_to_context
 from localchat.chat.params import ReplyParams, config_from_record, conversation_record
 from localchat.chat.reasoning import without_reasoning
 from localchat.chat.runs import Run, add_run
-from localchat.engine.base import Delta, Engine, Event, Message, Request, Stats
+from localchat.engine.base import Delta, Engine, Event, Message, Request, Result, Stats
 from localchat.engine.config import EngineConfig
 from localchat.errors import LocalchatError
 from localchat.storage import (
@@ -260,13 +260,28 @@ class ChatSession:
         fit = fit_to_context(reply.history, counted, engine.info.n_ctx, params.max_tokens)
         return params.request(fit.messages, assistant_prefix=prefix), fit
 
-    def generate(self, reply: Reply, request: Request, cancel: threading.Event | None = None,
-                 on_store_error: Callable[[str], None] | None = None) -> Iterator[Event]:
-        """The engine's events for reply, each written to the store before it is yielded
-        (the final text and status with the Result). Any thread: it changes no entry; a
-        store write that fails stops the writing and goes to on_store_error (default: the
-        session's). Raises LocalchatError where the engine does."""
-        failed = on_store_error or self.on_store_error
+    def reply(self, reply: Reply, cancel: threading.Event | None = None,
+              on_store_error: Callable[[str], None] | None = None,
+              on_dropped: Callable[[FitResult], None] | None = None) -> Iterator[Event]:
+        """The one reply pipeline (the chat and `run`): reply's request (the history that fits;
+        on_dropped hears when earlier turns went), then the engine's events, each saved to
+        the store and applied to reply's entry before it is yielded. Any thread: the entry is
+        the generator's until it ends. Raises LocalchatError where the engine does; call
+        fail() then, in the session's thread."""
+        request, fit = self.request(reply)
+        if fit.dropped_turns and on_dropped is not None:
+            on_dropped(fit)
+        for event in self._saved(reply, self.engine.generate(request, cancel),
+                                 on_store_error or self.on_store_error):
+            self.take(reply, event)
+            yield event
+
+    def _saved(self, reply: Reply, events: Iterator[Event],
+               failed: Callable[[str], None]) -> Iterator[Event]:
+        """events, each written to the store before it is yielded (the final text and status
+        with the Result); a write that fails stops the writing and goes to failed. Left
+        before its Result (an exception, a closed generator), the text so far is kept,
+        interrupted."""
         writer = reply.writer
 
         def save(fn) -> ReplyWriter | None:
@@ -279,17 +294,29 @@ class ChatSession:
                 failed(str(exc))
                 return None
 
-        for event in self.engine.generate(request, cancel):
-            if isinstance(event, Delta):
-                writer = save(lambda w: w.feed(event.text))
-            else:
-                status = ReplyStatus.after(event.finish_reason)
-                save(lambda w: w.finish(status, event.stats.to_dict(), event.text,
-                                        event.finish_reason))
-            yield event
+        try:
+            for event in events:
+                if isinstance(event, Delta):
+                    writer = save(lambda w: w.feed(event.text))
+                else:
+                    status = ReplyStatus.after(event.finish_reason)
+                    save(lambda w: w.finish(status, event.stats.to_dict(), event.text,
+                                            event.finish_reason))
+                    writer = None
+                yield event
+        finally:
+            if writer is not None:
+                save(lambda w: w.finish(ReplyStatus.INTERRUPTED))
+
+    def keep(self, reply: Reply, result: Result) -> None:
+        """A reply written without reply() (the tool loop's answer): its text, status and
+        stats into the entry and the store."""
+        reply.entry.content = reply.prefix + result.text
+        for event in self._saved(reply, iter([result]), self.on_store_error):
+            self.take(reply, event)
 
     def take(self, reply: Reply, event: Event) -> None:
-        """Apply an event of generate() to the reply's entry: text, runs, then its status."""
+        """Apply an engine event to the reply's entry: text, runs, then its status."""
         entry = reply.entry
         if isinstance(event, Delta):
             entry.content += event.text
@@ -303,7 +330,7 @@ class ChatSession:
         """Generating reply failed; returns (what happened, the entries that left): 'kept' (a
         continued reply keeps its text, interrupted), 'restored' (a new version was deleted, the
         one it was to replace is back), 'dropped' (a first reply was deleted, with the user's
-        message it answered) or 'gone' (the entry had already left the session)."""
+        message it answered; a conversation left empty goes too) or 'gone' (the entry had already left the session)."""
         entry = reply.entry
         entry.error, entry.status = error, ReplyStatus.INTERRUPTED
         if not any(e is entry for e in self.entries):
@@ -329,15 +356,16 @@ class ChatSession:
             self.db(lambda st: st.delete_branch(cid, user.db_id))
         gone = self.entries[index - (user is not None):]
         del self.entries[index - (user is not None):]
+        if cid is not None and not self.entries and self.db(lambda st: st.message_count(cid)) == 0:
+            self.db(lambda st: st.delete(cid))  # its first message got no reply: no empty chat
+            self.conversation = None  # is left in the history
         return "dropped", gone
 
     def run(self, reply: Reply, cancel: threading.Event | None = None,
             on_event: Callable[[Event], None] | None = None) -> Entry:
-        """request, generate and take in this thread, to the end (or fail); the reply's entry."""
+        """reply() in this thread, to the end (or fail); the reply's entry."""
         try:
-            request, _ = self.request(reply)
-            for event in self.generate(reply, request, cancel):
-                self.take(reply, event)
+            for event in self.reply(reply, cancel):
                 if on_event is not None:
                     on_event(event)
         except LocalchatError as exc:

@@ -11,17 +11,15 @@ import sys
 import threading
 from dataclasses import replace
 
-from localchat.chat.context import fit_to_context
+from localchat.chat.params import ReplyParams
+from localchat.chat.session import ChatSession
 from localchat.cli import batch
-from localchat.chat.params import ReplyParams, conversation_record
 from localchat.cli.flags import engine_config, explicit_sampling, load_for_run, reply_params
 from localchat.cli.constraint_flags import add_constraint_flags, constraint_from_args
 from localchat.cli.stdin_text import read_stdin_text
-from localchat.engine.base import BASE_MODEL_NOTE, Delta, Message, Request, Result, Stats
-from localchat.engine.config import EngineConfig
-from localchat.errors import UsageError
+from localchat.engine.base import BASE_MODEL_NOTE, Delta, Request, Result, Stats
+from localchat.errors import LocalchatError, UsageError
 from localchat.interrupts import ctrl_c_cancels
-from localchat.storage.reply_status import ReplyStatus
 from localchat.units import human_bytes
 
 
@@ -210,76 +208,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     typed = read_prompt(prompt_argument(args), file=args.prompt_file)
     prompt = with_attachments(typed, getattr(args, "attach", []))
     servers = _mcp_servers(args)  # a bad mcp.json is said before the model loads
-    store = conv = writer = None
-    earlier: list[Message] = []
     raw = getattr(args, "raw", False)
     if raw and (getattr(args, "continue_last", False) or args.system is not None):
         raise UsageError("--raw sends the prompt as plain text: it does not combine with "
                          "--continue or -sys/--system")
-    if getattr(args, "continue_last", False):
-        from localchat.storage import ConversationStore
-
-        store = ConversationStore.open()  # damaged or locked: a one-line error, exit 1
-        conv = store.last_conversation()
-        if conv is not None:
-            params = continued_params(params, conv, args)
-            earlier = [Message(m.role, m.content) for m in store.messages(conv.id)
-                       if m.role in ("user", "assistant") and m.content]
-    elif not (getattr(args, "no_history", False) or raw):
-        store = _open_history_or_warn()
+    store = _history_for(args, raw)
     try:
         engine = load_for_run(config, verbose=args.verbose)
     except BaseException:
         if store is not None:
             store.close()
         raise
+    session = ChatSession(config, params, store, engine, on_store_error=_StoreWarning())
     try:
-        messages = params.system_messages() + earlier + [Message("user", prompt)]
-        if earlier:  # --continue: the history that fits
-            n_ctx = engine.info.n_ctx
-            fit = fit_to_context(messages, engine.count_prompt_tokens, n_ctx, params.max_tokens)
-            if fit.dropped_turns:
-                print(f"localchat: {fit.dropped_note(n_ctx)}", file=sys.stderr)
-            messages = list(fit.messages)
-        if raw:
-            tokens = engine.tokenize_text(prompt)
-            if not tokens:
-                raise UsageError("the prompt has no tokens")
-            request = Request(prompt_tokens=tokens, sampling=params.sampling,
-                              max_tokens=params.max_tokens, constraint=params.constraint)
-        else:
-            if engine.info.base_model:
-                print(f"localchat: {BASE_MODEL_NOTE} (--raw sends the prompt as plain text)",
-                      file=sys.stderr)
-            request = params.request(messages)
+        if getattr(args, "continue_last", False):
+            conv = store.last_conversation()
+            if conv is not None and session.open(conv.id):
+                session.params = continued_params(params, conv, args)
+        if not raw and engine.info.base_model:
+            print(f"localchat: {BASE_MODEL_NOTE} (--raw sends the prompt as plain text)",
+                  file=sys.stderr)
         if servers is not None:
             from localchat.cli.run_tools import run_with_tools
 
-            return run_with_tools(args, engine, messages, params, servers,
-                                  lambda: _begin_saving(store, conv, config, params, prompt,
-                                                        typed) if store is not None else None)
+            return run_with_tools(args, session, prompt, typed, servers)
         cancel = threading.Event()
         result = None
         with ctrl_c_cancels(cancel):
-            for event in engine.generate(request, cancel):
+            for event in _events(session, engine, prompt, typed, raw, cancel):
                 if isinstance(event, Delta):
-                    if writer is None and store is not None:  # saved once a reply begins
-                        writer = _begin_saving(store, conv, config, params, prompt, typed)
-                    if writer is not None and not _saved(writer.feed, event.text):
-                        writer = None
-                    if writer is None and store is not None:  # it failed (warned): the
-                        store.close()  # reply goes on unsaved
-                        store = None
                     if not args.json and event.text:
                         sys.stdout.write(event.text)
                         sys.stdout.flush()
                 elif isinstance(event, Result):
                     result = event
         assert result is not None
-        if writer is not None:
-            _saved(writer.finish, ReplyStatus.after(result.finish_reason),
-                   result.stats.to_dict(), result.text, result.finish_reason)
-            writer = None
         if args.json:
             out = {"text": result.text, "finish_reason": result.finish_reason,
                    **result.stats.to_dict(), "model": engine.info.name,
@@ -293,14 +256,45 @@ def cmd_run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         return 130 if result.finish_reason == "cancelled" else 0
     finally:
-        if writer is not None:  # interrupted at once (second Ctrl+C) or failed: keep the text
-            try:
-                writer.finish(ReplyStatus.INTERRUPTED)
-            except Exception:  # noqa: BLE001 -- the original error matters more
-                pass
         engine.close()
         if store is not None:
             store.close()
+
+
+def _events(session: ChatSession, engine, prompt: str, typed: str, raw: bool,
+            cancel: threading.Event):
+    """The reply's events: --raw sends the prompt's tokens as they are (nothing saved); a
+    chat prompt goes through the session's reply pipeline (saved while it streams). A
+    reply that fails leaves nothing in the history."""
+    params = session.params
+    if raw:
+        tokens = engine.tokenize_text(prompt)
+        if not tokens:
+            raise UsageError("the prompt has no tokens")
+        yield from engine.generate(Request(prompt_tokens=tokens, sampling=params.sampling,
+                                           max_tokens=params.max_tokens,
+                                           constraint=params.constraint), cancel)
+        return
+    reply = session.send(prompt, typed)
+    try:
+        yield from session.reply(reply, cancel, on_dropped=lambda fit: print(
+            f"localchat: {fit.dropped_note(engine.info.n_ctx)}", file=sys.stderr))
+    except LocalchatError as exc:
+        session.fail(reply, str(exc))
+        raise
+
+
+def _history_for(args: argparse.Namespace, raw: bool):
+    """The history store this run is saved to: the last conversation's (--continue: a
+    damaged or locked store is an error), none (--no-history, --raw), else the default one
+    (damaged or locked: said on stderr, the run goes on unsaved)."""
+    if getattr(args, "continue_last", False):
+        from localchat.storage import ConversationStore
+
+        return ConversationStore.open()
+    if getattr(args, "no_history", False) or raw:
+        return None
+    return _open_history_or_warn()
 
 
 def _mcp_servers(args: argparse.Namespace):
@@ -334,39 +328,14 @@ def _open_history_or_warn():
         return None
 
 
-def _begin_saving(store, conv, config: EngineConfig, params: ReplyParams, prompt: str,
-                  typed: str):
-    """Record the prompt and an empty reply that the stream fills in; a new conversation
-    is titled from the typed words, not the attached files before them. None (warned) when
-    the store fails."""
-    from localchat.storage import ReplyWriter, StoreError, title_from
+class _StoreWarning:
+    """The session's store errors as one warning on stderr (the reply goes on unsaved)."""
 
-    record = conversation_record(params, config)
-    try:
-        if conv is None:
-            conv = store.create_conversation(title_from(typed), model=config.model,
-                                             system_prompt=params.system, params=record)
-        store.add_message(conv.id, "user", prompt)
-        reply = store.begin_reply(conv.id, model=config.model, params=record)
-    except StoreError as exc:
-        _warn_unsaved(exc)
-        return None
-    return ReplyWriter(store, reply)
+    def __init__(self) -> None:
+        self.said = False
 
-
-def _saved(write, *args) -> bool:
-    """write(*args); a store failure mid-reply (locked too long, disk full) is one warning
-    and False: the caller stops saving, the reply goes on."""
-    from localchat.storage import StoreError
-
-    try:
-        write(*args)
-        return True
-    except StoreError as exc:
-        _warn_unsaved(exc)
-        return False
-
-
-def _warn_unsaved(exc: Exception) -> None:
-    print(f"localchat: warning: the reply is not saved to the history: {exc}",
-          file=sys.stderr, flush=True)
+    def __call__(self, error: str) -> None:
+        if not self.said:
+            print(f"localchat: warning: the reply is not saved to the history: {error}",
+                  file=sys.stderr, flush=True)
+        self.said = True

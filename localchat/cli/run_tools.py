@@ -9,17 +9,19 @@ import json
 import sys
 import threading
 
-from localchat.chat.params import ReplyParams
+from localchat.chat.session import ChatSession
 from localchat.chat.tool_loop import Approval, CallRecord, check_choice, reply_with_tools
 from localchat.errors import UsageError
 from localchat.interrupts import ctrl_c_cancels
-from localchat.storage.reply_status import ReplyStatus
+from localchat.engine.base import Message
 from localchat.tools.hub import McpHub
 
 
-def run_with_tools(args: argparse.Namespace, engine, messages, params: ReplyParams, servers,
-                   begin_saving) -> int:
+def run_with_tools(args: argparse.Namespace, session: ChatSession, prompt: str, typed: str,
+                   servers) -> int:
     """The tool loop over the servers; the answer on stdout (saved as the run's reply)."""
+    engine, params = session.engine, session.params
+    messages = session.history + [Message("user", prompt)]
     if args.max_tool_steps < 1:
         raise UsageError("--max-tool-steps must be at least 1")
     with McpHub(servers) as hub:
@@ -38,7 +40,7 @@ def run_with_tools(args: argparse.Namespace, engine, messages, params: ReplyPara
             result, turn = reply_with_tools(engine, messages, params, hub, Approval(allowed),
                                             choice, args.max_tool_steps, on_call=_say,
                                             cancel=cancel)
-    _save(begin_saving, result)
+    session.keep(session.send(prompt, typed), result)  # the calls are not kept there yet
     if args.json:
         print(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
                           "tool_calls": [c.as_dict() for c in turn.calls],
@@ -50,21 +52,6 @@ def run_with_tools(args: argparse.Namespace, engine, messages, params: ReplyPara
             print(f"localchat: no answer after {turn.steps} tool steps (--max-tool-steps)",
                   file=sys.stderr)
     return 130 if result.finish_reason == "cancelled" else 0
-
-
-def _save(begin_saving, result) -> None:
-    """The prompt and the answer into the history (the calls are not kept there yet)."""
-    from localchat.storage import StoreError
-
-    try:
-        writer = begin_saving()
-        if writer is not None:
-            writer.feed(result.text)
-            writer.finish(ReplyStatus.after(result.finish_reason), result.stats.to_dict(),
-                          result.text, result.finish_reason)
-    except StoreError as exc:
-        print(f"localchat: warning: this run is not saved to the history: {exc}",
-              file=sys.stderr)
 
 
 def _say(call: CallRecord) -> None:

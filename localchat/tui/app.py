@@ -155,20 +155,6 @@ class ChatApp(ControlsMixin, App):
         if keymap:
             self.set_keymap(keymap)
 
-    # what the session holds, as the app's own attributes
-    config = property(lambda self: self.session.config)  # what the engine runs
-    params = property(lambda self: self.session.params)  # what the next reply uses
-    engine = property(lambda self: self.session.engine,
-                      lambda self, value: setattr(self.session, "engine", value))
-    store = property(lambda self: self.session.store,
-                     lambda self, value: setattr(self.session, "store", value))
-    conversation = property(lambda self: self.session.conversation)
-
-    @property
-    def history(self) -> list[Message]:
-        """What the model sees: the system prompt, then every message on screen."""
-        return self.session.history
-
     @property
     def entries(self) -> list[ShownEntry]:
         """The messages on screen, each with its view (one whose view is still being
@@ -180,8 +166,6 @@ class ChatApp(ControlsMixin, App):
     def generating(self) -> bool:
         return self._reply is not None
 
-    _generating = generating  # tests read these two by their old names
-    _reloading = property(lambda self: self.switcher.reloading)
 
     async def open_conversation(self, conversation_id: int) -> bool:
         return await self.conversations.open(conversation_id)
@@ -195,7 +179,7 @@ class ChatApp(ControlsMixin, App):
         return self.query_one(ChatLog).draft_colours
 
     def compose(self) -> ComposeResult:
-        yield Static(f"localchat · {self.config.model}", id="title")
+        yield Static(f"localchat · {self.session.config.model}", id="title")
         with Horizontal(id="main"):
             yield Sidebar(id="sidebar", classes="hidden")
             with Vertical(id="chatpane"):
@@ -209,12 +193,12 @@ class ChatApp(ControlsMixin, App):
 
     def show_constraint(self) -> None:
         """The gauge says `json` while this conversation's replies are constrained."""
-        self.query_one(GaugeBar).constrained = self.params.constraint is not None
+        self.query_one(GaugeBar).constrained = self.session.params.constraint is not None
 
     def show_system_prompt(self) -> None:
         """The system prompt, on one line above the chat (hidden when there is none)."""
         line = self.query_one("#system-line", Static)
-        system = self.params.system
+        system = self.session.params.system
         line.set_class(not system, "hidden")
         line.update(Content(f"System: {' '.join((system or '').split())}  (/system edits)"))
 
@@ -230,10 +214,10 @@ class ChatApp(ControlsMixin, App):
         if self._continue_last:
             await self.conversations.continue_last()
         self.engine_requested = True  # from now on a conversation's model loads live
-        if self.engine is None:
+        if self.session.engine is None:
             self._load_engine()
         else:
-            self.post_message(self.EngineLoaded(self.engine))
+            self.post_message(self.EngineLoaded(self.session.engine))
         if not self.is_headless and hasattr(os, "tcgetpgrp") and sys.__stdin__.isatty():
             self.set_interval(2.0, self._quit_if_terminal_gone)
 
@@ -251,7 +235,7 @@ class ChatApp(ControlsMixin, App):
     @work(thread=True, exclusive=True, group="load")
     def _load_engine(self) -> None:
         try:
-            engine = open_engine(self.config)
+            engine = open_engine(self.session.config)
         except LocalchatError as exc:
             self.post_message(self.EngineLoaded(None, str(exc)))
             return
@@ -263,16 +247,16 @@ class ChatApp(ControlsMixin, App):
             gauges.state = "model failed to load"
             self.notice(f"Could not load the model: {message.error}")
             return
-        self.engine = message.engine
+        self.session.engine = message.engine
         self.show_engine()
         gauges.state = "ready"
 
     def show_engine(self) -> None:
         """The title line: model, quantization, engine, context and draft."""
-        info = self.engine.info
-        draft = f" · draft {self.config.draft.label()}" if self.config.draft.enabled else ""
-        where = (f"{info.path}" if self.engine.name == "remote"  # the server's URL, not
-                 else f"{info.quant_type} · {self.engine.name}")  # "remote · remote"
+        info = self.session.engine.info
+        draft = f" · draft {self.session.config.draft.label()}" if self.session.config.draft.enabled else ""
+        where = (f"{info.path}" if self.session.engine.name == "remote"  # the server's URL, not
+                 else f"{info.quant_type} · {self.session.engine.name}")  # "remote · remote"
         self.query_one("#title", Static).update(
             f"localchat · {info.name} · {where} · ctx {info.n_ctx}{draft}")
         if info.base_model and info.path not in self._base_models_noted:  # once per model
@@ -302,17 +286,17 @@ class ChatApp(ControlsMixin, App):
 
     @work(thread=True, exclusive=True, group="generate")
     def _generate(self, reply: Reply) -> None:
-        """The session's events, the Deltas of each UI interval posted as one message."""
+        """The session's reply pipeline; the Deltas of each UI interval posted as one message."""
+        def dropped(fit) -> None:
+            self.call_from_thread(
+                self.notice, f"{fit.dropped_note(self.session.engine.info.n_ctx)} (system "
+                "prompt kept).", before=reply.entry.key)
+
         try:
-            request, fit = self.session.request(reply)
-            if fit.dropped_turns:
-                self.call_from_thread(
-                    self.notice, f"{fit.dropped_note(self.engine.info.n_ctx)} (system prompt "
-                    "kept).", before=reply.entry.key)
             pending: list[Delta] = []
             last_post = 0.0
-            for event in self.session.generate(
-                    reply, request, self._cancel,
+            for event in self.session.reply(
+                    reply, self._cancel, on_dropped=dropped,
                     on_store_error=lambda error: self.post_message(self.StoreFailed(error))):
                 if isinstance(event, Delta):
                     pending.append(event)
@@ -334,8 +318,6 @@ class ChatApp(ControlsMixin, App):
         self._show_figures(message.deltas[-1].stats)
         await self.query_one(ChatLog).write(message.reply.entry.key,
                                             "".join(d.text for d in message.deltas))
-        for delta in message.deltas:
-            self.session.take(message.reply, delta)
 
     async def on_chat_app_finished(self, message: ChatApp.Finished) -> None:
         reply, result = message.reply, message.result
@@ -345,11 +327,10 @@ class ChatApp(ControlsMixin, App):
         await log.write(key, "", final=True)
         await self._finish(reply)
         view = log.views.get(key)
-        if view is not None and view.reasoning and self.engine is not None:
-            count = self.engine.count_prompt_tokens  # the reasoning's tokens, as the
+        if view is not None and view.reasoning and self.session.engine is not None:
+            count = self.session.engine.count_prompt_tokens  # the reasoning's tokens, as the
             empty = count([Message("assistant", "")])  # engine tokenizes them
             view.set_reasoning_tokens(count([Message("assistant", view.reasoning)]) - empty)
-        self.session.take(reply, result)
         if view is not None:
             log.show_status(reply.entry)
             log.show_runs(reply.entry)
@@ -416,11 +397,11 @@ class ChatApp(ControlsMixin, App):
 
     def on_unmount(self) -> None:
         self._cancel.set()
-        if self._open_store and self.store is not None:
-            self.store.close()
-        if self.owns_engine and self.engine is not None:
+        if self._open_store and self.session.store is not None:
+            self.session.store.close()
+        if self.owns_engine and self.session.engine is not None:
             self.workers.cancel_all()
-            self.engine.close()
+            self.session.engine.close()
 
 
 def run_tui(config: EngineConfig, params: ReplyParams, *, continue_last: bool = False) -> int:

@@ -39,7 +39,7 @@ class ControlsMixin:
         if command is not None:
             await self.run_command(command, text)
             return
-        if self.engine is None or self.generating or self.switcher.reloading is not None:
+        if self.session.engine is None or self.generating or self.switcher.reloading is not None:
             self.bell()  # and say why; nothing typed is lost
             self.error("a reply is being generated: Esc stops it, then Enter sends this"
                         if self.generating else "the model is loading: Enter sends once it "
@@ -70,14 +70,14 @@ class ControlsMixin:
             self._set_system(arg or None)
         elif name == "set":
             field, value = parse_set(arg)
-            sampling, max_tokens = apply_set(self.params.sampling, self.params.max_tokens,
+            sampling, max_tokens = apply_set(self.session.params.sampling, self.session.params.max_tokens,
                                              field, value)
-            self.session.set_params(replace(self.params, sampling=sampling,
+            self.session.set_params(replace(self.session.params, sampling=sampling,
                                             max_tokens=max_tokens))
             self.info(f"{field} = {'default' if value is None else value}")
         elif name == "json":
             constraint = parse_json(arg)
-            self.session.set_params(replace(self.params, constraint=constraint))
+            self.session.set_params(replace(self.session.params, constraint=constraint))
             self.show_constraint()
             self.info("replies are free text" if constraint is None else
                       f"replies follow the {constraint.label}")
@@ -120,10 +120,10 @@ class ControlsMixin:
         """Read a text file for the next message; say its tokens against the context, and
         refuse one that cannot fit beside a reply."""
         attachment = read_attachment(path)
-        if self.engine is not None:
-            n_ctx = self.engine.info.n_ctx
-            tokens = self.engine.count_prompt_tokens([Message("user", attachment.as_message())])
-            if tokens > prompt_budget(n_ctx, self.params.max_tokens):
+        if self.session.engine is not None:
+            n_ctx = self.session.engine.info.n_ctx
+            tokens = self.session.engine.count_prompt_tokens([Message("user", attachment.as_message())])
+            if tokens > prompt_budget(n_ctx, self.session.params.max_tokens):
                 raise UsageError(f"{attachment.name} is {tokens} tokens: it cannot fit in the "
                                  f"{n_ctx}-token context with room for a reply (F6 sets the context)")
             size = f"{tokens} tokens of the {n_ctx}-token context"
@@ -157,7 +157,7 @@ class ControlsMixin:
         if self.generating:
             self.error("a reply is being generated (Esc stops it)")
             return False
-        if self.engine is None or self.switcher.reloading is not None:
+        if self.session.engine is None or self.switcher.reloading is not None:
             self.error("the model is not loaded yet")
             return False
         return True
@@ -273,9 +273,9 @@ class ControlsMixin:
             return
         rows = [(k, v) for k, v in reply.stats.to_dict().items() if k != "draft"]
         rows += [("finish_reason", reply.finish_reason or reply.status), ("status", reply.status)]
-        if self.engine is not None:
-            rows += [("model", self.engine.info.name), ("engine", self.engine.name),
-                     ("chat_template", self.engine.info.chat_template)]
+        if self.session.engine is not None:
+            rows += [("model", self.session.engine.info.name), ("engine", self.session.engine.name),
+                     ("chat_template", self.session.engine.info.chat_template)]
         body = "| field | value |\n| --- | --- |\n" + "\n".join(
             f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows)
         if reply.stats.restored_tokens:
@@ -367,15 +367,15 @@ class ControlsMixin:
                      and e.stats.context_tokens), None)
         if last is not None:
             tokens = last.context_tokens
-        elif self.engine is not None and self.session.entries:
-            tokens = self.engine.count_prompt_tokens(self.session.history)
+        elif self.session.engine is not None and self.session.entries:
+            tokens = self.session.engine.count_prompt_tokens(self.session.history)
         else:
             tokens = 0
         gauges.stats = replace(gauges.stats, context_tokens=tokens)
 
     async def action_fork(self) -> None:
         """/fork: a new conversation holding a copy of the branch on screen."""
-        if self.conversation is None or self.store is None:
+        if self.session.conversation is None or self.session.store is None:
             self.error("nothing to fork: this conversation is not in the history yet")
             return
         if self.generating:

@@ -31,9 +31,9 @@ class Conversations:
     def open_store(self) -> None:
         app = self.app
         try:
-            app.store = ConversationStore.open(self.db_path, busy_timeout_ms=self.busy_timeout_ms)
+            app.session.store = ConversationStore.open(self.db_path, busy_timeout_ms=self.busy_timeout_ms)
         except StoreUnavailable as exc:
-            app.store, app.store_problem = None, exc
+            app.session.store, app.store_problem = None, exc
             app.notice(str(exc))
             if exc.kind == "corrupt":
                 app.push_screen(ConfirmScreen(
@@ -66,7 +66,7 @@ class Conversations:
     async def continue_last(self) -> None:
         last = self.app.session.db(lambda st: st.last_conversation())
         if last is None:
-            self.app.notice("no earlier conversation to continue" if self.app.store
+            self.app.notice("no earlier conversation to continue" if self.app.session.store
                             else "no history to continue from")
             return
         await self.open(last.id)
@@ -82,7 +82,7 @@ class Conversations:
         app.show_system_prompt()
         app.show_constraint()
         await app.query_one(ChatLog).show(app.session.entries)
-        app.switcher.follow(app.conversation)
+        app.switcher.follow(app.session.conversation)
         await self.refresh_sidebar()
         return True
 
@@ -106,7 +106,7 @@ class Conversations:
         if sidebar.has_class("hidden"):
             return
         conversations = app.session.db(lambda st: st.list_conversations(self.search)) or []
-        await sidebar.show(conversations, app.conversation.id if app.conversation else None)
+        await sidebar.show(conversations, app.session.conversation.id if app.session.conversation else None)
 
     async def toggle_sidebar(self) -> None:
         sidebar = self.app.query_one(Sidebar)
@@ -136,10 +136,10 @@ class Conversations:
     # -- renaming, deleting, exporting -----------------------------------------------
 
     def _current_id(self) -> int | None:
-        if self.app.conversation is None:
+        if self.app.session.conversation is None:
             self.app.error("this conversation is not in the history yet")
             return None
-        return self.app.conversation.id
+        return self.app.session.conversation.id
 
     def rename_current(self) -> None:
         if (cid := self._current_id()) is not None:
@@ -162,7 +162,7 @@ class Conversations:
 
     async def rename(self, title: str, conversation_id: int | None = None) -> None:
         """Rename a conversation (None: the current one)."""
-        conversation = self.app.conversation
+        conversation = self.app.session.conversation
         cid = conversation_id if conversation_id is not None else (
             conversation.id if conversation else None)
         if cid is None:
@@ -175,7 +175,7 @@ class Conversations:
         conv = app.session.db(lambda st: st.get_conversation(conversation_id))
         if conv is None:
             return
-        if app.generating and app.conversation and app.conversation.id == conversation_id:
+        if app.generating and app.session.conversation and app.session.conversation.id == conversation_id:
             app.error("a reply is being generated in this conversation (Esc stops it)")
             return
         count = app.session.db(lambda st: st.message_count(conversation_id)) or 0
@@ -195,21 +195,21 @@ class Conversations:
 
     def export(self, fmt: str = "md", path: str | None = None) -> None:
         app = self.app
-        if app.conversation is None or app.store is None:
+        if app.session.conversation is None or app.session.store is None:
             app.error("nothing to export: this conversation is not in the history yet")
             return
         from localchat.paths import data_dir
 
-        cid = app.conversation.id
+        cid = app.session.conversation.id
         conv = app.session.db(lambda st: st.get_conversation(cid))
         stored = app.session.db(lambda st: st.messages(cid))
         if conv is None or stored is None:
             return
         target = Path(path).expanduser() if path else default_export_path(
             data_dir() / "exports", conv, fmt)
-        engine = app.engine
+        engine = app.session.engine
         info = engine.info if engine is not None else None
-        name = (f"{info.name} {info.quant_type}" if info and conv.model == app.config.model
+        name = (f"{info.name} {info.quant_type}" if info and conv.model == app.session.config.model
                 and engine.name != "remote" else None)  # "default" says little
         try:
             export_conversation(target, conv, stored, fmt, name)

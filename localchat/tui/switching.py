@@ -59,8 +59,8 @@ class EngineSwitcher:
 
     def parameters(self) -> None:
         self._on_chat_screen()
-        p, engine = self.app.params, self.app.engine
-        n_ctx = engine.info.n_ctx if engine is not None else (self.app.config.ctx_size or 0)
+        p, engine = self.app.session.params, self.app.session.engine
+        n_ctx = engine.info.n_ctx if engine is not None else (self.app.session.config.ctx_size or 0)
         self.app.push_screen(ParamsScreen(p.sampling, p.max_tokens, n_ctx,
                                           note="Enter applies · Esc cancels"),
                              self._apply_params)
@@ -69,21 +69,21 @@ class EngineSwitcher:
         if values is None:
             return
         app = self.app
-        app.session.set_params(replace(app.params, sampling=values.sampling,
+        app.session.set_params(replace(app.session.params, sampling=values.sampling,
                                        max_tokens=values.max_tokens))
         p = values.sampling
         app.info(f"next reply: temp {p.temperature}, top-k {p.top_k}, top-p {p.top_p}, "
                  f"min-p {p.min_p}, repeat {p.repeat_penalty}, max tokens "
                  f"{values.max_tokens or '–'}, seed {p.seed if p.seed is not None else '–'}")
         if values.ctx_size is not None:
-            self.switch(replace(app.config, ctx_size=values.ctx_size),
+            self.switch(replace(app.session.config, ctx_size=values.ctx_size),
                         f"context {values.ctx_size or 'of the model'}")
 
     # -- models and drafts -----------------------------------------------------------
 
     def pick_model(self) -> None:
         self._on_chat_screen()
-        s, engine = self.app.config, self.app.engine
+        s, engine = self.app.session.config, self.app.session.engine
         if s.endpoint:  # the picker lists files here; a server knows its own models
             self.app.error(f"the model picker lists local files, but {s.endpoint} serves the "
                            "model: use /model NAME with a model it serves")
@@ -98,7 +98,7 @@ class EngineSwitcher:
         if choice is None:
             return
         kind, spec = choice
-        s = self.app.config
+        s = self.app.session.config
         draft = DraftChoice.parse(spec)
         if kind == "model":
             self.use_model(spec)
@@ -111,14 +111,14 @@ class EngineSwitcher:
 
     def use_model(self, model: str) -> None:
         """The picker's or /model's choice (the model in use: only says so)."""
-        if model == self.app.config.model:
+        if model == self.app.session.config.model:
             self.app.info(f"{model} is the model in use")
         else:
-            self.switch(replace(self.app.config, model=model), model)
+            self.switch(replace(self.app.session.config, model=model), model)
 
     def toggle_speculation(self) -> None:
         self._on_chat_screen()
-        s = self.app.config
+        s = self.app.session.config
         if s.draft.enabled:
             self.last_draft = (s.draft, s.num_draft_tokens)
             self.switch(s.without_draft(), "without a draft")
@@ -132,14 +132,14 @@ class EngineSwitcher:
         while a model is loading it only says so."""
         app = self.app
         wanted = app.session.stored_config(conv)
-        if wanted == app.config:
+        if wanted == app.session.config:
             return
-        if app.engine is None and not app.engine_requested:
+        if app.session.engine is None and not app.engine_requested:
             app.session.config = wanted
             return
-        if app.engine is None or self.reloading is not None or app.generating:
+        if app.session.engine is None or self.reloading is not None or app.generating:
             app.notice(f"this conversation used {engine_label(wanted)}; it continues with "
-                       f"{engine_label(app.config)} (F7 or /model {wanted.model} switches)")
+                       f"{engine_label(app.session.config)} (F7 or /model {wanted.model} switches)")
             return
         self.switch(wanted, f"{engine_label(wanted)} (this conversation's)")
 
@@ -151,7 +151,7 @@ class EngineSwitcher:
         if app.generating:
             app.error("a reply is being generated (Esc stops it)")
             return False
-        if self.reloading is not None or app.engine is None:
+        if self.reloading is not None or app.session.engine is None:
             app.error("the model is still loading")
             return False
         self.reloading = what
@@ -169,7 +169,7 @@ class EngineSwitcher:
 
     def _load(self, config: EngineConfig, what: str) -> None:
         """In the worker thread."""
-        old, owned = self.app.engine, self.app.owns_engine
+        old, owned = self.app.session.engine, self.app.owns_engine
         try:
             engine = open_engine(config)
         except LocalchatError as exc:
@@ -187,7 +187,7 @@ class EngineSwitcher:
         if message.error:
             gauges.state = "ready"
             app.error(f"could not load {message.what}: {message.error} (still using "
-                      f"{app.config.model})")
+                      f"{app.session.config.model})")
             return
         s = message.config
         app.session.use_engine(message.engine, s)
@@ -196,7 +196,7 @@ class EngineSwitcher:
         app.query_one(RateSparkline).reset()
         app.show_engine()
         gauges.state = "ready"
-        app.info(f"loaded {message.what}: ctx {app.engine.info.n_ctx}, draft "
+        app.info(f"loaded {message.what}: ctx {app.session.engine.info.n_ctx}, draft "
                  f"{s.draft.label()}")
 
 

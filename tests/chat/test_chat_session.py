@@ -134,8 +134,10 @@ def test_a_prompt_too_long_for_the_context_drops_the_turn_with_an_error(small_en
     reply = session.send("word " * 600)
     entry = session.run(reply)
     assert "prompt is" in entry.error and entry.status == ReplyStatus.INTERRUPTED
-    assert session.entries == [] and stored(session) == []
+    assert session.entries == [] and session.conversation is None  # no empty chat is left
+    assert store.list_conversations() == []
     assert session.run(session.send("Hi")).status == ReplyStatus.COMPLETE  # it goes on
+    assert [m.role for m in stored(session)] == ["user", "assistant"]
 
 
 def test_an_engine_error_mid_reply_keeps_its_text_interrupted(engine, store):

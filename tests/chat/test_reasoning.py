@@ -57,7 +57,7 @@ async def test_a_stored_thinking_reply_is_collapsed_copied_apart_and_not_sent_ba
         head = view.query_one(".thinking-head")
         assert head.display and "▸ Thinking" in str(head.render())
         assert view.markdown.source == "Hello!" and not view.reasoning_open
-        assert [m.content for m in app.history] == ["Hello", "Hello!"]  # reasoning not sent
+        assert [m.content for m in app.session.history] == ["Hello", "Hello!"]  # reasoning not sent
         await pilot.press("f5")
         assert view.reasoning_open and "I greet back." in str(view.query_one(".thinking-text").render())
         await send(pilot, "/copy")
@@ -81,7 +81,7 @@ async def test_a_reply_that_streams_a_thinking_block_fills_the_section(engine):
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
         await pilot.press("ctrl+g")
         entry = app.entries[1]
-        await wait_until(pilot, lambda: not app._generating and entry.status != "streaming")
+        await wait_until(pilot, lambda: not app.generating and entry.status != "streaming")
         view = entry.view
         reasoning, answer = split_reply(entry.content)
         assert entry.content.startswith("<think>\nTwo plus two") and len(entry.content) > 20

@@ -359,16 +359,16 @@ async def test_the_chat_ui_runs_on_the_endpoint(server_url):
         while app.query_one(GaugeBar).state != "ready":
             assert time.monotonic() < deadline
             await pilot.pause(0.05)
-        assert app.engine.name == "remote"
+        assert app.session.engine.name == "remote"
         prompt = app.query_one(PromptInput)
         prompt.text = "Which city is the capital of France?"
         prompt.focus()
         await pilot.press("enter")
-        while len(app.history) < 2 or app._generating:
+        while len(app.session.history) < 2 or app.generating:
             assert time.monotonic() < deadline + 30
             await pilot.pause(0.05)
-        assert app.history[-1].content.strip()
+        assert app.session.history[-1].content.strip()
         gauges = str(app.query_one(GaugeBar).render())
         assert "/2048" in gauges and "KV n/a" in gauges and "0 B" not in gauges
         title = str(app.query_one("#title").render())
-        assert "remote · remote" not in title and app.engine.info.path in title
+        assert "remote · remote" not in title and app.session.engine.info.path in title

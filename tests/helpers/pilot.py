@@ -54,10 +54,10 @@ async def chat(pilot, text: str) -> None:
     app = pilot.app
     n = len(app.entries)
     await send(pilot, text)
-    await wait_until(pilot, lambda: not app._generating and len(app.entries) >= n + 2
+    await wait_until(pilot, lambda: not app.generating and len(app.entries) >= n + 2
                      and app.entries[-1].status != "streaming")
 
 
 def stored(app):
     """The open conversation's messages as the store has them."""
-    return app.store.messages(app.conversation.id)
+    return app.session.store.messages(app.session.conversation.id)

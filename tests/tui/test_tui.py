@@ -24,11 +24,11 @@ async def test_send_message_streams_reply_and_gauges_move(engine):
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
         gauges = app.query_one(GaugeBar)
         updates = []
-        gauges.watch(gauges, "stats", lambda s: updates.append((s, app._generating)), init=False)
+        gauges.watch(gauges, "stats", lambda s: updates.append((s, app.generating)), init=False)
         await send(pilot, "Write a long story about a dragon.")
-        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        await wait_until(pilot, lambda: len(app.session.history) == 2 and not app.generating)
         reply = replies(app)[-1]
-        assert reply.markdown.source == app.history[-1].content != ""
+        assert reply.markdown.source == app.session.history[-1].content != ""
         streaming = [s.completion_tokens for s, generating in updates if generating]
         assert len(set(streaming)) >= 3, "gauges did not update while tokens streamed"
         assert streaming == sorted(streaming)
@@ -40,9 +40,9 @@ async def test_send_message_streams_reply_and_gauges_move(engine):
         rendered = str(gauges.render())
         assert "TTFT" in rendered and "tok/s" in rendered and f"/{engine.info.n_ctx}" in rendered
         assert app.query_one(PromptInput).text == ""  # input cleared after sending
-        assert [m.role for m in app.history] == ["user", "assistant"]
+        assert [m.role for m in app.session.history] == ["user", "assistant"]
         await send(pilot, "Which city is the capital of France?")
-        await wait_until(pilot, lambda: len(app.history) == 4 and not app._generating)
+        await wait_until(pilot, lambda: len(app.session.history) == 4 and not app.generating)
         assert "France" in replies(app)[-1].markdown.source or \
             "Paris" in replies(app)[-1].markdown.source  # on topic
         assert gauges.stats.cached_tokens > 0  # the second turn reused the first's KV prefix
@@ -59,11 +59,11 @@ async def test_escape_stops_generation_and_keeps_partial_reply(engine):
         assert app.last_error.startswith("a reply is being generated: Esc stops it")
         assert app.query_one(PromptInput).text == "And then?"
         await pilot.press("escape")
-        await wait_until(pilot, lambda: not app._generating)
+        await wait_until(pilot, lambda: not app.generating)
         reply = replies(app)[-1]
         assert "stopped" in str(reply.status.render())
         assert gauges.stats.completion_tokens < 400
-        assert app.history[-1].role == "assistant" and app.history[-1].content
+        assert app.session.history[-1].role == "assistant" and app.session.history[-1].content
 
 
 async def test_newline_key_does_not_send(engine):
@@ -87,8 +87,8 @@ async def test_fast_typing_then_enter_sends_everything_typed(engine):
         for ch in text:
             app.post_message(events.Key(ch, ch))
         app.post_message(events.Key("enter", "\r"))
-        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
-        assert app.history[0].content == text
+        await wait_until(pilot, lambda: len(app.session.history) == 2 and not app.generating)
+        assert app.session.history[0].content == text
         assert app.query_one(PromptInput).text == ""
 
 
@@ -99,11 +99,11 @@ async def test_history_longer_than_context_drops_oldest_turns_and_says_so(small_
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
         for i in range(6):  # ~60 tokens a turn against a 256-token context
             await send(pilot, f"Fact {i}: " + "the ocean is deep and the sky is wide. " * 5)
-            await wait_until(pilot, lambda: not app._generating and len(app.history) == 2 * (i + 1) + 1)
+            await wait_until(pilot, lambda: not app.generating and len(app.session.history) == 2 * (i + 1) + 1)
         notices = [str(n.render()) for n in app.query(".notice")]
         assert any(re.search(r"\d+ earlier turn\(s\) dropped", n) for n in notices), notices
-        assert app.history[0].role == "system"
-        assert all(m.content for m in app.history if m.role == "assistant")
+        assert app.session.history[0].role == "system"
+        assert all(m.content for m in app.session.history if m.role == "assistant")
 
 
 async def test_message_longer_than_the_context_is_an_error_not_a_crash(small_engine):
@@ -113,10 +113,10 @@ async def test_message_longer_than_the_context_is_an_error_not_a_crash(small_eng
         await send(pilot, "word " * 600)
         reply = replies(app)[-1]
         await wait_until(pilot, lambda: "error" in str(reply.status.render()))
-        assert re.search(r"prompt is \d+ tokens but only \d+ fit", str(reply.status.render()))
-        assert app.history == [] and not app._generating
+        assert re.search(r"prompt is \d+ tokens but the context window is \d+", str(reply.status.render()))
+        assert app.session.history == [] and not app.generating
         await send(pilot, "Hi")  # the chat still works
-        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        await wait_until(pilot, lambda: len(app.session.history) == 2 and not app.generating)
 
 
 async def test_ctrl_q_quits_cleanly(engine):
@@ -135,7 +135,7 @@ async def test_app_loads_the_model_itself_without_blocking(tmp_path):
         gauges = app.query_one(GaugeBar)
         assert gauges.state in ("loading model…", "ready")
         await wait_until(pilot, lambda: gauges.state == "ready")
-        assert "SmolLM2" in str(app.query_one("#title").render()) or app.engine.info.name
+        assert "SmolLM2" in str(app.query_one("#title").render()) or app.session.engine.info.name
         await pilot.press("ctrl+q")
 
 
@@ -168,7 +168,7 @@ async def test_chat_on_the_torch_engine(torch_engine):
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
         await send(pilot, "Hello! Who are you?")
-        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        await wait_until(pilot, lambda: len(app.session.history) == 2 and not app.generating)
         assert replies(app)[-1].markdown.source.strip()
         assert "torch" in str(app.query_one("#title").render())
         stats = app.query_one(GaugeBar).stats  # the reply is done: its blocks are cached now,

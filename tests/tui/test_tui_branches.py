@@ -22,7 +22,7 @@ def on_screen(app) -> list[str]:
 
 async def settled(pilot, n: int) -> None:
     app = pilot.app
-    await wait_until(pilot, lambda: not app._generating and len(app.entries) == n
+    await wait_until(pilot, lambda: not app.generating and len(app.entries) == n
                      and app.entries[-1].status == "complete")
 
 
@@ -41,8 +41,8 @@ async def test_an_edit_becomes_a_version_and_alt_arrows_switch_back(engine):
         italy = on_screen(app)
         assert italy[0] == "What is the capital of Italy?" and stored(app)[0].version == (2, 2)
         assert "2/2" in labels(app)[0] and "/" not in labels(app)[1]
-        cid = app.conversation.id
-        assert app.store.message_count(cid) == 4  # the France turn was kept
+        cid = app.session.conversation.id
+        assert app.session.store.message_count(cid) == 4  # the France turn was kept
 
         await pilot.press("alt+left")  # no selection: the lowest message with versions
         await wait_until(pilot, lambda: on_screen(app) == france)
@@ -54,7 +54,7 @@ async def test_an_edit_becomes_a_version_and_alt_arrows_switch_back(engine):
         reply = app.entries[-1]
         assert [m.content for m in stored(app)][:2] == france and len(stored(app)) == 4
         # the France reply's KV came back from the prefix cache, not only the shared start
-        first_turn = engine.count_prompt_tokens(app.history[:3])
+        first_turn = engine.count_prompt_tokens(app.session.history[:3])
         assert reply.stats.cached_tokens >= first_turn - 16, (reply.stats, first_turn)
         assert "prompt tokens cached" in str(reply.view.status.render())
 
@@ -72,7 +72,7 @@ async def test_an_edit_becomes_a_version_and_alt_arrows_switch_back(engine):
         await wait_until(pilot, lambda: on_screen(app)[:2] == france and len(app.entries) == 4)
         assert app.query_one(GaugeBar).stats.context_tokens == spain_ctx
 
-        md = to_markdown(app.conversation, stored(app))
+        md = to_markdown(app.session.conversation, stored(app))
         assert "France" in md and "Spain" in md and "Italy" not in md  # the branch on screen
         assert "## You (version 1 of 2)" in md
 
@@ -86,24 +86,24 @@ async def test_regenerating_a_selected_earlier_reply_keeps_the_later_turns(engin
         before = on_screen(app)
         await pilot.press("alt+up", "alt+up", "alt+up")  # the last reply, the fruit, the colour reply
         assert app.selected == 1 and app.entries[1].view.has_class("selected")
-        app.session.set_params(replace(app.params, sampling=SamplingParams(temperature=1.5, seed=7)))
+        app.session.set_params(replace(app.session.params, sampling=SamplingParams(temperature=1.5, seed=7)))
         await pilot.press("ctrl+r")
         await settled(pilot, 2)
         assert app.selected is None and on_screen(app)[0] == before[0]
         assert "2/2" in labels(app)[1]
-        cid = app.conversation.id
-        assert app.store.message_count(cid) == 5  # both later turns kept in the old branch
+        cid = app.session.conversation.id
+        assert app.session.store.message_count(cid) == 5  # both later turns kept in the old branch
         await pilot.press("alt+up", "alt+left")
         await wait_until(pilot, lambda: on_screen(app) == before)
         await pilot.press("escape")
         assert app.selected is None and not app.query(".selected")
 
         await send(pilot, "/fork")
-        await wait_until(pilot, lambda: app.conversation.id != cid)
-        assert on_screen(app) == before and app.conversation.title.endswith("(fork)")
+        await wait_until(pilot, lambda: app.session.conversation.id != cid)
+        assert on_screen(app) == before and app.session.conversation.title.endswith("(fork)")
         assert [m.content for m in stored(app)] == before
-        assert app.store.message_count(app.conversation.id) == 4
-        assert app.store.message_count(cid) == 5
+        assert app.session.store.message_count(app.session.conversation.id) == 4
+        assert app.session.store.message_count(cid) == 5
 
 
 async def test_switching_has_a_one_line_reason_when_there_is_nothing_to_switch(engine):
@@ -115,7 +115,7 @@ async def test_switching_has_a_one_line_reason_when_there_is_nothing_to_switch(e
         await chat(pilot, "Hi")
         await pilot.press("alt+left")
         assert "one version" in app.last_error
-        cid = app.conversation.id
+        cid = app.session.conversation.id
         await send(pilot, "/fork")
-        await wait_until(pilot, lambda: app.conversation.id != cid)
-        assert app.conversation.title == "Hi (fork)" and len(app.entries) == 2
+        await wait_until(pilot, lambda: app.session.conversation.id != cid)
+        assert app.session.conversation.title == "Hi (fork)" and len(app.entries) == 2

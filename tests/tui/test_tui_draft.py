@@ -48,7 +48,7 @@ async def reply_to(pilot, text: str):
     app = pilot.app
     n = len(app.entries)
     await send(pilot, text)
-    await wait_until(pilot, lambda: not app._generating and len(app.entries) == n + 2
+    await wait_until(pilot, lambda: not app.generating and len(app.entries) == n + 2
                      and app.entries[-1].status != "streaming")
     return app.entries[-1]
 
@@ -101,7 +101,7 @@ async def test_gauges_show_draft_acceptance_and_f4_colours_drafted_tokens(draft_
         await pilot.press("escape")
 
         # reopened from the history: no flags, so it stays Markdown with colours on
-        first_id = app.conversation.id
+        first_id = app.session.conversation.id
         await pilot.press("ctrl+n")
         assert await app.open_conversation(first_id)
         await pilot.press("f4")

@@ -41,25 +41,25 @@ async def test_messages_are_saved_and_conversations_switch_from_the_sidebar(engi
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await chat(pilot, "What is the capital of France?")
-        first = app.conversation
+        first = app.session.conversation
         msgs = stored(app)
         assert [(m.role, m.status) for m in msgs] == [("user", "complete"), ("assistant", "complete")]
         assert msgs[1].content == app.entries[1].content != ""
         assert msgs[1].stats["completion_tokens"] == app.entries[1].stats.completion_tokens
         assert first.title == "What is the capital of France?"
-        assert app.store.get_conversation(first.id).params["max_tokens"] == 8
+        assert app.session.store.get_conversation(first.id).params["max_tokens"] == 8
 
         await pilot.press("ctrl+n")
-        assert app.entries == [] and app.conversation is None
+        assert app.entries == [] and app.session.conversation is None
         await chat(pilot, "Name a colour.")
-        second = app.conversation
+        second = app.session.conversation
         assert second.id != first.id
 
         await pilot.press("ctrl+b")
         assert not app.query_one(Sidebar).has_class("hidden")
         assert sidebar_titles(app) == ["Name a colour.", "What is the capital of France?"]
         await pilot.press("down", "enter")  # open the older one
-        await wait_until(pilot, lambda: app.conversation.id == first.id)
+        await wait_until(pilot, lambda: app.session.conversation.id == first.id)
         assert [e.content for e in app.entries] == [m.content for m in msgs]
         assert app.query_one(PromptInput).has_focus
         await pilot.press("ctrl+b")
@@ -70,7 +70,7 @@ async def test_rename_delete_with_confirmation_and_search(engine):
     app = make_app(engine)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
-        store = app.store
+        store = app.session.store
         a = store.create_conversation("Dragons")
         store.add_message(a.id, "user", "tell me about wyverns")
         b = store.create_conversation("Cooking")
@@ -121,15 +121,15 @@ async def test_continue_flag_reopens_the_last_conversation_with_its_settings(eng
     app = ChatApp(*chat_config(), engine=engine, continue_last=True)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
-        assert app.conversation.id == c.id
+        assert app.session.conversation.id == c.id
         assert [(e.role, e.content, e.status) for e in app.entries] == [
             ("user", "Hello", "complete"), ("assistant", "Hi th", "interrupted")]
         assert "interrupted" in str(app.entries[1].view.status.render())
-        s = app.params
+        s = app.session.params
         assert (s.system, s.sampling.top_k, s.max_tokens) == ("Be terse.", 7, 5)
-        assert app.history[0].content == "Be terse."
+        assert app.session.history[0].content == "Be terse."
         await pilot.press("ctrl+g")  # continue the interrupted reply
-        await wait_until(pilot, lambda: not app._generating and app.entries[1].status != "streaming")
+        await wait_until(pilot, lambda: not app.generating and app.entries[1].status != "streaming")
         msgs = stored(app)
         assert len(msgs) == 2 and msgs[1].content.startswith("Hi th")
         assert len(msgs[1].content) > len("Hi th") and msgs[1].content == app.entries[1].content
@@ -148,10 +148,10 @@ async def test_continue_loads_the_conversations_model_context_and_draft_first(tm
     store.close()
     app = ChatApp(*chat_config(threads=2), continue_last=True)  # loads its own engine
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_until(pilot, lambda: app.engine is not None
+        await wait_until(pilot, lambda: app.session.engine is not None
                          and app.query_one(GaugeBar).state == "ready")
-        assert app.engine.info.path == str(other) and app.engine.info.n_ctx == 256
-        assert (app.config.model, app.config.draft.record()) == (str(other), "ngram")
+        assert app.session.engine.info.path == str(other) and app.session.engine.info.n_ctx == 256
+        assert (app.session.config.model, app.session.config.draft.record()) == (str(other), "ngram")
         assert not app.query(".notice")
 
 
@@ -162,7 +162,7 @@ async def test_regenerate_replaces_the_last_reply(engine):
         await chat(pilot, "Say one word.")
         old, old_view = stored(app)[1], app.entries[-1].view
         await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: not app._generating and app.entries[-1].view is not old_view
+        await wait_until(pilot, lambda: not app.generating and app.entries[-1].view is not old_view
                          and app.entries[-1].status == "complete")
         msgs = stored(app)
         assert [m.role for m in msgs] == ["user", "assistant"]
@@ -187,7 +187,7 @@ async def test_edit_the_last_message_and_resend(engine):
         await pilot.press("up")
         prompt.text = "What is the capital of Italy?"
         await pilot.press("enter")
-        await wait_until(pilot, lambda: not app._generating and len(app.entries) == 2
+        await wait_until(pilot, lambda: not app.generating and len(app.entries) == 2
                          and app.entries[-1].status == "complete")
         msgs = stored(app)
         assert [(m.role, m.status) for m in msgs] == [("user", "complete"), ("assistant", "complete")]
@@ -204,13 +204,13 @@ async def test_escape_saves_the_partial_reply_as_interrupted_and_continue_extend
         gauges = app.query_one(GaugeBar)
         await wait_until(pilot, lambda: gauges.stats is not None and gauges.stats.completion_tokens >= 3)
         await pilot.press("escape")
-        await wait_until(pilot, lambda: not app._generating and app.entries[-1].status == "interrupted")
+        await wait_until(pilot, lambda: not app.generating and app.entries[-1].status == "interrupted")
         msg = stored(app)[1]
         assert msg.status == "interrupted" and msg.content == app.entries[1].content != ""
         partial = msg.content
         await send(pilot, "/set max_tokens 6")
         await send(pilot, "/continue")
-        await wait_until(pilot, lambda: not app._generating and app.entries[-1].status == "complete")
+        await wait_until(pilot, lambda: not app.generating and app.entries[-1].status == "complete")
         msg = stored(app)[1]
         assert len(stored(app)) == 2
         assert msg.content.startswith(partial) and len(msg.content) > len(partial)
@@ -223,7 +223,7 @@ async def test_slash_commands_set_validate_and_report_one_line_errors(engine):
         await ready(pilot)
         prompt = app.query_one(PromptInput)
         await send(pilot, "/set temp 1.5")
-        assert app.params.sampling.temperature == 1.5
+        assert app.session.params.sampling.temperature == 1.5
         for bad, needle in [("/set temp -1", "temperature"), ("/set top_p 2", "top-p"),
                             ("/set top_k x", "whole number"), ("/set bogus 1", "unknown parameter"),
                             ("/set max_tokens 0", "max_tokens"), ("/frobnicate", "unknown command")]:
@@ -231,18 +231,18 @@ async def test_slash_commands_set_validate_and_report_one_line_errors(engine):
             assert needle in app.last_error and "\n" not in app.last_error
             assert prompt.text == bad  # what was typed is back in the input
             prompt.text = ""
-        assert app.params.sampling.temperature == 1.5 and app.entries == []
+        assert app.session.params.sampling.temperature == 1.5 and app.entries == []
         await send(pilot, "/set temp 0")
         await send(pilot, "/set seed 42")
         await send(pilot, "/system Answer in one word.")
-        assert app.params.system == "Answer in one word." and app.params.sampling.seed == 42
+        assert app.session.params.system == "Answer in one word." and app.session.params.sampling.seed == 42
         await chat(pilot, "Capital of France?")
-        conv = app.store.get_conversation(app.conversation.id)
+        conv = app.session.store.get_conversation(app.session.conversation.id)
         assert conv.system_prompt == "Answer in one word." and conv.params["seed"] == 42
         await send(pilot, "/set top_k 12")  # saved with the conversation from now on
-        assert app.store.get_conversation(app.conversation.id).params["top_k"] == 12
+        assert app.session.store.get_conversation(app.session.conversation.id).params["top_k"] == 12
         await send(pilot, "//etc is a folder")  # // sends a message starting with /
-        await wait_until(pilot, lambda: not app._generating and len(app.entries) == 4)
+        await wait_until(pilot, lambda: not app.generating and len(app.entries) == 4)
         assert app.entries[2].content == "/etc is a folder"
 
 
@@ -281,10 +281,10 @@ async def test_export_stats_copy_help_and_clear(engine):
         assert isinstance(app.screen, InfoScreen) and "/regen" in app.screen.body
         await pilot.press("escape")
 
-        old = app.conversation.id
+        old = app.session.conversation.id
         await send(pilot, "/clear")
-        assert app.entries == [] and app.conversation is None
-        assert len(app.store.messages(old)) == 2  # the old one stays in the history
+        assert app.entries == [] and app.session.conversation is None
+        assert len(app.session.store.messages(old)) == 2  # the old one stays in the history
 
 
 async def test_ctrl_n_from_the_conversation_list_puts_the_focus_in_the_input(engine):
@@ -292,14 +292,14 @@ async def test_ctrl_n_from_the_conversation_list_puts_the_focus_in_the_input(eng
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await chat(pilot, "Hello")
-        first = app.conversation.id
+        first = app.session.conversation.id
         await pilot.press("ctrl+b", "ctrl+n")
         await pilot.pause()
         assert isinstance(app.focused, PromptInput)
         assert app.query_one(GaugeBar).stats is None  # not the last chat's ctx and rates
         await pilot.press(*"Hi", "enter")  # typed into the new chat, not the list
-        await wait_until(pilot, lambda: not app._generating and len(app.entries) == 2)
-        assert app.entries[0].content == "Hi" and app.conversation.id != first
+        await wait_until(pilot, lambda: not app.generating and len(app.entries) == 2)
+        assert app.entries[0].content == "Hi" and app.session.conversation.id != first
 
 
 async def test_the_system_prompt_is_shown_and_an_empty_chat_says_what_to_do(engine):
@@ -376,7 +376,7 @@ async def test_command_palette_provider_runs_chat_actions(engine):
         hits = [h async for h in provider.search("regenerate")]
         assert hits and hits[0].text == "Regenerate reply"
         await hits[0].command()
-        await wait_until(pilot, lambda: not app._generating and app.entries[-1].view is not old_view
+        await wait_until(pilot, lambda: not app.generating and app.entries[-1].view is not old_view
                          and app.entries[-1].status == "complete")
         titles = [h.text async for h in provider.discover()]
         assert {"Continue reply", "Export as JSON", "Copy last code block", "Help"} <= set(titles)
@@ -390,7 +390,7 @@ async def test_corrupt_database_starts_without_history_and_sets_it_aside(engine)
     app = make_app(engine)
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
-        assert app.store is None and app.store_problem.kind == "corrupt"
+        assert app.session.store is None and app.store_problem.kind == "corrupt"
         notices = [str(n.render()) for n in app.query(".notice")]
         assert any("damaged" in n for n in notices), notices
         assert isinstance(app.screen, ConfirmScreen)
@@ -401,7 +401,7 @@ async def test_corrupt_database_starts_without_history_and_sets_it_aside(engine)
         app.conversations.answer_set_aside(True)  # what "Set aside" does
         aside = [p for p in home().iterdir() if p.name.startswith("history.db.corrupt-")]
         assert len(aside) == 1 and aside[0].read_bytes() == garbage
-        assert app.store is not None and app.store.integrity_check() == "ok"
+        assert app.session.store is not None and app.session.store.integrity_check() == "ok"
         await chat(pilot, "Hello again")
         assert [m.content for m in stored(app)][0] == "Hello again"
 
@@ -414,7 +414,7 @@ async def test_corrupt_database_set_aside_from_the_dialog(engine):
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await pilot.press("y")
-        await wait_until(pilot, lambda: app.store is not None)
+        await wait_until(pilot, lambda: app.session.store is not None)
         assert any(p.name.startswith("history.db.corrupt-") for p in home().iterdir())
 
 
@@ -428,7 +428,7 @@ async def test_locked_database_starts_without_history_and_says_so(engine):
         app = make_app(engine, db_busy_timeout_ms=200)
         async with app.run_test(size=(100, 30)) as pilot:
             await ready(pilot)
-            assert app.store is None and app.store_problem.kind == "locked"
+            assert app.session.store is None and app.store_problem.kind == "locked"
             notices = [str(n.render()) for n in app.query(".notice")]
             assert any("locked" in n and "history is off" in n for n in notices), notices
             await chat(pilot, "Hi")  # chatting still works, in memory
@@ -447,7 +447,7 @@ async def test_keys_rebound_by_action_name_in_config_toml(engine):
         await chat(pilot, "Say one word.")
         old_view = app.entries[-1].view
         await pilot.press("f5")
-        await wait_until(pilot, lambda: not app._generating and app.entries[-1].view is not old_view
+        await wait_until(pilot, lambda: not app.generating and app.entries[-1].view is not old_view
                          and app.entries[-1].status == "complete")
         theme = app.theme
         await pilot.press("f9")
@@ -475,9 +475,9 @@ async def test_a_fork_keeps_its_mark_in_the_sidebar_and_an_attachment_is_not_the
         await ready(pilot)
         await send(pilot, f"/attach {code}")
         await chat(pilot, "What is the capital of France, and what does this file do?")
-        assert app.conversation.title.startswith("What is the capital of France")
+        assert app.session.conversation.title.startswith("What is the capital of France")
         await send(pilot, "/fork")
-        await wait_until(pilot, lambda: app.conversation.title.endswith("(fork)"))
+        await wait_until(pilot, lambda: app.session.conversation.title.endswith("(fork)"))
         await pilot.press("ctrl+b")
         await pilot.pause()
         items = list(app.query(ConversationItem))
@@ -502,19 +502,19 @@ async def test_json_command_constrains_this_conversations_replies_and_is_stored(
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await send(pilot, f"/json {tmp_path / 'city.json'}")
-        assert app.params.constraint is not None and app.query_one(GaugeBar).constrained
+        assert app.session.params.constraint is not None and app.query_one(GaugeBar).constrained
         assert "json" in str(app.query_one(GaugeBar).render())
         await chat(pilot, "Which city is the capital of France?")
         reply = app.entries[-1]
         jsonschema.validate(json.loads(reply.content), schema)
         assert reply.finish_reason == "stop"
-        cid = app.conversation.id
-        assert app.store.get_conversation(cid).params["constraint"]["kind"] == "json_schema"
+        cid = app.session.conversation.id
+        assert app.session.store.get_conversation(cid).params["constraint"]["kind"] == "json_schema"
         await app.conversations.new()
-        assert app.params.constraint is None and not app.query_one(GaugeBar).constrained
+        assert app.session.params.constraint is None and not app.query_one(GaugeBar).constrained
         assert await app.open_conversation(cid)
-        assert app.params.constraint is not None and app.query_one(GaugeBar).constrained
+        assert app.session.params.constraint is not None and app.query_one(GaugeBar).constrained
         await send(pilot, "/json off")
-        assert app.params.constraint is None
+        assert app.session.params.constraint is None
         await send(pilot, "/json /no/such/schema.json")
         assert "cannot read it" in app.last_error

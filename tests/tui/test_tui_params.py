@@ -30,7 +30,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 def ready(app) -> bool:
-    return app.query_one(GaugeBar).state == "ready" and app._reloading is None
+    return app.query_one(GaugeBar).state == "ready" and app.switcher.reloading is None
 
 
 def self_loading_app(max_tokens: int) -> ChatApp:
@@ -40,13 +40,13 @@ def self_loading_app(max_tokens: int) -> ChatApp:
 
 async def loaded(pilot) -> None:
     """Wait until the app's engine is loaded and no reload is under way."""
-    await wait_until(pilot, lambda: ready(pilot.app) and pilot.app.engine is not None)
+    await wait_until(pilot, lambda: ready(pilot.app) and pilot.app.session.engine is not None)
 
 
 async def say_hello(pilot) -> None:
     """Send "Hello" as the first message and wait for the reply to finish."""
     await send(pilot, "Hello")
-    await wait_until(pilot, lambda: len(pilot.app.history) == 2 and not pilot.app._generating)
+    await wait_until(pilot, lambda: len(pilot.app.session.history) == 2 and not pilot.app.generating)
 
 
 async def open_screen(pilot, key, screen_class):
@@ -74,7 +74,7 @@ async def test_parameters_panel_rejects_bad_values_inline_and_applies_good_ones(
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, lambda: ready(app))
         await send(pilot, "Say hi.")  # a conversation in the history to store them with
-        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        await wait_until(pilot, lambda: len(app.session.history) == 2 and not app.generating)
         await open_screen(pilot, "f6", ParamsScreen)
         await fill(pilot, temperature="hot", top_p="1.5", repeat_penalty="0", max_tokens="0",
                    ctx_size="8", seed="-3")
@@ -87,7 +87,7 @@ async def test_parameters_panel_rejects_bad_values_inline_and_applies_good_ones(
         assert "✗ must be a number, got 'hot'" in shown["temperature"]
         assert "must be in (0, 1], got 1.5" in shown["top_p"]  # SamplingParams' own message
         assert "must be >= 1" in shown["max_tokens"]
-        assert app.params.sampling == GREEDY and app.params.max_tokens == 8  # not applied
+        assert app.session.params.sampling == GREEDY and app.session.params.max_tokens == 8  # not applied
         await fill(pilot, temperature="0.7", top_k="12", top_p="0.9", min_p="0.1",
                    repeat_penalty="1.1", max_tokens="", ctx_size=str(engine.info.n_ctx),
                    seed="42")
@@ -95,9 +95,9 @@ async def test_parameters_panel_rejects_bad_values_inline_and_applies_good_ones(
         await wait_until(pilot, lambda: not isinstance(app.screen, ParamsScreen))
         expected = SamplingParams(temperature=0.7, top_k=12, top_p=0.9, min_p=0.1,
                                   repeat_penalty=1.1, seed=42)
-        assert app.params.sampling == expected and app.params.max_tokens is None
-        assert app.engine is engine and app._reloading is None  # same context: no reload
-        stored = app.store.get_conversation(app.conversation.id).params
+        assert app.session.params.sampling == expected and app.session.params.max_tokens is None
+        assert app.session.engine is engine and app.switcher.reloading is None  # same context: no reload
+        stored = app.session.store.get_conversation(app.session.conversation.id).params
         assert stored["temperature"] == 0.7 and stored["seed"] == 42 and stored["top_k"] == 12
         # the next reply runs with them, and keeps them
         await open_screen(pilot, "f6", ParamsScreen)
@@ -105,21 +105,21 @@ async def test_parameters_panel_rejects_bad_values_inline_and_applies_good_ones(
         await pilot.press("enter")
         await wait_until(pilot, lambda: not isinstance(app.screen, ParamsScreen))
         await send(pilot, "Tell me a story.")
-        await wait_until(pilot, lambda: len(app.history) == 4 and not app._generating)
+        await wait_until(pilot, lambda: len(app.session.history) == 4 and not app.generating)
         assert app.entries[-1].stats.completion_tokens <= 6
-        reply = app.store.messages(app.conversation.id)[-1]
+        reply = app.session.store.messages(app.session.conversation.id)[-1]
         assert reply.params["temperature"] == 0.7 and reply.params["max_tokens"] == 6
         await open_screen(pilot, "f6", ParamsScreen)
         await pilot.press("escape")  # cancel changes nothing
         await wait_until(pilot, lambda: not isinstance(app.screen, ParamsScreen))
-        assert not isinstance(app.screen, ParamsScreen) and app.params.max_tokens == 6
+        assert not isinstance(app.screen, ParamsScreen) and app.session.params.max_tokens == 6
 
 
 async def test_context_size_change_reloads_the_engine_without_blocking_the_ui(monkeypatch):
     app = self_loading_app(4)
     async with app.run_test(size=(80, 24)) as pilot:
         await loaded(pilot)
-        old = app.engine
+        old = app.session.engine
         gate, real_load = threading.Event(), switching.open_engine
         monkeypatch.setattr(switching, "open_engine",
                             lambda config: gate.wait(60) and real_load(config))  # a slow load
@@ -130,17 +130,17 @@ async def test_context_size_change_reloads_the_engine_without_blocking_the_ui(mo
         await wait_until(pilot, lambda: gauges.state.startswith("loading context 512… "))
         await wait_until(pilot, lambda: gauges.state.endswith("1 s"))  # the count moves
         await send(pilot, "typed while loading")  # the UI answers; nothing is sent yet
-        assert app.history == [] and "typed while loading" in app.query_one("#prompt").text
-        assert app.engine is old
+        assert app.session.history == [] and "typed while loading" in app.query_one("#prompt").text
+        assert app.session.engine is old
         gate.set()
         await wait_until(pilot, lambda: ready(app))
-        assert app.engine is not old and app.engine.info.n_ctx == 512
-        assert app.config.ctx_size == 512 and "ctx 512" in str(app.query_one("#title").render())
+        assert app.session.engine is not old and app.session.engine.info.n_ctx == 512
+        assert app.session.config.ctx_size == 512 and "ctx 512" in str(app.query_one("#title").render())
         app.query_one("#prompt").clear()
         await send(pilot, "Hi")
-        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        await wait_until(pilot, lambda: len(app.session.history) == 2 and not app.generating)
         assert app.entries[-1].stats.context_capacity == 512
-        assert app.store.get_conversation(app.conversation.id).params["ctx_size"] == 512
+        assert app.session.store.get_conversation(app.session.conversation.id).params["ctx_size"] == 512
 
 
 async def test_palette_opens_the_parameters_panel_and_the_model_picker(engine):
@@ -213,8 +213,8 @@ async def test_model_picker_lists_models_and_switches_model_and_draft_live(local
         assert bundled.fits is True and bundled.ctx == 256
         # SmolLM2: 30 layers, 3 KV heads, 64 dims, as the llama.cpp engine keeps them on the
         # CPU (f16 K and V, llama.cpp's default), for each of the chat's KV slots: the gauge's capacity
-        assert bundled.kv_bytes_per_token == 23040 == app.engine.info.kv_bytes_per_token
-        assert bundled.kv_bytes == app.engine.memory()["kv_cache_capacity_bytes"]
+        assert bundled.kv_bytes_per_token == 23040 == app.session.engine.info.kv_bytes_per_token
+        assert bundled.kv_bytes == app.session.engine.memory()["kv_cache_capacity_bytes"]
         table = picker.query_one(DataTable)
         assert [str(c) for c in table.get_row_at(0)][2:] == [
             "Q4_1", "93.8 MiB", "8192", "22.5 KiB", "yes"]
@@ -223,29 +223,29 @@ async def test_model_picker_lists_models_and_switches_model_and_draft_live(local
 
         # n: prompt lookup as the draft, loaded live
         await pilot.press("n")
-        await wait_until(pilot, lambda: ready(app) and app.config.draft.record() == "ngram")
+        await wait_until(pilot, lambda: ready(app) and app.session.config.draft.record() == "ngram")
         assert "draft ngram" in str(app.query_one("#title").render())
         await send(pilot, "Repeat exactly: the quick brown fox jumps over the lazy dog.")
-        await wait_until(pilot, lambda: len(app.history) == 4 and not app._generating)
+        await wait_until(pilot, lambda: len(app.session.history) == 4 and not app.generating)
         assert app.entries[-1].stats.draft is not None
 
         # F8: speculation off, and back on with the same draft
         await pilot.press("f8")
-        await wait_until(pilot, lambda: ready(app) and app.config.draft.record() is None)
+        await wait_until(pilot, lambda: ready(app) and app.session.config.draft.record() is None)
         assert "draft" not in str(app.query_one("#title").render())
         await pilot.press("f8")
-        await wait_until(pilot, lambda: ready(app) and app.config.draft.record() == "ngram")
+        await wait_until(pilot, lambda: ready(app) and app.session.config.draft.record() == "ngram")
 
         # Enter on the other file: the model switches, the conversation records it
         picker = await open_screen(pilot, "f7", ModelPickerScreen)
         await wait_until(pilot, lambda: len(picker.rows) >= 2)
         picker.query_one(DataTable).move_cursor(row=specs.index(str(local_copy)))
         await pilot.press("enter")
-        await wait_until(pilot, lambda: ready(app) and app.config.model == str(local_copy))
-        assert app.engine.info.path == str(local_copy) and app.engine.info.n_ctx == 256
-        assert app.store.get_conversation(app.conversation.id).model == str(local_copy)
+        await wait_until(pilot, lambda: ready(app) and app.session.config.model == str(local_copy))
+        assert app.session.engine.info.path == str(local_copy) and app.session.engine.info.n_ctx == 256
+        assert app.session.store.get_conversation(app.session.conversation.id).model == str(local_copy)
         await send(pilot, "Hi again")
-        await wait_until(pilot, lambda: len(app.history) == 6 and not app._generating)
+        await wait_until(pilot, lambda: len(app.session.history) == 6 and not app.generating)
         assert app.entries[-1].content
 
         # d: the bundled file as a draft model for the copy
@@ -253,10 +253,10 @@ async def test_model_picker_lists_models_and_switches_model_and_draft_live(local
         await wait_until(pilot, lambda: len(picker.rows) >= 2)
         picker.query_one(DataTable).move_cursor(row=0)
         await pilot.press("d")
-        await wait_until(pilot, lambda: ready(app) and app.config.draft.record() == "default")
+        await wait_until(pilot, lambda: ready(app) and app.session.config.draft.record() == "default")
         await send(pilot, "Say one word.")
         try:
-            await wait_until(pilot, lambda: len(app.history) == 8 and not app._generating,
+            await wait_until(pilot, lambda: len(app.session.history) == 8 and not app.generating,
                              timeout=90)
         except AssertionError:
             raise AssertionError(
@@ -268,8 +268,8 @@ async def test_model_picker_lists_models_and_switches_model_and_draft_live(local
         # o: speculation off from the picker
         await open_screen(pilot, "f7", ModelPickerScreen)
         await pilot.press("o")
-        await wait_until(pilot, lambda: ready(app) and app.config.draft.record() is None)
-        assert app.config.model == str(local_copy)
+        await wait_until(pilot, lambda: ready(app) and app.session.config.draft.record() is None)
+        assert app.session.config.model == str(local_copy)
 
 
 async def test_a_model_that_fails_to_load_keeps_the_old_one(engine, tmp_path):
@@ -278,12 +278,12 @@ async def test_a_model_that_fails_to_load_keeps_the_old_one(engine, tmp_path):
         await wait_until(pilot, lambda: ready(app))
         from dataclasses import replace
 
-        assert app.switch_engine(replace(app.config, model=str(tmp_path / "gone.gguf")), "gone")
+        assert app.switch_engine(replace(app.session.config, model=str(tmp_path / "gone.gguf")), "gone")
         await wait_until(pilot, lambda: ready(app))
-        assert app.engine is engine and app.config.model == "default"
+        assert app.session.engine is engine and app.session.config.model == "default"
         assert "could not load gone" in app.last_error
         await send(pilot, "Hi")
-        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
+        await wait_until(pilot, lambda: len(app.session.history) == 2 and not app.generating)
 
 
 def test_picker_rows_size_weights_and_kv_as_the_loaded_engines_hold_them(engine, torch_engine):
@@ -313,10 +313,10 @@ async def test_sparkline_and_prefill_decode_rates_while_streaming(engine):
         await wait_until(pilot, lambda: ready(app))
         spark = app.query_one(RateSparkline)
         seen = []
-        spark.watch(spark, "data", lambda d: seen.append((len(d or []), app._generating)),
+        spark.watch(spark, "data", lambda d: seen.append((len(d or []), app.generating)),
                     init=False)
         await send(pilot, "Write a long story about a dragon.")
-        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating,
+        await wait_until(pilot, lambda: len(app.session.history) == 2 and not app.generating,
                          timeout=180)  # 40 tokens at a few tok/s on a busy 2-core machine
         assert any(n >= 2 and generating for n, generating in seen), "no live samples"
         assert spark.display and len(spark.samples) >= 2 and all(r > 0 for r in spark.samples)
@@ -329,7 +329,7 @@ async def test_sparkline_and_prefill_decode_rates_while_streaming(engine):
     async with wide.run_test(size=(160, 30)) as pilot:
         await wait_until(pilot, lambda: ready(wide))
         await send(pilot, "Hi")
-        await wait_until(pilot, lambda: len(wide.history) == 2 and not wide._generating)
+        await wait_until(pilot, lambda: len(wide.session.history) == 2 and not wide.generating)
         assert "prefill " in str(wide.query_one(GaugeBar).render())
         assert " · decode " in str(wide.query_one(GaugeBar).render())
 
@@ -364,10 +364,10 @@ async def test_model_slash_command_switches_the_model_and_refuses_a_bad_one(loca
         await loaded(pilot)
         await send(pilot, f"/model {tmp_path / 'missing.gguf'}")
         await wait_until(pilot, lambda: ready(app) and app.last_error is not None)
-        assert "missing.gguf" in app.last_error and app.config.model == "default"
+        assert "missing.gguf" in app.last_error and app.session.config.model == "default"
         await send(pilot, f"/model {local_copy}")
-        await wait_until(pilot, lambda: ready(app) and app.config.model == str(local_copy))
-        assert app.engine.info.path == str(local_copy)
+        await wait_until(pilot, lambda: ready(app) and app.session.config.model == str(local_copy))
+        assert app.session.engine.info.path == str(local_copy)
         await say_hello(pilot)
         assert app.entries[-1].content
         await send(pilot, "/model")
@@ -379,17 +379,17 @@ async def test_reopening_a_conversation_goes_back_to_its_model(local_copy):
     async with app.run_test(size=(80, 24)) as pilot:
         await loaded(pilot)
         await say_hello(pilot)
-        first = app.conversation.id
+        first = app.session.conversation.id
         await app.action_new_conversation()
         await send(pilot, f"/model {local_copy}")
-        await wait_until(pilot, lambda: ready(app) and app.config.model == str(local_copy))
+        await wait_until(pilot, lambda: ready(app) and app.session.config.model == str(local_copy))
         await send(pilot, "Hi")
-        await wait_until(pilot, lambda: len(app.history) == 2 and not app._generating)
-        assert app.conversation.id != first
-        assert app.store.get_conversation(app.conversation.id).model == str(local_copy)
+        await wait_until(pilot, lambda: len(app.session.history) == 2 and not app.generating)
+        assert app.session.conversation.id != first
+        assert app.session.store.get_conversation(app.session.conversation.id).model == str(local_copy)
         await app.open_conversation(first)
-        await wait_until(pilot, lambda: ready(app) and app.config.model == "default")
-        assert app.engine.info.path != str(local_copy) and app.engine.info.n_ctx == 256
+        await wait_until(pilot, lambda: ready(app) and app.session.config.model == "default")
+        assert app.session.engine.info.path != str(local_copy) and app.session.engine.info.n_ctx == 256
 
 
 async def test_model_picker_is_refused_on_a_remote_endpoint(engine):

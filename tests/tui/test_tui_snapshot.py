@@ -52,7 +52,7 @@ async def _chat_once(pilot):
     await pilot.press("enter")
     for _ in range(1500):  # up to 30 s: a loaded CI machine can take seconds
         await pilot.pause(0.02)
-        if not app._generating and len(app.history) == 2:
+        if not app.generating and len(app.session.history) == 2:
             break
     prompt.blur()
     await pilot.pause(0.1)
