@@ -129,6 +129,19 @@ def test_cancel_mid_stream_keeps_the_partial_reply_interrupted_and_continue_ends
     assert stored(session)[-1].content == entry.content and len(stored(session)) == 2
 
 
+def test_a_reply_left_before_its_end_keeps_its_text_interrupted(engine, store):
+    """A caller that stops iterating reply() (run's second Ctrl+C) keeps what was said."""
+    session = session_on(engine, store, max_tokens=24)
+    reply = session.send("Count from one to twenty.")
+    events = session.reply(reply)
+    for event in events:
+        if isinstance(event, Delta) and event.text.strip():
+            break
+    events.close()
+    msg = stored(session)[-1]
+    assert msg.status == "interrupted" and msg.content == reply.entry.content != ""
+
+
 def test_a_prompt_too_long_for_the_context_drops_the_turn_with_an_error(small_engine, store):
     session = session_on(small_engine, store)
     reply = session.send("word " * 600)
