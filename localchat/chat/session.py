@@ -7,13 +7,14 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
 
+from localchat.chat.call_record import CallRecord
 from localchat.chat.context import FitResult, fit_to_context
 from localchat.chat.params import ReplyParams, config_from_record, conversation_record
 from localchat.chat.reasoning import without_reasoning
 from localchat.chat.runs import Run, add_run
-from localchat.engine.base import Delta, Engine, Event, Message, Request, Result, Stats
+from localchat.engine.base import Delta, Engine, Event, Message, Request, Stats
 from localchat.engine.config import EngineConfig
 from localchat.errors import LocalchatError
 from localchat.storage import (
@@ -25,6 +26,9 @@ from localchat.storage import (
     StoreError,
     title_from,
 )
+
+if TYPE_CHECKING:
+    from localchat.chat.tool_loop import ToolUse
 
 T = TypeVar("T")
 
@@ -46,13 +50,15 @@ class Entry:
     runs: list[Run] | None = None
     siblings: tuple[int, ...] = ()  # db ids of this message's versions (branches), oldest first
     error: str | None = None
+    calls: list[CallRecord] = field(default_factory=list)  # a reply's tool calls, in order
     key: int = field(default_factory=lambda: next(_keys))
 
     @classmethod
     def stored(cls, m: StoredMessage) -> "Entry":
         stats = Stats(**{k: v for k, v in (m.stats or {}).items()
                          if k in Stats.__dataclass_fields__}) if m.stats else None
-        return cls(m.role, m.content, m.id, m.status, stats, m.finish_reason, siblings=m.siblings)
+        return cls(m.role, m.content, m.id, m.status, stats, m.finish_reason, siblings=m.siblings,
+                   calls=[CallRecord.from_dict(c) for c in m.tool_calls])
 
     @property
     def version(self) -> tuple[int, int] | None:
@@ -93,10 +99,14 @@ class ChatSession:
     @property
     def history(self) -> list[Message]:
         """What the model sees: the system prompt, then every entry (earlier replies
-        without their reasoning)."""
-        return list(self.params.system_messages()) + [
-            Message(e.role, without_reasoning(e.content) if e.role == "assistant" else e.content)
-            for e in self.entries]
+        without their reasoning, after the tool calls they made and the results)."""
+        messages = list(self.params.system_messages())
+        for e in self.entries:
+            for i, call in enumerate(e.calls):
+                messages += call.messages(i)
+            messages.append(Message(e.role, without_reasoning(e.content)
+                                    if e.role == "assistant" else e.content))
+        return messages
 
     def index(self, key: int) -> int:
         return next(i for i, e in enumerate(self.entries) if e.key == key)
@@ -262,22 +272,29 @@ class ChatSession:
 
     def reply(self, reply: Reply, cancel: threading.Event | None = None,
               on_store_error: Callable[[str], None] | None = None,
-              on_dropped: Callable[[FitResult], None] | None = None) -> Iterator[Event]:
+              on_dropped: Callable[[FitResult], None] | None = None,
+              tools: "ToolUse | None" = None) -> Iterator[Event | CallRecord]:
         """The one reply pipeline (the chat and `run`): reply's request (the history that fits;
-        on_dropped hears when earlier turns went), then the engine's events, each saved to
-        the store and applied to reply's entry before it is yielded. Any thread: the entry is
-        the generator's until it ends. Raises LocalchatError where the engine does; call
+        on_dropped hears when earlier turns went), then the engine's events (with tools: the
+        calls made on the way, chat/tool_loop.py), each saved to the store and applied to
+        reply's entry before it is yielded. Any thread: the entry is the generator's until
+        it ends. Raises LocalchatError where the engine does; call
         fail() then, in the session's thread."""
         request, fit = self.request(reply)
         if fit.dropped_turns and on_dropped is not None:
             on_dropped(fit)
-        for event in self._saved(reply, self.engine.generate(request, cancel),
-                                 on_store_error or self.on_store_error):
+        if tools is None:
+            events = self.engine.generate(request, cancel)
+        else:
+            from localchat.chat.tool_loop import tool_events
+
+            events = tool_events(self.engine, request, tools, cancel)
+        for event in self._saved(reply, events, on_store_error or self.on_store_error):
             self.take(reply, event)
             yield event
 
-    def _saved(self, reply: Reply, events: Iterator[Event],
-               failed: Callable[[str], None]) -> Iterator[Event]:
+    def _saved(self, reply: Reply, events: Iterator[Event | CallRecord],
+               failed: Callable[[str], None]) -> Iterator[Event | CallRecord]:
         """events, each written to the store before it is yielded (the final text and status
         with the Result); a write that fails stops the writing and goes to failed. Left
         before its Result (an exception, a closed generator), the text so far is kept,
@@ -295,8 +312,12 @@ class ChatSession:
                 return None
 
         try:
+            calls: list[dict] = [c.as_dict() for c in reply.entry.calls]
             for event in events:
-                if isinstance(event, Delta):
+                if isinstance(event, CallRecord):
+                    calls.append(event.as_dict())
+                    save(lambda w: w.store.set_tool_calls(w.message_id, calls))
+                elif isinstance(event, Delta):
                     writer = save(lambda w: w.feed(event.text))
                 else:
                     status = ReplyStatus.after(event.finish_reason)
@@ -308,16 +329,12 @@ class ChatSession:
             if writer is not None:
                 save(lambda w: w.finish(ReplyStatus.INTERRUPTED))
 
-    def keep(self, reply: Reply, result: Result) -> None:
-        """A reply written without reply() (the tool loop's answer): its text, status and
-        stats into the entry and the store."""
-        reply.entry.content = reply.prefix + result.text
-        for event in self._saved(reply, iter([result]), self.on_store_error):
-            self.take(reply, event)
-
-    def take(self, reply: Reply, event: Event) -> None:
-        """Apply an engine event to the reply's entry: text, runs, then its status."""
+    def take(self, reply: Reply, event: Event | CallRecord) -> None:
+        """Apply an event to the reply's entry: a tool call, text, runs, then its status."""
         entry = reply.entry
+        if isinstance(event, CallRecord):
+            entry.calls.append(event)
+            return
         if isinstance(event, Delta):
             entry.content += event.text
             if entry.runs is not None:

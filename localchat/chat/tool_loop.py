@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
-from localchat.chat.params import ReplyParams
-from localchat.engine.base import Engine, Message, Result, ToolCall
+from localchat.chat.call_record import CallRecord
+from localchat.engine.base import Delta, Engine, Message, Request, Result, ToolCall
 from localchat.engine.constraint import Constraint
 from localchat.errors import UsageError
 from localchat.prompt.tool_calls import tool_format
@@ -42,28 +42,22 @@ class Approval:
         return answer in ("yes", "always")
 
 
-@dataclass(frozen=True)
-class CallRecord:
-    """One call the model made: the tool, its arguments (JSON text), what came back."""
-
-    name: str
-    arguments: str
-    result: str
-    error: bool
-    approved: bool
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, "arguments": _json_or_text(self.arguments),
-                "result": self.result, "error": self.error, "approved": self.approved}
-
-
 @dataclass
-class ToolTurn:
-    """What the loop adds to the conversation: assistant calls and tool results, in order."""
+class ToolUse:
+    """What a reply may call: the hub's tools less those switched off, who approves each
+    call, how the first step may call (auto, required, none or a tool's name), and how many
+    calls at most before the model must answer."""
 
-    messages: list[Message] = field(default_factory=list)
-    calls: list[CallRecord] = field(default_factory=list)
-    steps: int = 0
+    hub: McpHub
+    approval: Approval
+    choice: str = "auto"
+    max_steps: int = MAX_STEPS
+    off: frozenset[str] = frozenset()
+
+    def offered(self) -> list[HubTool]:
+        if self.choice == "none":
+            return []
+        return [t for t in self.hub.tools() if t.exposed not in self.off]
 
 
 def check_choice(choice: str, tools: Sequence[HubTool]) -> str:
@@ -75,40 +69,37 @@ def check_choice(choice: str, tools: Sequence[HubTool]) -> str:
                      f"({names})")
 
 
-def reply_with_tools(engine: Engine, messages: Sequence[Message], params: ReplyParams,
-                     hub: McpHub, approval: Approval, choice: str = "auto",
-                     max_steps: int = MAX_STEPS,
-                     on_call: Callable[[CallRecord], None] | None = None,
-                     cancel=None) -> tuple[Result, ToolTurn]:
-    """The answer (the last step's Result, "length" if the step limit came first) and the
-    calls made on the way; each call is told to on_call once it has run."""
-    turn = ToolTurn()
-    offered = [] if choice == "none" else hub.tools()
+def tool_events(engine: Engine, request: Request, use: ToolUse,
+                cancel=None) -> Iterator[CallRecord | Delta | Result]:
+    """request's reply with tools: each call the model makes (a CallRecord, once it has run
+    or been refused), then the answer as one Delta and its Result ("length" with no text
+    when the step limit came first). Each step is generated whole, then read for a call."""
+    offered = use.offered()
     writer = tool_format(engine.info.tool_format)
-    history = list(messages)
+    with_tools = replace(request, tools=tuple(t.as_tool() for t in offered))
+    turn: list[Message] = []
     result = None
-    for step in range(max_steps):
-        turn.steps = step + 1
-        request = params.request(history + turn.messages,
-                                 tools=tuple(t.as_tool() for t in offered))
-        forced = _forced(writer, offered, choice) if step == 0 else None
+    for step in range(use.max_steps):
+        step_request = replace(with_tools, messages=tuple(request.messages) + tuple(turn))
+        forced = _forced(writer, offered, use.choice) if step == 0 else None
         if forced is not None:
-            request = replace(request, constraint=forced, format_prompt=False)
-        result = engine.complete(request, cancel)
+            step_request = replace(step_request, constraint=forced, format_prompt=False)
+        result = engine.complete(step_request, cancel)
         parsed = writer.parse(writer.without_echo(result.text)) if offered else None
         if parsed is None or result.finish_reason == "cancelled":
             text = writer.without_echo(result.text) if offered else result.text
-            return Result(text, result.finish_reason, result.stats), turn
+            if text:
+                yield Delta(text, (), result.stats)
+            yield Result(text, result.finish_reason, result.stats)
+            return
         call = parsed.calls[0]  # one call a step, as `serve` without parallel_tool_calls
-        turn.messages.append(Message("assistant", parsed.content or "", tool_calls=(call,)))
-        outcome, approved = _run(hub, approval, call)
-        record = CallRecord(call.name, call.arguments, outcome.text, outcome.error, approved)
-        turn.calls.append(record)
-        turn.messages.append(Message("tool", outcome.text, tool_call_id=call.id))
-        if on_call is not None:
-            on_call(record)
+        outcome, approved = _run(use.hub, use.approval, call)
+        record = CallRecord(call.name, call.arguments, outcome.text, outcome.error, approved,
+                            parsed.content or "", call.id)
+        turn += record.messages(step)
+        yield record
     assert result is not None
-    return Result("", "length", result.stats), turn  # the step limit: no answer after the calls
+    yield Result("", "length", result.stats)  # the step limit: no answer after the calls
 
 
 def _run(hub: McpHub, approval: Approval, call: ToolCall) -> tuple[ToolOutcome, bool]:
@@ -131,10 +122,3 @@ def _forced(writer, offered: Sequence[HubTool], choice: str) -> Constraint | Non
         return None
     tools = [t.as_tool() for t in offered if choice in ("required", t.exposed)]
     return Constraint("lark", writer.grammar(tools, False))
-
-
-def _json_or_text(text: str):
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text

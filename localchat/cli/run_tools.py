@@ -10,20 +10,21 @@ import sys
 import threading
 
 from localchat.chat.session import ChatSession
-from localchat.chat.tool_loop import Approval, CallRecord, check_choice, reply_with_tools
-from localchat.errors import UsageError
+from localchat.chat.call_record import CallRecord
+from localchat.chat.tool_loop import Approval, ToolUse, check_choice
+from localchat.engine.base import Result
+from localchat.errors import LocalchatError, UsageError
 from localchat.interrupts import ctrl_c_cancels
-from localchat.engine.base import Message
 from localchat.tools.hub import McpHub
 
 
 def run_with_tools(args: argparse.Namespace, session: ChatSession, prompt: str, typed: str,
                    servers) -> int:
-    """The tool loop over the servers; the answer on stdout (saved as the run's reply)."""
-    engine, params = session.engine, session.params
-    messages = session.history + [Message("user", prompt)]
+    """The tool loop over the servers through the session's reply pipeline: the answer on
+    stdout, the calls on stderr (and in --json), all of it saved to the history."""
     if args.max_tool_steps < 1:
         raise UsageError("--max-tool-steps must be at least 1")
+    engine = session.engine
     with McpHub(servers) as hub:
         tools = hub.start()
         for note in hub.notes:
@@ -35,27 +36,37 @@ def run_with_tools(args: argparse.Namespace, session: ChatSession, prompt: str, 
         if unknown:
             print(f"localchat: --allow-tool: no server offers {', '.join(unknown)}",
                   file=sys.stderr)
+        use = ToolUse(hub, Approval(allowed), choice, args.max_tool_steps)
         cancel = threading.Event()
+        reply = session.send(prompt, typed)
+        result = None
         with ctrl_c_cancels(cancel):
-            result, turn = reply_with_tools(engine, messages, params, hub, Approval(allowed),
-                                            choice, args.max_tool_steps, on_call=_say,
-                                            cancel=cancel)
-    session.keep(session.send(prompt, typed), result)  # the calls are not kept there yet
+            try:
+                for event in session.reply(reply, cancel, tools=use):
+                    if isinstance(event, CallRecord):
+                        _say(event)
+                    elif isinstance(event, Result):
+                        result = event
+            except LocalchatError as exc:
+                session.fail(reply, str(exc))
+                raise
+    assert result is not None
+    calls = reply.entry.calls
     if args.json:
         print(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
-                          "tool_calls": [c.as_dict() for c in turn.calls],
+                          "tool_calls": [c.shown() for c in calls],
                           **result.stats.to_dict(), "model": engine.info.name,
                           "engine": engine.name}, ensure_ascii=False))
     else:
         print(result.text if result.text.endswith("\n") else result.text + "\n", end="")
         if result.finish_reason == "length" and not result.text:
-            print(f"localchat: no answer after {turn.steps} tool steps (--max-tool-steps)",
+            print(f"localchat: no answer after {len(calls)} tool steps (--max-tool-steps)",
                   file=sys.stderr)
     return 130 if result.finish_reason == "cancelled" else 0
 
 
 def _say(call: CallRecord) -> None:
-    outcome = "refused" if not call.approved else ("error" if call.error else "ok")
+    outcome = call.outcome
     shown = call.result if len(call.result) <= 80 else call.result[:77] + "..."
     print(f"localchat: tool {call.name}({call.arguments}) -> {outcome}: "
           f"{' '.join(shown.split())}", file=sys.stderr)

@@ -64,6 +64,7 @@ class StoredMessage:
     created: float = 0.0
     parent_id: int | None = None
     siblings: tuple[int, ...] = ()  # the versions of this message, itself included, oldest first
+    tool_calls: tuple[dict, ...] = ()  # a reply's calls before its answer (chat/tool_loop.py)
 
     @property
     def finish_reason(self) -> str | None:
@@ -85,6 +86,12 @@ def title_from(text: str) -> str:
 
 def _json(value) -> str | None:
     return None if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def _calls(text: str | None) -> tuple[dict, ...]:
+    """A stored reply's tool calls; what is not a list of objects reads as none."""
+    calls = _load(text)
+    return tuple(c for c in calls if isinstance(c, dict)) if isinstance(calls, list) else ()
 
 
 def _load(text: str | None):
@@ -273,6 +280,13 @@ class ConversationStore:
             db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
 
     @_wrapped
+    def set_tool_calls(self, message_id: int, calls: list[dict]) -> None:
+        """The calls a reply has made so far (each: name, arguments, result, error, ...)."""
+        with transaction(self._db) as db:
+            db.execute("UPDATE messages SET tool_calls = ? WHERE id = ?",
+                       (_json(list(calls)) if calls else None, message_id))
+
+    @_wrapped
     def reopen_reply(self, message_id: int) -> None:
         """A stopped reply that is being continued: streaming again, by this process."""
         with transaction(self._db) as db:
@@ -323,7 +337,7 @@ class ConversationStore:
         return StoredMessage(r["id"], r["conversation_id"], r["role"], r["content"],
                              ReplyStatus(r["status"]),
                              r["model"], _load(r["params"]), _load(r["stats"]), r["created"],
-                             r["parent_id"], siblings)
+                             r["parent_id"], siblings, _calls(r["tool_calls"]))
 
     @_wrapped
     def versions(self, conversation_id: int, message_id: int) -> tuple[int, ...]:
@@ -394,9 +408,11 @@ class ConversationStore:
                           else m.status)
                 parent = db.execute(
                     "INSERT INTO messages (conversation_id, parent_id, role, content, model, "
-                    "params, stats, status, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "params, stats, status, created, tool_calls) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (new_id, parent, m.role, m.content, m.model, _json(m.params),
-                     _json(m.stats), status, m.created)).lastrowid
+                     _json(m.stats), status, m.created,
+                     _json(list(m.tool_calls)) if m.tool_calls else None)).lastrowid
             db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (parent, new_id))
         return self.get_conversation(new_id)
 

@@ -85,7 +85,13 @@ def _v4(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE conversations ADD COLUMN opened REAL")
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4]
+def _v5(db: sqlite3.Connection) -> None:
+    # The tool calls a reply made before its answer (JSON: name, arguments, result, error,
+    # approved, the text said before the call), kept with it through branches and forks.
+    db.execute("ALTER TABLE messages ADD COLUMN tool_calls TEXT")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -59,8 +59,19 @@ def to_markdown(conv: Conversation, messages: list[StoredMessage],
             heading += f" ({label})"
         if m.version[1] > 1:
             heading += f" (version {m.version[0]} of {m.version[1]})"
-        lines += ["", f"## {heading}", "", close_open_fences(m.content)]
+        lines += ["", f"## {heading}", ""]
+        for call in m.tool_calls:
+            lines += [f"> tool call: `{call.get('name')}({call.get('arguments', '')})` → "
+                      f"{_call_outcome(call)}", ">", *[f"> {line}" for line in
+                                                        str(call.get("result", "")).splitlines()],
+                      ""]
+        lines.append(close_open_fences(m.content))
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _call_outcome(call: dict) -> str:
+    return ("refused" if not call.get("approved", True)
+            else "error" if call.get("error") else "result")
 
 
 def to_json(conv: Conversation, messages: list[StoredMessage],
@@ -71,7 +82,8 @@ def to_json(conv: Conversation, messages: list[StoredMessage],
         "messages": [{"role": m.role, "content": m.content, "status": m.status,
                       "finish_reason": m.finish_reason,
                       "model": m.model, "params": m.params, "stats": m.stats,
-                      "created": m.created, "version": m.version[0], "versions": m.version[1]}
+                      "created": m.created, "version": m.version[0], "versions": m.version[1],
+                      **({"tool_calls": list(m.tool_calls)} if m.tool_calls else {})}
                      for m in messages],
     }
     return json.dumps(data, ensure_ascii=False, indent=2) + "\n"

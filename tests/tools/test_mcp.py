@@ -183,3 +183,34 @@ def test_control_tokens_in_a_result_stay_text():
                          [Message("user", "Hi"), Message("tool", sneaky, tool_call_id="c1")])
     assert sneaky in prompt.text
     assert all(not s.trusted for s in prompt.segments if "Ignore the user" in s.text)
+
+
+@pytest.mark.model
+def test_run_keeps_the_calls_in_the_history_for_continue_and_forks(config, capsys):
+    from localchat.chat.session import ChatSession
+    from localchat.prompt.template import render_chat
+    from localchat.storage import ConversationStore
+    from helpers.pilot import chat_config
+
+    assert main(["run", "--mcp", str(config), "--temp", "0", "-n", "48", "--tool-choice",
+                 "get_weather", "--allow-tool", "get_weather", "What is the weather in Oslo?"]) == 0
+    answer = capsys.readouterr().out.strip()
+    store = ConversationStore.open()
+    try:
+        conv = store.last_conversation()
+        user, reply = store.messages(conv.id)
+        [call] = reply.tool_calls
+        assert call["name"] == "get_weather" and json.loads(call["result"])["temperature"] == 18
+        assert reply.content.strip() == answer and reply.status == "complete"
+        fork = store.fork(conv.id)
+        assert store.messages(fork.id)[-1].tool_calls == reply.tool_calls
+        session = ChatSession(*chat_config(), store)
+        assert session.open(conv.id)
+        roles = [(m.role, bool(m.tool_calls)) for m in session.history]
+        assert roles == [("user", False), ("assistant", True), ("tool", False),
+                         ("assistant", False)]
+        prompt = render_chat(None, session.history).text
+        assert '"temperature": 18' in prompt and prompt.index("Oslo") < prompt.index(answer)
+    finally:
+        store.close()
+    assert main(["run", "--continue", "--temp", "0", "-n", "8", "Thanks."]) == 0
