@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("[md|json] [PATH]", "write this conversation (the branch on screen) to a file"),
     "fork": ("", "copy the branch on screen into a new conversation"),
     "attach": ("PATH", "put a text file into your next message (its tokens shown first)"),
+    "tools": ("[on|off NAME|auto|required|none|NAME]", "the MCP tools: list them, switch one "
+              "on or off in this conversation, or say how the next reply may call"),
     "new": ("", "start a new conversation"),
     "clear": ("", "start a new, empty conversation (this one stays in the list)"),
     "rename": ("TITLE", "rename this conversation"),

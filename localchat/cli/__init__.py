@@ -32,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"localchat {__version__}")
     parser.add_argument("--continue", dest="continue_last", action="store_true",
                         help="reopen the last conversation (long flag only: -c is --ctx-size)")
+    parser.add_argument("--mcp", default=None, metavar="FILE",
+                        help="the MCP servers whose tools the chat offers the model (the "
+                             "mcpServers shape Claude Desktop reads; default: mcp.json in the "
+                             "data dir, where there is one); each call asks first")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run.add_parser(sub, model, endpoint, sampling)
     models.add_pull_parser(sub)
@@ -57,7 +61,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     # two KV slots: the chat, and the one before it stays cached when you switch back
     return run_tui(with_parallel(engine_config(args), 2), reply_params(args),
-                   continue_last=args.continue_last)
+                   continue_last=args.continue_last, mcp=args.mcp)
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:

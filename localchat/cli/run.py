@@ -177,7 +177,7 @@ def run_or_batch(args: argparse.Namespace) -> int:
         from localchat.tui.app import run_tui
 
         return run_tui(with_parallel(engine_config(args), 2), reply_params(args),
-                       continue_last=args.continue_last)
+                       continue_last=args.continue_last, mcp=args.mcp or None)
     return batch.cmd_batch(args) if args.batch is not None else cmd_run(args)
 
 

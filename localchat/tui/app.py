@@ -21,6 +21,7 @@ from textual.content import Content
 from textual.message import Message as TextualMessage
 from textual.widgets import Footer, Static
 
+from localchat.chat.call_record import CallRecord
 from localchat.chat.session import ChatSession, Entry, Reply
 from localchat.engine.base import BASE_MODEL_NOTE, Delta, Engine, Message, Result
 from localchat.errors import LocalchatError
@@ -30,6 +31,7 @@ from localchat.engine.config import EngineConfig
 from localchat.storage import ConversationStore, StoreUnavailable
 from localchat.storage.db import BUSY_TIMEOUT_MS
 from localchat.tui.chat_log import ChatLog
+from localchat.tui.chat_tools import ChatTools
 from localchat.tui.controls import ControlsMixin
 from localchat.tui.conversations import Conversations
 from localchat.tui.help import EMPTY_HINT, KEYS_HELP, help_markdown
@@ -122,6 +124,17 @@ class ChatApp(ControlsMixin, App):
         error: str
 
     @dataclass
+    class CallMade(TextualMessage):
+        """A tool call of a reply ran (or was refused), from the generating worker."""
+
+        reply: Reply
+        call: CallRecord
+
+    @dataclass
+    class ToolsStarted(TextualMessage):
+        notes: list[str]
+
+    @dataclass
     class StoreFailed(TextualMessage):
         """A history write failed in a worker thread."""
 
@@ -131,7 +144,7 @@ class ChatApp(ControlsMixin, App):
                  engine: Engine | None = None, *,
                  store: ConversationStore | None | str = "open",
                  db_path: Path | None = None, continue_last: bool = False,
-                 db_busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+                 db_busy_timeout_ms: int = BUSY_TIMEOUT_MS, mcp: str | None = None) -> None:
         super().__init__()
         self.conversations = Conversations(self, db_path, db_busy_timeout_ms)
         self.switcher = EngineSwitcher(self)
@@ -151,6 +164,7 @@ class ChatApp(ControlsMixin, App):
         self._cancel = threading.Event()
         self._base_models_noted: set[str] = set()  # paths already said to be base models
         self._reply: Reply | None = None  # the reply being generated
+        self.tools, self.tools_problem = _chat_tools(self, mcp)  # started once the UI is up
         self.keymap_file, keymap, self.keymap_problem = load_keymap()
         if keymap:
             self.set_keymap(keymap)
@@ -209,11 +223,15 @@ class ChatApp(ControlsMixin, App):
         self.query_one(PromptInput).focus()
         if self.keymap_problem:
             self.notice(self.keymap_problem)
+        if self.tools_problem:
+            self.notice(self.tools_problem)
         if self._open_store:
             self.conversations.open_store()
         if self._continue_last:
             await self.conversations.continue_last()
         self.engine_requested = True  # from now on a conversation's model loads live
+        if self.tools is not None:
+            self._start_tools()
         if self.session.engine is None:
             self._load_engine()
         else:
@@ -231,6 +249,18 @@ class ChatApp(ControlsMixin, App):
             await self.action_quit()
 
     # -- loading -----------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="tools")
+    def _start_tools(self) -> None:
+        self.post_message(self.ToolsStarted(self.tools.start()))
+
+    def on_chat_app_tools_started(self, message: ChatApp.ToolsStarted) -> None:
+        for note in message.notes:
+            self.notice(note)
+        names = [t.exposed for t in self.tools.hub.tools()]
+        if names:
+            self.notice(f"tools: {', '.join(names)} (/tools lists them; each call asks first)",
+                        warning=False)
 
     @work(thread=True, exclusive=True, group="load")
     def _load_engine(self) -> None:
@@ -292,12 +322,18 @@ class ChatApp(ControlsMixin, App):
                 self.notice, f"{fit.dropped_note(self.session.engine.info.n_ctx)} (system "
                 "prompt kept).", before=reply.entry.key)
 
+        conversation = self.session.conversation
+        tools = self.tools.use(conversation.id if conversation else None, self._cancel) \
+            if self.tools is not None and not reply.prefix else None
         try:
             pending: list[Delta] = []
             last_post = 0.0
             for event in self.session.reply(
-                    reply, self._cancel, on_dropped=dropped,
+                    reply, self._cancel, on_dropped=dropped, tools=tools,
                     on_store_error=lambda error: self.post_message(self.StoreFailed(error))):
+                if isinstance(event, CallRecord):
+                    self.post_message(self.CallMade(reply, event))
+                    continue
                 if isinstance(event, Delta):
                     pending.append(event)
                     if time.monotonic() - last_post < UI_INTERVAL_S:
@@ -318,6 +354,9 @@ class ChatApp(ControlsMixin, App):
         self._show_figures(message.deltas[-1].stats)
         await self.query_one(ChatLog).write(message.reply.entry.key,
                                             "".join(d.text for d in message.deltas))
+
+    async def on_chat_app_call_made(self, message: ChatApp.CallMade) -> None:
+        await self.query_one(ChatLog).add_call(message.reply.entry.key, message.call)
 
     async def on_chat_app_finished(self, message: ChatApp.Finished) -> None:
         reply, result = message.reply, message.result
@@ -399,12 +438,32 @@ class ChatApp(ControlsMixin, App):
         self._cancel.set()
         if self._open_store and self.session.store is not None:
             self.session.store.close()
+        if self.tools is not None:
+            self.tools.close()
         if self.owns_engine and self.session.engine is not None:
             self.workers.cancel_all()
             self.session.engine.close()
 
 
-def run_tui(config: EngineConfig, params: ReplyParams, *, continue_last: bool = False) -> int:
-    """The chat UI until the user quits; config's engine loads in the background."""
-    ChatApp(config, params, continue_last=continue_last).run()
+def run_tui(config: EngineConfig, params: ReplyParams, *, continue_last: bool = False,
+            mcp: str | None = None) -> int:
+    """The chat UI until the user quits; config's engine loads in the background. mcp: the
+    MCP servers' file ("": the data dir's mcp.json, where there is one)."""
+    if mcp:  # a bad file named by --mcp is one line before the UI opens
+        from localchat.tools.config import load_servers
+
+        load_servers(mcp)
+    ChatApp(config, params, continue_last=continue_last, mcp=mcp).run()
     return 0
+
+
+def _chat_tools(app: ChatApp, mcp: str | None) -> tuple[ChatTools | None, str | None]:
+    """The chat's tools from the MCP servers' file (None: the data dir's mcp.json, if any);
+    a file that cannot be used is a note and the chat goes on without tools."""
+    from localchat.tools.config import load_servers
+
+    try:
+        servers = load_servers(mcp or None)
+    except LocalchatError as exc:
+        return None, f"no tools: {exc}"
+    return (ChatTools(app, servers) if servers else None), None

@@ -8,6 +8,7 @@ from typing import Sequence
 from textual.containers import VerticalScroll
 from textual.widgets import Markdown, Static
 
+from localchat.chat.call_record import CallRecord
 from localchat.chat.session import Entry
 from localchat.storage.reply_status import ReplyStatus, reply_label
 from localchat.tui.widgets import MessageView
@@ -54,10 +55,18 @@ class ChatLog(VerticalScroll):
                 view = self.views[entry.key] = MessageView(entry.role, entry.content,
                                                            key=entry.key)
                 await self.mount(view)
+                for call in entry.calls:
+                    await view.add_call(call)
                 if entry.version is not None:
                     view.show_version(*entry.version)
                 if entry.role == "assistant":
                     view.status.update(status_line(entry))
+
+    async def add_call(self, key: int, call: CallRecord) -> None:
+        """A tool call of entry `key`'s reply, shown above its text."""
+        view = self.views.get(key)
+        if view is not None:
+            await view.add_call(call)
 
     def keep(self, entries: Sequence[Entry]) -> None:
         """Leave these entries' views on screen as they are, no longer an entry's."""

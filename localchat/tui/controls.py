@@ -102,6 +102,12 @@ class ControlsMixin:
             if arg not in copies:
                 raise UsageError("usage: /copy, /copy code or /copy think")
             copies[arg]()
+        elif name == "tools":
+            if self.tools is None:
+                raise UsageError("no MCP servers: put them in mcp.json in the data dir or "
+                                 "start with --mcp FILE")
+            conversation = self.session.conversation
+            self.info(self.tools.command(arg, conversation.id if conversation else None))
         elif name == "stats":
             self.action_show_stats()
         elif name == "export":

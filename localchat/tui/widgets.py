@@ -14,8 +14,9 @@ from textual.containers import Vertical
 from textual.message import Message as TextualMessage
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import Markdown, Sparkline, Static, TextArea
+from textual.widgets import Collapsible, Markdown, Sparkline, Static, TextArea
 
+from localchat.chat.call_record import CallRecord
 from localchat.chat.reasoning import ReasoningSplitter, split_reply
 from localchat.engine.base import Stats
 from localchat.units import human_bytes
@@ -287,6 +288,13 @@ class MessageView(Vertical):
     @property
     def markdown(self) -> Markdown:
         return self.query_one(Markdown)
+
+    async def add_call(self, call: CallRecord) -> None:
+        """A tool call the reply made, above its answer: one line, the result collapsed."""
+        shown = call.result if len(call.result) <= 4000 else call.result[:4000] + " …"
+        title = f"tool {call.name}({call.arguments}) → {call.outcome}"
+        await self.mount(Collapsible(Static(shown, markup=False), title=title, collapsed=True,
+                                     classes="tool-call"), before=self.markdown)
 
     def begin_stream(self, existing: str = "") -> None:
         """A reply starts streaming (or continues after `existing`)."""
