@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -355,3 +356,34 @@ def test_titles_come_from_the_first_line():
     assert title_from("\n  Hello there  \nmore") == "Hello there"
     assert title_from("x" * 100).endswith("…") and len(title_from("x" * 100)) == 48
     assert title_from("   ") == "New chat"
+
+
+def test_tool_calls_are_kept_with_their_reply_by_forks_and_exports(tmp_path):
+    from localchat.storage.export import to_json, to_markdown
+
+    s = ConversationStore.open(tmp_path / "h.db")
+    try:
+        conv = s.create_conversation("weather")
+        s.add_message(conv.id, "user", "Oslo?")
+        reply = s.begin_reply(conv.id)
+        calls = [{"name": "get_weather", "arguments": '{"city": "Oslo"}',
+                  "result": '{"temperature": 18}', "error": False, "approved": True},
+                 {"name": "add", "arguments": "{}", "result": "the user did not allow add to run",
+                  "error": True, "approved": False}]
+        s.set_tool_calls(reply, calls)
+        s.finish_reply(reply, "It is 18 degrees.", status="complete")
+        assert list(s.messages(conv.id)[-1].tool_calls) == calls
+        fork = s.fork(conv.id)
+        assert list(s.messages(fork.id)[-1].tool_calls) == calls
+        markdown = to_markdown(conv, s.messages(conv.id))
+        assert '> tool call: `get_weather({"city": "Oslo"})` → result' in markdown
+        assert "> tool call: `add({})` → refused" in markdown
+        assert markdown.index("temperature") < markdown.index("It is 18 degrees.")
+        exported = json.loads(to_json(conv, s.messages(conv.id)))
+        assert exported["messages"][1]["tool_calls"] == calls
+        assert "tool_calls" not in exported["messages"][0]
+        # a value this localchat did not write reads as no calls, never an error
+        s._db.execute("UPDATE messages SET tool_calls = '{\"x\": 1}' WHERE id = ?", (reply,))
+        assert s.messages(conv.id)[-1].tool_calls == ()
+    finally:
+        s.close()
