@@ -23,6 +23,8 @@ class ReplyParams:
     system: str | None = None
     constraint: Constraint | None = None  # what every reply must look like (/json)
     format_prompt: bool = True  # say a JSON constraint in the system turn (run --no-format-prompt)
+    tools_off: tuple[str, ...] = ()  # MCP tools this conversation does not offer (/tools off)
+    tools_allowed: tuple[str, ...] = ()  # tools that run without asking here ("always")
 
     def system_messages(self) -> list[Message]:
         return [Message("system", self.system)] if self.system else []
@@ -40,6 +42,10 @@ class ReplyParams:
                   "max_tokens": self.max_tokens}
         if self.constraint is not None:
             record["constraint"] = {"kind": self.constraint.kind, "text": self.constraint.text}
+        if self.tools_off:
+            record["tools_off"] = list(self.tools_off)
+        if self.tools_allowed:
+            record["tools_allowed"] = list(self.tools_allowed)
         return record
 
     def updated(self, changes: dict) -> "ReplyParams":
@@ -68,7 +74,13 @@ class ReplyParams:
         except (LocalchatError, KeyError, TypeError):
             constraint = None
         return replace(defaults.updated(record), system=system_prompt or None,
-                       constraint=constraint)
+                       constraint=constraint, tools_off=_names(record.get("tools_off")),
+                       tools_allowed=_names(record.get("tools_allowed")))
+
+
+def _names(value) -> tuple[str, ...]:
+    """A stored list of tool names; anything else reads as none."""
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
 
 
 def conversation_record(params: ReplyParams, config: EngineConfig) -> dict:

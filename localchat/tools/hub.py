@@ -117,7 +117,8 @@ class McpHub:
     # ---- using ---------------------------------------------------------------------
 
     def tools(self) -> list[HubTool]:
-        return list(self._tools)
+        """The tools of the servers running now (one that stopped offers none)."""
+        return [t for t in self._tools if self.state.get(t.server) == "ready"]
 
     def find(self, exposed: str) -> HubTool | None:
         return next((t for t in self._tools if t.exposed == exposed), None)

@@ -322,8 +322,7 @@ class ChatApp(ControlsMixin, App):
                 self.notice, f"{fit.dropped_note(self.session.engine.info.n_ctx)} (system "
                 "prompt kept).", before=reply.entry.key)
 
-        conversation = self.session.conversation
-        tools = self.tools.use(conversation.id if conversation else None, self._cancel) \
+        tools = self.tools.use(self.session.params, self._cancel) \
             if self.tools is not None and not reply.prefix else None
         try:
             pending: list[Delta] = []
@@ -357,6 +356,8 @@ class ChatApp(ControlsMixin, App):
 
     async def on_chat_app_call_made(self, message: ChatApp.CallMade) -> None:
         await self.query_one(ChatLog).add_call(message.reply.entry.key, message.call)
+        for note in self.tools.fresh_notes():
+            self.notice(note, before=message.reply.entry.key)
 
     async def on_chat_app_finished(self, message: ChatApp.Finished) -> None:
         reply, result = message.reply, message.result

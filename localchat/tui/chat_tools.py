@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -14,6 +14,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from localchat.chat.params import ReplyParams
 from localchat.chat.tool_loop import CHOICES, Approval, ToolUse
 from localchat.errors import UsageError
 from localchat.message import ToolCall
@@ -52,23 +53,16 @@ class ApprovalScreen(ModalScreen[str]):
         self.dismiss(answer)
 
 
-@dataclass
-class ConversationTools:
-    """One conversation's tools: those switched off, those allowed always, the next choice."""
-
-    off: set[str] = field(default_factory=set)
-    allowed: set[str] = field(default_factory=set)
-    choice: str = "auto"  # required or a tool's name: for the next reply only
-
-
 class ChatTools:
-    """The hub and each conversation's tool state; ask() runs in the reply's worker thread."""
+    """The hub, and the next reply's choice; which tools are off and which run without
+    asking are the conversation's params (stored with it). ask() runs in the reply's worker."""
 
     def __init__(self, app, servers: list[ServerSpec]) -> None:
         self.app, self.servers = app, servers
         self.hub: McpHub | None = None
         self.started = threading.Event()
-        self._chats: dict[int | None, ConversationTools] = {}
+        self.choice = "auto"  # required or a tool's name: for the next reply only
+        self._notes_said = 0
 
     def start(self) -> list[str]:
         """Start the servers (blocks: call it in a worker); their notes, one line each."""
@@ -76,71 +70,69 @@ class ChatTools:
         hub.start()
         self.hub = hub
         self.started.set()
-        return list(hub.notes)
+        return self.fresh_notes()
+
+    def fresh_notes(self) -> list[str]:
+        """The hub's notes not yet said (a server that failed to start or stopped)."""
+        notes = self.hub.notes[self._notes_said:] if self.hub is not None else []
+        self._notes_said += len(notes)
+        return notes
 
     def close(self) -> None:
         if self.hub is not None:
             self.hub.close()
 
-    def chat(self, conversation_id: int | None) -> ConversationTools:
-        """The conversation's state; a new chat's passes to its id once it has one."""
-        if conversation_id is not None and conversation_id not in self._chats \
-                and None in self._chats:
-            self._chats[conversation_id] = self._chats.pop(None)
-        return self._chats.setdefault(conversation_id, ConversationTools())
-
-    def use(self, conversation_id: int | None, cancel: threading.Event) -> ToolUse | None:
+    def use(self, params: ReplyParams, cancel: threading.Event) -> ToolUse | None:
         """What the next reply may call (None: no server is ready or every tool is off);
         a forced choice is used once."""
         if self.hub is None or not self.hub.tools():
             return None
-        chat = self.chat(conversation_id)
-        choice, chat.choice = chat.choice, "auto"
-        trusted = {t.exposed for t in self.hub.tools() for s in self.servers
-                   if s.name == t.server and t.name in s.allow}
-        allowed = chat.allowed | trusted
+        choice, self.choice = self.choice, "auto"
+        allowed = set(params.tools_allowed) | self._trusted()
         use = ToolUse(self.hub, Approval(allowed, ask=lambda call, tool: self.ask(
-            call, tool, chat, cancel)), choice, off=frozenset(chat.off))
+            call, tool, cancel)), choice, off=frozenset(params.tools_off))
         return use if use.offered() or choice == "none" else None
 
-    def command(self, arg: str, conversation_id: int | None) -> str:
+    def command(self, arg: str) -> str:
         """/tools: list them; on/off NAME; auto, required, none or NAME for the next reply."""
         if self.hub is None:
             return "the MCP servers are still starting"
-        chat, names = self.chat(conversation_id), [t.exposed for t in self.hub.tools()]
+        session, names = self.app.session, [t.exposed for t in self.hub.tools()]
         words = arg.split()
         if not words:
-            return self.listing(chat)
+            return self.listing(session.params)
         if words[0] in ("on", "off") and len(words) == 2:
-            if words[1] not in names:
-                raise UsageError(f"no tool named {words[1]} (tools: {', '.join(names) or 'none'})")
-            (chat.off.discard if words[0] == "on" else chat.off.add)(words[1])
-            return f"{words[1]} is {words[0]} in this conversation"
+            name = words[1]
+            if name not in names:
+                raise UsageError(f"no tool named {name} (tools: {', '.join(names) or 'none'})")
+            off = [t for t in session.params.tools_off if t != name]
+            off += [name] if words[0] == "off" else []
+            session.set_params(replace(session.params, tools_off=tuple(off)))
+            return f"{name} is {words[0]} in this conversation"
         if len(words) == 1 and (words[0] in CHOICES or words[0] in names):
-            chat.choice = words[0]
+            self.choice = words[0]
             return {"auto": "the model may call a tool or answer",
                     "none": "no tool is offered to the next reply"}.get(
                 words[0], f"the next reply starts with a call to {words[0]}"
                 if words[0] in names else "the next reply starts with a tool call")
         raise UsageError(TOOLS_USAGE)
 
-    def listing(self, chat: ConversationTools) -> str:
-        lines = []
+    def listing(self, params: ReplyParams) -> str:
+        lines, trusted = [], self._trusted() | set(params.tools_allowed)
         for spec in self.servers:
             lines.append(f"{spec.name}: {self.hub.state.get(spec.name, '?')}")
             for t in self.hub.tools():
                 if t.server == spec.name:
-                    marks = ["off" if t.exposed in chat.off else "on"]
-                    if t.exposed in chat.allowed or t.name in spec.allow:
+                    marks = ["off" if t.exposed in params.tools_off else "on"]
+                    if t.exposed in trusted:
                         marks.append("runs without asking")
                     lines.append(f"  {t.exposed} ({', '.join(marks)}): {t.description}")
-        lines.append(f"next reply: {chat.choice}")
+        lines.append(f"next reply: {self.choice}")
         return "\n".join(lines)
 
-    def ask(self, call: ToolCall, tool: HubTool, chat: ConversationTools,
-            cancel: threading.Event) -> str:
+    def ask(self, call: ToolCall, tool: HubTool, cancel: threading.Event) -> str:
         """The user's answer to the approval card (from the reply's worker thread); "always"
-        is remembered for this conversation; Esc stops the reply and refuses the call."""
+        is kept in the conversation's params; Esc stops the reply and refuses the call."""
         done, answer = threading.Event(), ["no"]
 
         def answered(value: str | None) -> None:
@@ -157,5 +149,16 @@ class ChatTools:
             cancel.set()
             return "no"
         if answer[0] == "always":
-            chat.allowed.add(tool.exposed)
+            self.app.call_from_thread(self._allow, tool.exposed)
         return answer[0]
+
+    def _allow(self, name: str) -> None:
+        session = self.app.session
+        if name not in session.params.tools_allowed:
+            session.set_params(replace(session.params,
+                                       tools_allowed=session.params.tools_allowed + (name,)))
+
+    def _trusted(self) -> set[str]:
+        """Tools the config allows ("allow" in a server's entry)."""
+        return {t.exposed for t in self.hub.tools() for s in self.servers
+                if s.name == t.server and t.name in s.allow}

@@ -106,8 +106,7 @@ class ControlsMixin:
             if self.tools is None:
                 raise UsageError("no MCP servers: put them in mcp.json in the data dir or "
                                  "start with --mcp FILE")
-            conversation = self.session.conversation
-            self.info(self.tools.command(arg, conversation.id if conversation else None))
+            self.info(self.tools.command(arg))
         elif name == "stats":
             self.action_show_stats()
         elif name == "export":

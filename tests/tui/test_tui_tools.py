@@ -91,8 +91,10 @@ async def test_refused_call_is_fed_back_and_always_stops_asking(engine, mcp_file
         assert again.calls[0].result == str(args["a"] + args["b"])
         await send(pilot, "/tools off add")
         await send(pilot, "/tools")
-        assert "add (off, runs without asking)" in app.tools.listing(
-            app.tools.chat(app.session.conversation.id))
+        assert "add (off, runs without asking)" in app.tools.listing(app.session.params)
+        # both are kept with the conversation: reopened, add is still off and trusted
+        stored_params = app.session.store.get_conversation(app.session.conversation.id).params
+        assert stored_params["tools_off"] == ["add"] and stored_params["tools_allowed"] == ["add"]
 
 
 async def test_escape_on_the_card_stops_the_reply(engine, mcp_file):
@@ -104,6 +106,19 @@ async def test_escape_on_the_card_stops_the_reply(engine, mcp_file):
         assert reply.calls and not reply.calls[0].approved
         assert reply.finish_reason == "cancelled" and not app.generating
         assert not isinstance(app.screen, ApprovalScreen)
+
+
+async def test_a_crashing_tool_is_an_error_result_and_the_chat_goes_on(engine, mcp_file):
+    app = make_app(engine, max_tokens=48, mcp=mcp_file)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await tools_ready(pilot)
+        await send(pilot, "/tools crash")
+        reply = await ask_and_answer(pilot, "Crash the server.", "y")
+        [call] = reply.calls
+        assert call.approved and call.error and "\n" not in call.result
+        assert reply.status == "complete"
+        after = await ask_and_answer(pilot, "Say hello.", None)
+        assert after.status == "complete" and after.content.strip()
 
 
 async def test_a_bad_mcp_file_is_a_note_and_the_chat_goes_on(engine, tmp_path):
