@@ -12,6 +12,7 @@ import time
 from localchat.engine.base import Message, Request, SamplingParams
 from localchat.engine import open_engine
 from localchat.engine.config import EngineConfig
+from localchat.errors import UsageError
 
 GEN_TOKENS = 64
 PROMPT = ("Request {i}: write a long, detailed essay about the history of the number {i}, "
@@ -105,3 +106,27 @@ def knee(table: dict[str, dict], engine: str) -> int | None:
                 y["p50_latency_s"] > x["p50_latency_s"]:
             return int(a)
     return None
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise UsageError(f"--concurrency takes numbers like 1,4,16, got {text!r}") from None
+    if not levels or levels[0] < 1 or levels[-1] > 256:
+        raise UsageError(f"--concurrency levels must be 1..256, got {text!r}")
+    return levels
+
+
+def format_concurrency(table: dict[str, dict]) -> str:
+    lines = [f"{GEN_TOKENS} tokens per request; aggregate tok/s, p50 / max latency (s)",
+             f"{'N':>4}" + "".join(f"{mode:>28}" for mode in MODES)]
+    for n, row in sorted(table.items(), key=lambda kv: int(kv[0])):
+        cells = [f"{row[m]['aggregate_tok_s']:.1f}  {row[m]['p50_latency_s']:.2f}/"
+                 f"{row[m]['max_latency_s']:.2f}" for m in MODES]
+        lines.append(f"{n:>4}" + "".join(f"{c:>28}" for c in cells))
+    for mode, level in knees(table).items():
+        lines.append(f"knee ({mode}): " + (
+            f"past {level} concurrent requests throughput grows < 15% while latency rises"
+            if level is not None else "none within the measured levels"))
+    return "\n".join(lines)

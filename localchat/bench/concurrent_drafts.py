@@ -14,6 +14,7 @@ from localchat.bench.speculative import alpha_of
 from localchat.engine import open_engine
 from localchat.engine.base import Message, Request
 from localchat.engine.config import EngineConfig
+from localchat.bench.concurrency import GEN_TOKENS
 
 OFFSET = 500_000  # prompts of their own: no prefix-cache hits from the plain concurrency table
 
@@ -60,3 +61,17 @@ def bench_concurrent_drafts(config: EngineConfig, levels: list[int]) -> dict:
     finally:
         plain.close()
     return {"engine": config.engine, "draft": config.draft.record(), "levels": table}
+
+
+def format_concurrent_drafts(report: dict) -> str:
+    lines = [f"concurrent requests with draft {report['draft']} ({report['engine']} engine), "
+             f"{GEN_TOKENS} tokens each, temperature 0 (drafted between two plain runs)",
+             f"{'N':>4} {'no draft':>9} {'draft':>9} {'speedup':>8} {'α':>5} {'tok/pass':>8}"
+             "  identical"]
+    for n, row in sorted(report["levels"].items(), key=lambda kv: int(kv[0])):
+        lines.append(f"{n:>4} {row['no_draft_tok_s']:9.1f} {row['draft_tok_s']:9.1f} "
+                     f"{row['speedup']:7.2f}x {row['alpha']:5.2f} "
+                     f"{row['tokens_per_target_pass']:8.2f}  "
+                     f"{'yes' if row['identical_output'] else 'NO'}")
+    lines.append("  (aggregate tok/s of all N replies, prefill included)")
+    return "\n".join(lines)

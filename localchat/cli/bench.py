@@ -9,7 +9,7 @@ import json
 import sys
 from dataclasses import replace
 
-from localchat.cli.bench_peer import PeerStep, format_peer
+from localchat.bench.peer import PeerStep, format_peer
 from localchat.errors import UsageError
 from localchat.cli.flags import engine_config, load_for_run
 from localchat.engine.config import EngineConfig
@@ -100,7 +100,7 @@ def _bench(args: argparse.Namespace) -> int:
     if getattr(args, "peer", None) is not None and task != "speed":
         raise UsageError("--peer compares prefill and decode: it is for --task speed")
     if task == "serve":
-        from localchat.cli.bench_serve import run_serve_task
+        from localchat.bench.serve_task import run_serve_task
 
         return run_serve_task(args)
     if task == "json":
@@ -116,7 +116,7 @@ def _bench(args: argparse.Namespace) -> int:
         return _bench_restore_task(args, engines)
     levels = None
     if args.concurrency:
-        from localchat.cli.bench_concurrency import parse_levels
+        from localchat.bench.concurrency import parse_levels
 
         levels = parse_levels(args.concurrency)
     report: dict = {"model": None, "threads": args.threads, "prompt_tokens": args.prompt_tokens,
@@ -177,15 +177,15 @@ def _bench(args: argparse.Namespace) -> int:
         if "peer" in report:
             print(("\n" if report["engines"] else "") + format_peer(report))
         if "speculative" in report:
-            from localchat.cli.bench_speculative import format_speculative
+            from localchat.bench.speculative import format_speculative
 
             print("\n" + format_speculative(report["speculative"]))
         if "concurrency" in report:
-            from localchat.cli.bench_concurrency import format_concurrency
+            from localchat.bench.concurrency import format_concurrency
 
             print("\n" + format_concurrency(report["concurrency"]))
         if "concurrency_drafts" in report:
-            from localchat.cli.bench_concurrency import format_concurrent_drafts
+            from localchat.bench.concurrent_drafts import format_concurrent_drafts
 
             print("\n" + format_concurrent_drafts(report["concurrency_drafts"]))
     return 0
@@ -206,8 +206,8 @@ def measured_config(args: argparse.Namespace) -> EngineConfig:
 
 def _bench_json_task(args: argparse.Namespace, engines: list[str]) -> int:
     from localchat.bench.json_task import bench_json
-    from localchat.cli.bench_concurrency import parse_levels
-    from localchat.cli.bench_json import format_json_report
+    from localchat.bench.concurrency import parse_levels
+    from localchat.bench.json_task import format_json_report
 
     levels = parse_levels(args.concurrency) if args.concurrency else [1]
     report: dict = {"task": "json", "gen_tokens": args.gen_tokens, "engines": {},

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from localchat.bench.concurrent_drafts import bench_concurrent_drafts
-from localchat.cli.bench_concurrency import format_concurrent_drafts
+from localchat.bench.concurrent_drafts import format_concurrent_drafts
 from localchat.engine.config import EngineConfig
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from localchat.bench.json_task import TASKS, bench_json
-from localchat.cli.bench_json import format_json_report
+from localchat.bench.json_task import format_json_report
 
 
 def test_json_bench_checks_validity_and_identity(engine):

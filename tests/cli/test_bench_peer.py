@@ -15,7 +15,7 @@ from helpers.cli import assert_one_line_error, localchat
 from helpers.tiny_files import write_tiny_gguf
 from localchat.bench.peer import (PEER_ENV, PeerSetting, parse_rows, peer_command,
                                   peer_ratios, peer_settings)
-from localchat.cli.bench_peer import format_peer
+from localchat.bench.peer import format_peer
 
 # real llama-bench output (a native build of llama-cpp-python 0.3.36's llama.cpp, on the
 # bundled model): the two runs peer_command makes for -p 16 -g 8 -r 3 -t 2, K q8_0 / V f16
