@@ -1,6 +1,6 @@
 """A Hugging Face directory -> INT8 (per row) or INT4 (per group) safetensors (symmetric
 absmax, float32 scales) in the layout localchat/formats/intq.py describes; the layout is
-in docs/design-notes.md."""
+in docs/architecture.md (Decisions)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One GPU check of the torch executor, under 8 minutes (how to run it: docs/design-notes.md): a
+"""One GPU check of the torch executor, under 8 minutes (how to run it: docs/testing.md): a
 random-weight model of the bundled model's shape on --device and the CPU; prints agreement,
 batching and prefix-cache exactness, tok/s, kernels; ends `device-check: PASS` or `FAIL (...)`."""
 
