@@ -14,6 +14,7 @@ from localchat.chat.call_record import CallRecord
 from localchat.engine.base import Delta, Engine, Message, Request, Result, ToolCall
 from localchat.engine.constraint import Constraint
 from localchat.errors import UsageError
+from localchat.prompt.call_stream import CallStream
 from localchat.prompt.tool_calls import tool_format
 from localchat.tools.hub import HubTool, McpHub
 from localchat.tools.results import ToolOutcome
@@ -71,26 +72,43 @@ def check_choice(choice: str, tools: Sequence[HubTool]) -> str:
 
 def tool_events(engine: Engine, request: Request, use: ToolUse,
                 cancel=None) -> Iterator[CallRecord | Delta | Result]:
-    """request's reply with tools: each call the model makes (a CallRecord, once it has run
-    or been refused), then the answer as one Delta and its Result ("length" with no text
-    when the step limit came first). Each step is generated whole, then read for a call."""
+    """request's reply with tools: its text as it streams (up to where a call may start:
+    that is held until the step ends), each call the model makes (a CallRecord, once it has
+    run or been refused), then the Result, whose text is all that was shown ("length" when
+    the step limit came first). A forced first step is generated whole: it is the call."""
     offered = use.offered()
     writer = tool_format(engine.info.tool_format)
     with_tools = replace(request, tools=tuple(t.as_tool() for t in offered))
     turn: list[Message] = []
-    result = None
+    shown, result = "", None
     for step in range(use.max_steps):
         step_request = replace(with_tools, messages=tuple(request.messages) + tuple(turn))
         forced = _forced(writer, offered, use.choice) if step == 0 else None
+        stream = CallStream(writer) if offered and forced is None else None
         if forced is not None:
             step_request = replace(step_request, constraint=forced, format_prompt=False)
-        result = engine.complete(step_request, cancel)
-        parsed = writer.parse(writer.without_echo(result.text)) if offered else None
+        result = None
+        for event in engine.generate(step_request, cancel):
+            if isinstance(event, Result):
+                result = event
+            elif stream is None and not offered:
+                shown += event.text
+                yield event
+            elif stream is not None:
+                now = stream.feed(event.text)
+                if now:
+                    shown += now
+                    yield replace(event, text=now)
+        assert result is not None
+        held = stream.held if stream is not None else result.text if offered else ""
+        parsed = writer.parse(writer.without_echo(held)) \
+            if held and offered and not (stream is not None and stream.passing) else None
         if parsed is None or result.finish_reason == "cancelled":
-            text = writer.without_echo(result.text) if offered else result.text
-            if text:
-                yield Delta(text, (), result.stats)
-            yield Result(text, result.finish_reason, result.stats)
+            rest = stream.rest() if stream is not None else writer.without_echo(held)
+            if rest:
+                shown += rest
+                yield Delta(rest, (), result.stats)
+            yield Result(shown, result.finish_reason, result.stats)
             return
         call = parsed.calls[0]  # one call a step, as `serve` without parallel_tool_calls
         outcome, approved = _run(use.hub, use.approval, call)
@@ -99,7 +117,7 @@ def tool_events(engine: Engine, request: Request, use: ToolUse,
         turn += record.messages(step)
         yield record
     assert result is not None
-    yield Result("", "length", result.stats)  # the step limit: no answer after the calls
+    yield Result(shown, "length", result.stats)  # the step limit: no answer after the calls
 
 
 def _run(hub: McpHub, approval: Approval, call: ToolCall) -> tuple[ToolOutcome, bool]:

@@ -7,6 +7,7 @@ is held, and at the end parsed into calls, or, if it is no valid call, sent as c
 from __future__ import annotations
 
 from localchat.engine.base import ToolCall
+from localchat.prompt.call_stream import CallStream
 from localchat.prompt.tool_calls import new_call_id
 from localchat.server.tool_fields import ToolUse
 
@@ -109,55 +110,22 @@ class ToolStream:
         self.writer = tools.writer
         self.forced = ForcedCalls(self.writer.arguments_key) \
             if tools.required or tools.only else None
-        self.text = ""
-        self.sent = 0  # characters of text already handed out as content
-        self.holding = False  # the marker has come: the rest is held until the end
-        self.passing = False  # marker_at_start and the reply did not start with it
+        self.content = CallStream(self.writer)
 
     def feed(self, piece: str) -> tuple[str, list[dict]]:
         """Append a piece; the content and the call deltas that may be sent now."""
         if self.forced is not None:
             return "", self.forced.feed(piece)
-        return self._content(piece), []
-
-    def _content(self, piece: str) -> str:
-        self.text += piece
-        if self.holding:
-            return ""
-        if self.passing:
-            return self._release(len(self.text))
-        marker = self.writer.marker
-        if self.writer.marker_at_start:
-            head = self.text.lstrip()
-            if head.startswith(marker):
-                self.holding = True
-            elif head and not marker.startswith(head):
-                self.passing = True
-                return self._release(len(self.text))
-            return ""
-        starts = [self.text.find(m, self.sent) for m in (marker, self.writer.echo_marker) if m]
-        found = min((f for f in starts if f >= 0), default=-1)
-        if found >= 0:  # a call, or a repeated tool result: held until the end
-            self.holding = True
-            return self._release(found)
-        keep = max(next((n for n in range(min(len(m) - 1, len(self.text)), 0, -1)
-                         if m.startswith(self.text[-n:])), 0)
-                   for m in (marker, self.writer.echo_marker) if m)
-        return self._release(len(self.text) - keep)
-
-    def _release(self, end: int) -> str:
-        out, self.sent = self.text[self.sent:end], max(self.sent, end)
-        return out
+        return self.content.feed(piece), []
 
     def finish(self) -> tuple[str, list[dict], bool]:
         """Once the reply has ended: the content still to send, the call deltas, and
         whether the reply was calls (finish_reason "tool_calls")."""
         if self.forced is not None:
             return "", [], self.forced.index >= 0 and self.forced.state == "seek"
-        held = self.text[self.sent:]  # what was sent as content stays content
-        parsed = self.tools.read(held) if held and not self.passing else None
+        held = self.content.held  # what was sent as content stays content
+        parsed = self.tools.read(held) if held and not self.content.passing else None
         if parsed is None:
-            rest = self._release(len(self.text))
-            return (self.writer.without_echo(rest) if not self.passing else rest), [], False
+            return self.content.rest(), [], False
         # text before the calls that was held with them (after a repeated tool result)
         return parsed.content or "", call_deltas(parsed.calls), True

@@ -214,3 +214,24 @@ def test_run_keeps_the_calls_in_the_history_for_continue_and_forks(config, capsy
     finally:
         store.close()
     assert main(["run", "--continue", "--temp", "0", "-n", "8", "Thanks."]) == 0
+
+
+@pytest.mark.model
+def test_with_tools_offered_an_answer_still_streams_token_by_token(engine):
+    """The chat's tool loop holds text back only from where a call may start."""
+    from localchat.chat.session import ChatSession
+    from localchat.chat.tool_loop import Approval, ToolUse
+    from localchat.engine.base import Delta, Result, SamplingParams
+    from helpers.pilot import chat_config
+
+    with McpHub([stdio_spec()]) as hub:
+        hub.start()
+        session = ChatSession(*chat_config(sampling=SamplingParams(temperature=0.0),
+                                           max_tokens=24), None, engine)
+        reply = session.send("Write one sentence about the sea.")
+        events = list(session.reply(reply, tools=ToolUse(hub, Approval())))
+    deltas = [e for e in events if isinstance(e, Delta)]
+    assert isinstance(events[-1], Result) and not reply.entry.calls
+    assert len(deltas) > 3, [d.text for d in deltas]
+    assert "".join(d.text for d in deltas) == events[-1].text == reply.entry.content
+    assert "<tool" not in reply.entry.content
