@@ -144,17 +144,16 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
 
 def _measure_file(facts: GGUFFacts, label: str, n: int, threads: int, report: AgreementReport,
                   tokens: list[int] | None) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    from localchat.engine.choice import LoadPlan
+    from localchat.engine import open_engine
     from localchat.engine.config import NO_DRAFT, EngineConfig
-    from localchat.engine.loading import load_runtime
 
     # one sequence, and the f16 cache the torch executor keeps: only the models differ
-    config = EngineConfig(str(facts.path), parallel=1, draft=NO_DRAFT,
-                          cache_type_k="f16", cache_type_v="f16")
-    llama_engine = load_runtime(LoadPlan(facts, "llama.cpp", n + 64, threads), config,
-                                flash_attn=False)
-    torch_engine = load_runtime(LoadPlan(facts, "torch", n + 64, threads),
-                                replace(config, cache_type_k=None, cache_type_v=None))
+    config = EngineConfig(str(facts.path), engine="llama.cpp", ctx_size=n + 64,
+                          threads=threads, parallel=1, draft=NO_DRAFT, kv_disk=0,
+                          cache_type_k="f16", cache_type_v="f16", flash_attn=False)
+    llama_engine = open_engine(config)
+    torch_engine = open_engine(replace(config, engine="torch", cache_type_k=None,
+                                       cache_type_v=None, flash_attn=True))
     try:
         tokens = tokens or varied_text_tokens(torch_engine, n)
         report.kernels[label] = dict(torch_engine.info.kernels)

@@ -379,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         use_stub_vocabulary()
     report["vocabulary"] = "stub (llama-cpp-python not loaded)" if stub else \
         "llama.cpp vocab-only"
-    from localchat.engine import load_engine
+    from localchat.engine import open_engine
+    from localchat.engine.config import EngineConfig
     from localchat.engine.executors.torch.device import pick_device
     from localchat.errors import UsageError
 
@@ -410,11 +411,12 @@ def main(argv: list[str] | None = None) -> int:
         if report["failures"]:
             return finish()
         with Stage("load", budgets["load"]):
-            gpu = load_engine(str(path), engine="torch", ctx_size=n_ctx, device=str(device),
-                              kv_memory=(plan["streams"] + 4) * n_ctx * kv_token)
+            gpu = open_engine(EngineConfig(str(path), engine="torch", ctx_size=n_ctx,
+                                           device=str(device), kv_disk=0,
+                                           kv_memory=(plan["streams"] + 4) * n_ctx * kv_token))
             engines.append(gpu)
-            cpu = load_engine(str(path), engine="torch", ctx_size=n_ctx, device="cpu",
-                              kv_memory=2 * n_ctx * kv_token)
+            cpu = open_engine(EngineConfig(str(path), engine="torch", ctx_size=n_ctx,
+                                           device="cpu", kv_disk=0, kv_memory=2 * n_ctx * kv_token))
             engines.append(cpu)
             report["kernels"], report["cpu_kernels"] = gpu.info.kernels, cpu.info.kernels
             say(f"  kernels on {device}: " + ", ".join(f"{k} -> {v}"

@@ -49,7 +49,7 @@ class PeerPlan:
 def plan_peer(asked: str | None, config: EngineConfig) -> PeerPlan:
     """Every check before anything is measured: the binary (find_peer), a GGUF model (a
     Hugging Face directory is refused), our executor's threads and K/V cache types."""
-    from localchat.engine.choice import capped_threads
+    from localchat.engine.choice import capped_threads, default_threads
     from localchat.models.planner import chosen_cache_types
     from localchat.models.specs import resolve_model_facts
 
@@ -58,7 +58,7 @@ def plan_peer(asked: str | None, config: EngineConfig) -> PeerPlan:
     if facts.path.is_dir():
         raise UsageError(f"--peer needs a GGUF file: llama-bench cannot read {facts.path.name}, "
                          "a Hugging Face directory")
-    threads = capped_threads(config.threads)[0] or max(1, os.cpu_count() or 2)  # as the executor
+    threads = capped_threads(config.threads)[0] or default_threads()  # as the executor
     ours = chosen_cache_types(facts, config.cache_types, exact=config.exact_batching)
     return PeerPlan(binary, facts.path, threads, peer_settings(ours))
 

@@ -4,7 +4,6 @@ the rounds (one server up at a time), so drift cancels in the medians and their 
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import argparse
 import json
 import signal
 from localchat.bench.served import check_peer_binary
+from localchat.engine.choice import default_threads
 
 MEDIAN_KEYS = ("aggregate_tok_s", "ttft_p50_s", "ttft_p90_s", "decode_tok_s_median")
 PROMPT_OFFSET = 7000  # chat_requests' numbering: prompts no other bench task sends
@@ -53,7 +53,7 @@ def bench_serve(load: ServeLoad) -> dict:
     facts = resolve_model_facts(load.model)
     if load.peer is not None and facts.path.is_dir():
         raise UsageError(f"--peer-server runs GGUF files; {load.model} is a directory")
-    threads = load.threads or max(1, os.cpu_count() or 1)  # the executors' own default
+    threads = load.threads or default_threads()  # the executors' own default
     ctx = load_context(load.ctx_size, facts.context_length)
     prompts = conversations(load.concurrency)
     report: dict = {"task": "serve", "model": f"{facts.name} ({facts.quant_type})",

@@ -4,11 +4,11 @@ package (eval_file, eval_table, agreement), imported only when it runs."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from localchat.cli.flags import quality_flags, quality_protocol
 from localchat.errors import UsageError
+from localchat.engine.choice import default_threads
 
 
 def add_parser(sub) -> None:
@@ -52,7 +52,7 @@ def run_eval(args) -> int:
         raise UsageError("--agreement compares engines; it does not combine with --table or --reference")
     if args.agreement:
         return _agreement(args)
-    torch.set_num_threads(args.threads or os.cpu_count() or 2)
+    torch.set_num_threads(args.threads or default_threads())
     protocol = quality_protocol(args)
     facts = resolve_model_facts(args.model)
     if args.table:
@@ -86,7 +86,7 @@ def _agreement(args) -> int:
     if args.positions < 16:
         raise UsageError(f"--positions must be at least 16, got {args.positions}")
     report = measure_agreement(resolve_model(args.model), positions=args.positions,
-                               threads=args.threads or os.cpu_count() or 2,
+                               threads=args.threads or default_threads(),
                                with_float32=not args.no_float32)
     print(report.to_json() if args.json else report.table())
     return 0

@@ -5,13 +5,13 @@ source and the disk's free space are checked before anything is written."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
 
 from localchat.cli.flags import quality_flags, quality_protocol
 from localchat.errors import UsageError
+from localchat.engine.choice import default_threads
 
 
 def add_parser(sub) -> None:
@@ -130,7 +130,7 @@ def run_quantize(args) -> int:
     from quantize.output_size import min_bytes_written
 
     check_free_space(out, min_bytes_written(src, type_name))
-    threads = args.threads or os.cpu_count() or 2
+    threads = args.threads or default_threads()
     with stop_signals_clean_up():
         _write(src, out, type_name, threads, args)
     facts = validate_model_path(out)

@@ -10,18 +10,18 @@ from localchat.engine.config import EngineConfig
 from localchat.errors import EngineError, ModelFormatError
 
 
-def load_engine(plan: LoadPlan, config: EngineConfig) -> Engine:
+def load_engine(plan: LoadPlan) -> Engine:
     """Build what the plan names: a remote engine (nothing loads), or the runtime over the
     plan's executor and draft."""
     if plan.engine == "remote":
         from localchat.engine.remote import RemoteEngine
 
-        return RemoteEngine(config.endpoint, model=None if config.model == "default"
-                            else config.model, api_key=config.api_key,
-                            ctx_size=config.ctx_size, timeout=config.timeout)
+        spec = plan.spec
+        return RemoteEngine(spec.endpoint, model=spec.model, api_key=spec.api_key,
+                            ctx_size=spec.ctx_size, timeout=spec.timeout)
     from localchat.engine.loading import load_runtime
 
-    return load_runtime(plan, config)
+    return load_runtime(plan)
 
 
 def open_engine(config: EngineConfig, plan: LoadPlan | None = None) -> Engine:
@@ -29,7 +29,7 @@ def open_engine(config: EngineConfig, plan: LoadPlan | None = None) -> Engine:
     fails to load is forgotten (`models` stops listing it)."""
     plan = plan or choose(config)
     try:
-        return load_engine(plan, config)
+        return load_engine(plan)
     except (EngineError, ModelFormatError):
         if plan.facts is not None:
             from localchat.models.specs import forget

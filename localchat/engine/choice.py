@@ -1,6 +1,7 @@
 """Choose before building: choose(config) resolves the model, the executor, the context, the
-draft and the chat template into a LoadPlan, with every check that needs no model loaded.
-load_engine() then only builds what the plan names."""
+threads, the draft, the chat template and every executor setting into a LoadPlan (one spec
+per executor), with every check that needs no model loaded. load_engine(plan) then only
+builds what the plan names; no executor resolves a default of its own."""
 
 from __future__ import annotations
 
@@ -16,13 +17,59 @@ from localchat.models.facts import MIN_CTX, GGUFFacts, load_context
 TORCH_ARCHITECTURES = ("llama", "qwen2")
 
 
+DEFAULT_PARALLEL = 4  # llama.cpp's KV slots when nothing asks (run: 1, the chat: 2)
+
+
+@dataclass(frozen=True)
+class LlamaCppSpec:
+    """Everything the llama.cpp executor is built with. gpu_layers None: all where the
+    build offloads; cache_types None: its default pair (exact_batching's where asked)."""
+
+    n_ctx: int
+    threads: int
+    parallel: int = DEFAULT_PARALLEL
+    gpu_layers: int | None = None
+    cache_types: tuple[str | None, str | None] = (None, None)
+    exact_batching: bool = False
+    flash_attn: bool = True
+
+
+@dataclass(frozen=True)
+class TorchSpec:
+    """Everything the torch executor is built with. kv_memory None: 10 % of available
+    memory; a draft's executor runs eagerly but for its ahead-of-time layers."""
+
+    n_ctx: int
+    threads: int
+    kv_memory: int | None = None
+    device: str | None = None
+    compiled: bool | None = None
+    ahead_of_time: bool | None = None
+
+
+@dataclass(frozen=True)
+class RemoteSpec:
+    """An OpenAI-compatible server: nothing loads here."""
+
+    endpoint: str
+    model: str | None
+    api_key: str | None = None
+    ctx_size: int | None = None
+    timeout: float | None = None
+
+
+ExecutorSpec = LlamaCppSpec | TorchSpec
+
+
 @dataclass(frozen=True)
 class DraftPlan:
     """What drafts tokens: prompt lookup (facts None) or a draft model with the target's
-    vocabulary; auto: chosen for the user (dropped where it cannot work)."""
+    vocabulary, on the target's executor built by `spec`; auto: chosen for the user
+    (dropped where it cannot work)."""
 
     facts: GGUFFacts | None = None
     auto: bool = False
+    spec: ExecutorSpec | None = None
 
     @property
     def source(self) -> str:
@@ -32,20 +79,34 @@ class DraftPlan:
 @dataclass(frozen=True)
 class LoadPlan:
     """What load_engine() builds: facts (with the chat template prompts render with), the
-    executor, the context and threads it runs with, the draft; notes for the user."""
+    executor and its spec, the draft and γ, the KV snapshot budget, whether threads adapt
+    to a busy machine (no -t given); notes for the user."""
 
     facts: GGUFFacts | None  # None: a remote endpoint, nothing loads here
     engine: str  # "llama.cpp", "torch" or "remote"
-    ctx_size: int | None
-    threads: int | None
+    spec: ExecutorSpec | RemoteSpec
     draft: DraftPlan | None = None
+    num_draft_tokens: int | None = None  # fixed γ; None: adaptive
+    kv_disk: int = 0  # bytes of KV snapshots kept on disk (0: none)
+    adapt_threads: bool = False
     notes: tuple[str, ...] = ()
+
+    @property
+    def ctx_size(self) -> int | None:
+        return self.spec.ctx_size if isinstance(self.spec, RemoteSpec) else self.spec.n_ctx
+
+    @property
+    def threads(self) -> int | None:
+        return None if isinstance(self.spec, RemoteSpec) else self.spec.threads
 
 
 def choose(config: EngineConfig) -> LoadPlan:
-    """The LoadPlan for config: every check that needs no model loaded, in one place."""
+    """The LoadPlan for config: every default resolved and every check that needs no model
+    loaded, in one place."""
     if config.endpoint is not None:
-        return LoadPlan(None, "remote", config.ctx_size, config.threads)
+        return LoadPlan(None, "remote", RemoteSpec(
+            config.endpoint, None if config.model == "default" else config.model,
+            config.api_key, config.ctx_size, config.timeout))
     from localchat.models.specs import resolve_model_facts
 
     facts = with_chat_template(resolve_model_facts(config.model), config.chat_template)
@@ -57,7 +118,39 @@ def choose(config: EngineConfig) -> LoadPlan:
         raise ConfigError("ctx_size", f"{ctx_size} is more than {facts.name}'s trained context "
                                       f"of {facts.context_length} tokens (0 uses all of it)")
     threads, notes = capped_threads(config.threads)
-    return LoadPlan(facts, engine, ctx_size, threads, choose_draft(config.draft, facts), notes)
+    spec = executor_spec(engine, config, ctx_size, threads or default_threads())
+    draft = choose_draft(config.draft, facts)
+    if draft is not None and draft.facts is not None:
+        draft = replace(draft, spec=draft_spec(spec))
+    from localchat.storage.kv_snapshots import DEFAULT_BUDGET
+
+    return LoadPlan(facts, engine, spec, draft, config.num_draft_tokens,
+                    DEFAULT_BUDGET if config.kv_disk is None else config.kv_disk,
+                    adapt_threads=threads is None, notes=notes)
+
+
+def executor_spec(engine: str, config: EngineConfig, n_ctx: int, threads: int) -> ExecutorSpec:
+    """The executor's settings from config, its defaults filled in."""
+    if engine == "torch":
+        return TorchSpec(n_ctx, threads, config.kv_memory, config.device)
+    return LlamaCppSpec(n_ctx, threads, config.parallel or DEFAULT_PARALLEL,
+                        0 if config.device == "cpu" else config.gpu_layers, config.cache_types,
+                        config.exact_batching, config.flash_attn)
+
+
+def draft_spec(target: ExecutorSpec) -> ExecutorSpec:
+    """A draft model's executor: the target's settings; on torch the default KV memory, run
+    eagerly but for its generated tokens' AOTInductor layers (torch.compile's graphs beside
+    the target's would slow both, Dynamo checking every cached graph)."""
+    if isinstance(target, TorchSpec):
+        return replace(target, kv_memory=None, compiled=False, ahead_of_time=True)
+    return target
+
+
+def default_threads() -> int:
+    """Threads when none are asked for: every CPU this process may use."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, cpus or 1)
 
 
 def choose_executor(config: EngineConfig, facts: GGUFFacts) -> str:
@@ -87,8 +180,8 @@ def choose_executor(config: EngineConfig, facts: GGUFFacts) -> str:
 
 def capped_threads(threads: int | None) -> tuple[int | None, tuple[str, ...]]:
     """More threads than CPUs only slows a model down: at most the CPU count, said once."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if threads is not None and cpus and threads > cpus:
+    cpus = default_threads()
+    if threads is not None and threads > cpus:
         return cpus, (f"threads capped at {cpus}, the CPUs this process may use "
                       f"(asked for {threads})",)
     return threads, ()

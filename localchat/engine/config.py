@@ -76,6 +76,7 @@ class EngineConfig:
     cache_type_k: str | None = None  # llama.cpp's KV cache types
     cache_type_v: str | None = None
     exact_batching: bool = False  # llama.cpp: cache types that keep batched bits = lone ones
+    flash_attn: bool = True  # llama.cpp: False is llama-cpp-python's default (comparisons)
     draft: DraftChoice = NO_DRAFT  # a DraftChoice, or its record (None, "auto", "ngram", SPEC)
     num_draft_tokens: int | None = None  # fixed γ; None: adaptive
     chat_template: str | None = None  # a built-in template's name or a Jinja file

@@ -78,3 +78,23 @@ def test_the_cli_says_a_settings_error_with_its_flag_and_notes_a_thread_cap():
     assert f"localchat: note: threads capped at {CPUS}" in proc.stderr
     assert "localchat: engine llama.cpp (chosen for the file)" in proc.stderr
     assert "localchat: compute: llama.cpp CPU " in proc.stderr  # its variant and features
+
+
+def test_the_plan_is_complete_every_default_resolved_once():
+    """load_engine(plan) needs nothing else: each executor's spec holds every setting."""
+    from localchat.engine.choice import (DEFAULT_PARALLEL, LlamaCppSpec, RemoteSpec, TorchSpec,
+                                         default_threads)
+    from localchat.storage.kv_snapshots import DEFAULT_BUDGET
+
+    plan = choose(EngineConfig("default"))
+    assert plan.spec == LlamaCppSpec(4096, default_threads(), DEFAULT_PARALLEL)
+    assert plan.adapt_threads and plan.kv_disk == DEFAULT_BUDGET
+    given = choose(EngineConfig("default", threads=1, parallel=2, device="cpu", kv_disk=0,
+                                exact_batching=True, flash_attn=False, num_draft_tokens=3,
+                                draft="ngram"))
+    assert given.spec == LlamaCppSpec(4096, 1, 2, 0, (None, None), True, False)
+    assert not given.adapt_threads and given.kv_disk == 0 and given.num_draft_tokens == 3
+    torch_plan = choose(EngineConfig("default", engine="torch", kv_memory=2**30))
+    assert torch_plan.spec == TorchSpec(4096, default_threads(), 2**30)
+    remote = choose(EngineConfig("default", endpoint="http://127.0.0.1:9/v1", timeout=5))
+    assert remote.spec == RemoteSpec("http://127.0.0.1:9/v1", None, None, None, 5)

@@ -27,7 +27,6 @@ from localchat.units import refuse_beyond_available
 GGML_TYPE_BF16 = 30  # ggml.h (llama-cpp-python names no constant for it)
 SLOT_ROUND = 256  # llama.cpp sizes each stream in multiples of 256 cells
 MAX_BATCH = 1024  # tokens per llama_decode call; larger forwards are split
-DEFAULT_PARALLEL = 4
 
 
 class _Batch:
@@ -68,17 +67,16 @@ def _ptr(array: np.ndarray, ctype):
 class LlamaCppExecutor(Executor):
     name = "llama.cpp"
 
-    def __init__(self, facts: GGUFFacts, *, n_ctx: int, threads: int | None = None,
-                 gpu_layers: int | None = None, parallel: int | None = None,
+    def __init__(self, facts: GGUFFacts, *, n_ctx: int, threads: int, parallel: int,
+                 gpu_layers: int | None = None,
                  cache_types: tuple[str | None, str | None] = (None, None),
                  exact_batching: bool = False, flash_attn: bool = True) -> None:
-        """parallel: KV slots (sequences computed at once), each holding n_ctx tokens;
+        """Built from a LlamaCppSpec (engine/choice.py resolves its defaults). parallel: KV
+        slots (sequences computed at once), each holding n_ctx tokens;
         cache_types: K and V cache types (None: default_cache_types, exact_batching's pair
         if asked); flash_attn False is llama-cpp-python's default, for comparing models."""
         if gpu_layers is None:
             gpu_layers = -1 if llama_cpp.llama_supports_gpu_offload() else 0
-        parallel = parallel or DEFAULT_PARALLEL
-        threads = threads or max(1, os.cpu_count() or 2)
         self.threads = threads
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = gpu_layers

@@ -91,15 +91,15 @@ def open_model(facts: GGUFFacts, device: torch.device = torch.device("cpu"),
 class TorchExecutor(Executor):
     name = "torch"
 
-    def __init__(self, facts: GGUFFacts, *, n_ctx: int, threads: int | None = None,
+    def __init__(self, facts: GGUFFacts, *, n_ctx: int, threads: int,
                  kv_memory: int | None = None, device: str | None = None,
                  compiled: bool | None = None, ahead_of_time: bool | None = None) -> None:
-        """Call on the compute thread (compute_thread.py says why). compiled, ahead_of_time:
-        as LlamaModel's."""
+        """Built from a TorchSpec (engine/choice.py resolves its defaults); call on the
+        compute thread (compute_thread.py says why). compiled, ahead_of_time: as LlamaModel's."""
         quiet_library_warnings()
         self.facts = facts
         self.device = pick_device(device)
-        torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
+        torch.set_num_threads(threads)
         # a Hugging Face directory is built on the CPU and moved (its kernels are the CPU's)
         build_on = torch.device("cpu") if facts.path.is_dir() else self.device
         chooser = KernelChooser(build_on, cache_dir=cache_dir())  # per machine, as AOT code
