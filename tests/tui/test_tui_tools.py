@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import jsonschema
@@ -29,9 +30,14 @@ def mcp_file(tmp_path) -> str:
     return str(path)
 
 
-async def tools_ready(pilot) -> None:
-    await ready(pilot)
-    await wait_until(pilot, lambda: pilot.app.tools.started.is_set(), timeout=90)
+@asynccontextmanager
+async def chat_with_tools(engine, mcp_file: str):
+    """The chat on engine with the test server's tools, once the model and the tools are up."""
+    app = make_app(engine, max_tokens=48, mcp=mcp_file)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await wait_until(pilot, lambda: app.tools.started.is_set(), timeout=90)
+        yield app, pilot
 
 
 async def ask_and_answer(pilot, prompt: str, key: str | None):
@@ -46,9 +52,7 @@ async def ask_and_answer(pilot, prompt: str, key: str | None):
 
 
 async def test_approved_call_runs_is_shown_stored_and_reopened(engine, mcp_file):
-    app = make_app(engine, max_tokens=48, mcp=mcp_file)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await tools_ready(pilot)
+    async with chat_with_tools(engine, mcp_file) as (app, pilot):
         await send(pilot, "/tools get_weather")
         reply = await ask_and_answer(pilot, "What is the weather in Oslo?", "y")
         [call] = reply.calls
@@ -74,9 +78,7 @@ async def test_approved_call_runs_is_shown_stored_and_reopened(engine, mcp_file)
 
 
 async def test_refused_call_is_fed_back_and_always_stops_asking(engine, mcp_file):
-    app = make_app(engine, max_tokens=48, mcp=mcp_file)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await tools_ready(pilot)
+    async with chat_with_tools(engine, mcp_file) as (app, pilot):
         await send(pilot, "/tools add")
         refused = await ask_and_answer(pilot, "What is 2 plus 3?", "n")
         [call] = refused.calls
@@ -98,9 +100,7 @@ async def test_refused_call_is_fed_back_and_always_stops_asking(engine, mcp_file
 
 
 async def test_escape_on_the_card_stops_the_reply(engine, mcp_file):
-    app = make_app(engine, max_tokens=48, mcp=mcp_file)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await tools_ready(pilot)
+    async with chat_with_tools(engine, mcp_file) as (app, pilot):
         await send(pilot, "/tools required")
         reply = await ask_and_answer(pilot, "What is the weather in Oslo?", "escape")
         assert reply.calls and not reply.calls[0].approved
@@ -109,9 +109,7 @@ async def test_escape_on_the_card_stops_the_reply(engine, mcp_file):
 
 
 async def test_a_crashing_tool_is_an_error_result_and_the_chat_goes_on(engine, mcp_file):
-    app = make_app(engine, max_tokens=48, mcp=mcp_file)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await tools_ready(pilot)
+    async with chat_with_tools(engine, mcp_file) as (app, pilot):
         await send(pilot, "/tools crash")
         reply = await ask_and_answer(pilot, "Crash the server.", "y")
         [call] = reply.calls
