@@ -23,6 +23,7 @@ from quantize.progress import Progress, clock
 from quantize.safe_output import atomic_output_file
 from quantize.self_prompts import self_prompts
 from quantize.student import Student, default_layers, student_from_target, write_student_gguf
+from localchat.engine.choice import default_threads
 
 LAYER_TYPES = {"Q8_0": Q.Q8_0, "Q4_1": Q.Q4_1, "Q4_0": Q.Q4_0}
 
@@ -94,7 +95,8 @@ def file_agreement(draft: Path, examples: list[Example], threads: int | None) ->
     from localchat.models.files import validate_model_file
 
     n_ctx = max(len(e.tokens) for e in examples)
-    executor = LlamaCppExecutor(validate_model_file(draft), n_ctx=n_ctx, threads=threads, parallel=1)
+    executor = LlamaCppExecutor(validate_model_file(draft), n_ctx=n_ctx,
+                                threads=threads or default_threads(), parallel=1)
     hit = total = 0
     try:
         for e in examples:
@@ -133,7 +135,8 @@ def collect_teacher(target: Path, options: DistillOptions, log) -> list[Example]
     from localchat.models.files import validate_model_file
 
     facts = validate_model_file(target)
-    executor = LlamaCppExecutor(facts, n_ctx=1024, threads=options.threads, parallel=16)
+    executor = LlamaCppExecutor(facts, n_ctx=1024, threads=options.threads or default_threads(),
+                                parallel=16)
     try:
         extra = _extra_sequences(executor, facts, options)
         extra_budget = options.teacher_tokens // 3 if extra else 0

@@ -10,6 +10,7 @@ import numpy as np
 from localchat.engine.executors.llamacpp import LlamaCppExecutor
 from localchat.engine.runtime.compute_thread import COMPUTE
 from localchat.models.facts import GGUFFacts
+from localchat.engine.choice import default_threads
 
 
 def _decode(executor: LlamaCppExecutor, entries: list[tuple[int, int, int, bool]]) -> np.ndarray:
@@ -40,7 +41,7 @@ class BareLoop:
     loop measured on it so far."""
 
     def __init__(self, facts: GGUFFacts, *, n_ctx: int, threads: int | None, slots: int) -> None:
-        self.executor = COMPUTE.call(lambda: LlamaCppExecutor(facts, n_ctx=n_ctx, threads=threads,
+        self.executor = COMPUTE.call(lambda: LlamaCppExecutor(facts, n_ctx=n_ctx, threads=threads or default_threads(),
                                                               parallel=slots))
         self.singles: list[float] = []
         self.batches: list[tuple[int, float, float]] = []  # (sequences, decode, with prefill)
