@@ -4,10 +4,16 @@ touch the network (offline hub mode) and never write to the user's data director
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
 from helpers import tiers
+
+# A run started in the background (`cmd &` in a script, nohup) inherits SIGINT ignored, and so
+# would every process the tests start: the tests that press Ctrl+C on one need it back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 # The torch executor's layer pieces run eagerly here: compiling every tiny test model's shapes
