@@ -9,7 +9,6 @@ import json
 import sys
 from dataclasses import replace
 
-from localchat.bench.peer import PeerStep, format_peer
 from localchat.errors import UsageError
 from localchat.cli.flags import engine_config, load_for_run
 from localchat.engine.config import EngineConfig
@@ -128,6 +127,8 @@ def _bench(args: argparse.Namespace) -> int:
         config = replace(config, model=str(fixture))
         report["fixture"] = FIXTURE_NOTE
         print(f"{args.model}: {FIXTURE_NOTE}", file=sys.stderr)
+    from localchat.bench.peer import PeerStep, format_peer
+
     peer = PeerStep(args, config, report, first=engines[0] if engines else None)
     for name in engines:
         peer.before(name)
