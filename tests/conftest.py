@@ -19,6 +19,10 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 # The torch executor's layer pieces run eagerly here: compiling every tiny test model's shapes
 # would double the run. test_runtime.py and test_layer_steps.py run them compiled.
 os.environ.setdefault("LOCALCHAT_EAGER", "1")
+# The default engine is measured per machine (engine/engine_rule.py): the tests name theirs,
+# as a script would, so that what they check does not depend on the CPU they run on.
+# tests/engine/test_engine_rule.py removes this and measures.
+os.environ.setdefault("LOCALCHAT_ENGINE", "llama.cpp")
 
 
 def pytest_addoption(parser):

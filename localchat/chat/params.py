@@ -91,7 +91,7 @@ def conversation_record(params: ReplyParams, config: EngineConfig) -> dict:
         record["ctx_size"] = config.ctx_size
     if config.draft.record() is not None:
         record["draft"] = config.draft.record()
-        record["num_draft_tokens"] = config.num_draft_tokens
+        record["num_draft_tokens"] = config.draft.tokens
     return record
 
 
@@ -105,9 +105,8 @@ def config_from_record(config: EngineConfig, record: dict, model: str | None) ->
     draft, n_draft = record.get("draft"), record.get("num_draft_tokens")
     if isinstance(draft, str) and draft:
         draft = DraftChoice.parse(draft)
+        if type(n_draft) is int and 1 <= n_draft <= MAX_DRAFT_TOKENS and draft.enabled:
+            draft = replace(draft, tokens=n_draft)
     else:
-        draft, n_draft = config.draft, config.num_draft_tokens
-    if type(n_draft) is not int or not 1 <= n_draft <= MAX_DRAFT_TOKENS or not draft.enabled:
-        n_draft = None
-    return replace(config, model=model or config.model, ctx_size=ctx_size, draft=draft,
-                   num_draft_tokens=n_draft)
+        draft = config.draft
+    return replace(config, model=model or config.model, ctx_size=ctx_size, draft=draft)

@@ -167,7 +167,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         raise UsageError("--batch cannot be combined with --continue")
     params = reply_params(args)
     lines = [parse_line(n, text, params) for n, text in read_lines(args.batch)]
-    config = with_parallel(engine_config(args), max(1, min(PARALLEL, len(lines))))
+    config = with_parallel(engine_config(args, use="many"), max(1, min(PARALLEL, len(lines))))
     if not any(line.request for line in lines):
         for line in lines:
             _write({"id": line.id, "error": line.error})

@@ -28,7 +28,7 @@ def add_parser(sub, model: argparse.ArgumentParser) -> None:
                        help="also serve N concurrent requests (64 tokens each): the runtime "
                             "batching them on each executor, and llama.cpp one after "
                             "another, e.g. 1,4,16 (--task serve: N clients, default 16)")
-    bench.add_argument("--task", choices=("speed", "json", "restore", "serve", "start"),
+    bench.add_argument("--task", choices=("speed", "json", "restore", "serve", "start", "engines"),
                        default="speed",
                        help="speed: prefill and decode; json: free vs JSON-schema-constrained "
                             "decoding of the same prompts, with and without forced drafts "
@@ -38,7 +38,9 @@ def add_parser(sub, model: argparse.ArgumentParser) -> None:
                             "serve: --concurrency clients streaming -g tokens each from "
                             "`localchat serve` (its defaults), and from --peer-server, "
                             "alternating for -r rounds; start: a one-shot `run \"Hi\" -n 1`, "
-                            "whole process, -r times per engine (min, median)")
+                            "whole process, -r times per engine (min, median); engines: the "
+                            "default-engine rule's probe of both executors, afresh (its "
+                            "figures kept), and the engine it picks per use")
     bench.add_argument("--peer-server", default=None, metavar="PATH",
                        help="--task serve: a llama-server binary, run with -np N and N "
                             "contexts, to load the same way beside ours")
@@ -113,6 +115,12 @@ def _bench(args: argparse.Namespace) -> int:
         return 0
     if task == "restore":
         return _bench_restore_task(args, engines)
+    if task == "engines":
+        from localchat.bench.engines import bench_engines, format_engines
+
+        report = {"task": "engines", **bench_engines(args.model, args.threads)}
+        print(json.dumps(report) if args.json else format_engines(report))
+        return 0
     levels = None
     if args.concurrency:
         from localchat.bench.concurrency import parse_levels

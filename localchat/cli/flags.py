@@ -46,7 +46,7 @@ def engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
         cache_type_k=getattr(args, "cache_type_k", None),
         cache_type_v=getattr(args, "cache_type_v", None),
         exact_batching=getattr(args, "exact_batching", False),
-        draft=draft_choice(args), num_draft_tokens=args.num_draft_tokens,
+        draft=draft_choice(args),
         chat_template=getattr(args, "chat_template", None),
         endpoint=getattr(args, "endpoint", None))
     if values["endpoint"] is not None:
@@ -70,8 +70,7 @@ def load_for_run(config: EngineConfig, *, verbose: bool = False) -> Engine:
     for note in plan.notes:
         print(f"localchat: note: {note}", file=sys.stderr)
     if verbose and plan.facts is not None:
-        why = "as asked" if config.engine is not None else "chosen for the file"
-        print(f"localchat: engine {plan.engine} ({why})", file=sys.stderr)
+        print(f"localchat: engine {plan.engine} ({plan.why})", file=sys.stderr)
     engine = open_engine(config, plan)
     if verbose and engine.info.compute:
         print(f"localchat: compute: {engine.info.compute}", file=sys.stderr)
@@ -81,12 +80,14 @@ def load_for_run(config: EngineConfig, *, verbose: bool = False) -> Engine:
 
 
 def draft_choice(args: argparse.Namespace) -> DraftChoice:
-    """--no-draft, --draft-model SPEC, --draft auto|ngram; auto when none is given."""
+    """--no-draft, --draft-model SPEC, --draft auto|ngram (auto when none is given), with
+    --num-draft-tokens' fixed γ."""
+    tokens = getattr(args, "num_draft_tokens", None)
     if args.no_draft:
-        return DraftChoice("none")
+        return DraftChoice("none", tokens=tokens)
     if args.draft_model:
-        return DraftChoice("model", args.draft_model)
-    return DraftChoice(args.draft or "auto")
+        return DraftChoice("model", args.draft_model, tokens)
+    return DraftChoice(args.draft or "auto", tokens=tokens)
 
 
 def reply_params(args: argparse.Namespace) -> ReplyParams:
@@ -117,10 +118,10 @@ def model_flags() -> argparse.ArgumentParser:
     g.add_argument("--engine", default=None, choices=["llama.cpp", "torch", "auto"],
                    help="executor under localchat's runtime: llama.cpp's kernels (every GGUF "
                         "architecture), localchat's torch model (Llama-family GGUF, NF4, "
-                        "INT8/INT4, GPTQ, Hugging Face directories), or auto (torch where it "
-                        "supports the model) (default: from the file: llama.cpp for a GGUF, "
-                        "torch for a Hugging Face directory; serve: torch for Llama-family GGUF "
-                        "files of a type its kernels run, which it serves faster)")
+                        "INT8/INT4, GPTQ, Hugging Face directories), or auto (default: "
+                        "$LOCALCHAT_ENGINE, else auto: where both run the file, the one "
+                        "measured faster on it here for the command's use, measured once "
+                        "and kept; else the one that runs it)")
     g.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
                    help="context window in tokens (default: min(model's, 4096); 0 = model's)")
     g.add_argument("-t", "--threads", type=int, default=None, metavar="N",

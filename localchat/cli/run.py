@@ -201,7 +201,8 @@ def take_model_word(args: argparse.Namespace) -> bool:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = engine_config(args, parallel=args.parallel or 1)  # one request: one KV slot
+    # one request: one KV slot; the engine the rule measures faster for a one-shot reply
+    config = engine_config(args, parallel=args.parallel or 1, use="one-shot")
     # a bad schema file is said before the model loads
     params = replace(reply_params(args), constraint=constraint_from_args(args),
                      format_prompt=getattr(args, "format_prompt", True))

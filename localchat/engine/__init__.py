@@ -4,10 +4,23 @@ never import an engine's heavy dependencies themselves."""
 
 from __future__ import annotations
 
+from localchat.engine import choice
 from localchat.engine.base import Engine
-from localchat.engine.choice import LoadPlan, choose
+from localchat.engine.choice import LoadPlan
 from localchat.engine.config import EngineConfig
 from localchat.errors import EngineError, ModelFormatError
+
+
+def choose(config: EngineConfig) -> LoadPlan:
+    """choice.choose(), measuring both executors on the file where the default-engine rule
+    has no figures for it yet (engine_probe.py)."""
+    return choice.choose(config, measure=_measure)
+
+
+def _measure(facts, threads: int, engines: tuple[str, ...]):
+    from localchat.engine.engine_probe import measure_engines
+
+    return measure_engines(facts, threads, engines)
 
 
 def load_engine(plan: LoadPlan) -> Engine:
@@ -25,11 +38,13 @@ def load_engine(plan: LoadPlan) -> Engine:
 
 
 def open_engine(config: EngineConfig, plan: LoadPlan | None = None) -> Engine:
-    """choose() (unless the plan is given), then load_engine(); a file that validated but
-    fails to load is forgotten (`models` stops listing it)."""
+    """choose() (unless the plan is given), then load_engine(), the engine saying why it was
+    chosen; a file that validated but fails to load is forgotten (`models` stops listing it)."""
     plan = plan or choose(config)
     try:
-        return load_engine(plan)
+        engine = load_engine(plan)
+        engine.why = plan.why
+        return engine
     except (EngineError, ModelFormatError):
         if plan.facts is not None:
             from localchat.models.specs import forget

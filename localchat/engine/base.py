@@ -182,6 +182,7 @@ class Engine(ABC):
 
     name: str
     info: ModelInfo
+    why: str = ""  # why this executor runs the file: "as asked", or the rule's reason
 
     @abstractmethod
     def generate(self, request: Request, cancel: threading.Event | None = None) -> Iterator[Event]:

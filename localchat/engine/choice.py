@@ -9,13 +9,9 @@ import os
 from dataclasses import dataclass, replace
 
 from localchat.engine.config import DraftChoice, EngineConfig
+from localchat.engine.engine_rule import default_engine, serve_slots
 from localchat.errors import ConfigError
 from localchat.models.facts import MIN_CTX, GGUFFacts, load_context
-
-# The torch executor's Llama-family architectures (executors/torch/weights.py checks the
-# same list when it loads; "auto" picks torch for these).
-TORCH_ARCHITECTURES = ("llama", "qwen2")
-
 
 DEFAULT_PARALLEL = 4  # llama.cpp's KV slots when nothing asks (run: 1, the chat: 2)
 
@@ -65,11 +61,12 @@ ExecutorSpec = LlamaCppSpec | TorchSpec
 class DraftPlan:
     """What drafts tokens: prompt lookup (facts None) or a draft model with the target's
     vocabulary, on the target's executor built by `spec`; auto: chosen for the user
-    (dropped where it cannot work)."""
+    (dropped where it cannot work); tokens: a fixed γ, None: adaptive."""
 
     facts: GGUFFacts | None = None
     auto: bool = False
     spec: ExecutorSpec | None = None
+    tokens: int | None = None
 
     @property
     def source(self) -> str:
@@ -79,17 +76,17 @@ class DraftPlan:
 @dataclass(frozen=True)
 class LoadPlan:
     """What load_engine() builds: facts (with the chat template prompts render with), the
-    executor and its spec, the draft and γ, the KV snapshot budget, whether threads adapt
-    to a busy machine (no -t given); notes for the user."""
+    executor and its spec, the draft, the KV snapshot budget, whether threads adapt to a
+    busy machine (no -t given); notes for the user, and why this executor."""
 
     facts: GGUFFacts | None  # None: a remote endpoint, nothing loads here
     engine: str  # "llama.cpp", "torch" or "remote"
     spec: ExecutorSpec | RemoteSpec
     draft: DraftPlan | None = None
-    num_draft_tokens: int | None = None  # fixed γ; None: adaptive
     kv_disk: int = 0  # bytes of KV snapshots kept on disk (0: none)
     adapt_threads: bool = False
     notes: tuple[str, ...] = ()
+    why: str = ""  # why this engine: "as asked", or the rule's reason (engine_rule.py)
 
     @property
     def ctx_size(self) -> int | None:
@@ -100,9 +97,10 @@ class LoadPlan:
         return None if isinstance(self.spec, RemoteSpec) else self.spec.threads
 
 
-def choose(config: EngineConfig) -> LoadPlan:
+def choose(config: EngineConfig, measure=None) -> LoadPlan:
     """The LoadPlan for config: every default resolved and every check that needs no model
-    loaded, in one place."""
+    loaded, in one place; measure: the default-engine rule's probe where it has no figures
+    yet (engine/__init__.py passes engine_probe's)."""
     if config.endpoint is not None:
         return LoadPlan(None, "remote", RemoteSpec(
             config.endpoint, None if config.model == "default" else config.model,
@@ -110,30 +108,34 @@ def choose(config: EngineConfig) -> LoadPlan:
     from localchat.models.specs import resolve_model_facts
 
     facts = with_chat_template(resolve_model_facts(config.model), config.chat_template)
-    engine = choose_executor(config, facts)
+    threads, notes = capped_threads(config.threads)
+    engine, why = choose_executor(config, facts, threads or default_threads(), measure)
     ctx_size = load_context(config.ctx_size, facts.context_length)
     if ctx_size < MIN_CTX:
         raise ConfigError("ctx_size", f"must be at least {MIN_CTX} tokens, got {ctx_size}")
     if facts.context_length and ctx_size > facts.context_length:
         raise ConfigError("ctx_size", f"{ctx_size} is more than {facts.name}'s trained context "
                                       f"of {facts.context_length} tokens (0 uses all of it)")
-    threads, notes = capped_threads(config.threads)
-    spec = executor_spec(engine, config, ctx_size, threads or default_threads())
+    spec = executor_spec(engine, config, facts, ctx_size, threads or default_threads())
     draft = choose_draft(config.draft, facts)
     if draft is not None and draft.facts is not None:
         draft = replace(draft, spec=draft_spec(spec))
     from localchat.storage.kv_snapshots import DEFAULT_BUDGET
 
-    return LoadPlan(facts, engine, spec, draft, config.num_draft_tokens,
+    return LoadPlan(facts, engine, spec, draft,
                     DEFAULT_BUDGET if config.kv_disk is None else config.kv_disk,
-                    adapt_threads=threads is None, notes=notes)
+                    adapt_threads=threads is None, notes=notes, why=why)
 
 
-def executor_spec(engine: str, config: EngineConfig, n_ctx: int, threads: int) -> ExecutorSpec:
-    """The executor's settings from config, its defaults filled in."""
+def executor_spec(engine: str, config: EngineConfig, facts: GGUFFacts, n_ctx: int,
+                  threads: int) -> ExecutorSpec:
+    """The executor's settings from config, its defaults filled in (llama.cpp's slots for
+    many streams: engine_rule.serve_slots)."""
     if engine == "torch":
         return TorchSpec(n_ctx, threads, config.kv_memory, config.device)
-    return LlamaCppSpec(n_ctx, threads, config.parallel or DEFAULT_PARALLEL,
+    parallel = config.parallel or (serve_slots(config, facts) if config.use == "many"
+                                   else DEFAULT_PARALLEL)
+    return LlamaCppSpec(n_ctx, threads, parallel,
                         0 if config.device == "cpu" else config.gpu_layers, config.cache_types,
                         config.exact_batching, config.flash_attn)
 
@@ -153,17 +155,14 @@ def default_threads() -> int:
     return max(1, cpus or 1)
 
 
-def choose_executor(config: EngineConfig, facts: GGUFFacts) -> str:
-    """The executor for this file: as configured, else by the file (a Hugging Face
-    directory on torch, a GGUF on llama.cpp); 'auto': torch where it runs the architecture."""
-    hf_directory = facts.path.is_dir()
-    engine = config.engine
+def choose_executor(config: EngineConfig, facts: GGUFFacts, threads: int,
+                    measure=None) -> tuple[str, str]:
+    """The executor for this file, and why: as asked, else (None or auto) the rule's
+    (engine_rule.py); settings that are the other executor's are refused."""
+    engine, why = (None if config.engine == "auto" else config.engine), "as asked"
     if engine is None:
-        engine = "torch" if hf_directory else "llama.cpp"
-    elif engine == "auto":
-        engine = "torch" if hf_directory or facts.architecture in TORCH_ARCHITECTURES \
-            else "llama.cpp"
-    if hf_directory and engine == "llama.cpp":
+        engine, why = default_engine(config, facts, threads, measure)
+    if facts.path.is_dir() and engine == "llama.cpp":
         raise ConfigError("engine", f"llama.cpp needs a GGUF file, and {facts.path.name} is a "
                                     "Hugging Face directory: use the torch engine")
     if engine == "torch":
@@ -175,7 +174,7 @@ def choose_executor(config: EngineConfig, facts: GGUFFacts) -> str:
         raise ConfigError("device", f"{config.device} is for the torch engine; the llama.cpp "
                                     "engine offloads to the GPU its build supports (or cpu "
                                     "for none)")
-    return engine
+    return engine, why
 
 
 def capped_threads(threads: int | None) -> tuple[int | None, tuple[str, ...]]:
@@ -196,14 +195,14 @@ def choose_draft(draft: DraftChoice, facts: GGUFFacts) -> DraftPlan | None:
     if draft.kind == "none":
         return None
     if draft.kind == "ngram":
-        return DraftPlan()
+        return DraftPlan(tokens=draft.tokens)
     from localchat.models.vocab_match import check_same_vocabulary
 
     if draft.kind == "auto":
         kept = None if facts.path.is_dir() else kept_draft(facts)
         if kept is None:
-            return DraftPlan(paired_draft_for(facts), auto=True)
-        draft = DraftChoice("model", str(kept))
+            return DraftPlan(paired_draft_for(facts), auto=True, tokens=draft.tokens)
+        draft = DraftChoice("model", str(kept), draft.tokens)
         auto = True
     else:
         auto = False
@@ -214,7 +213,7 @@ def choose_draft(draft: DraftChoice, facts: GGUFFacts) -> DraftPlan | None:
         raise ConfigError("draft", "cannot draft for or with a Hugging Face directory yet: use "
                                    "GGUF files for the model and the draft")
     check_same_vocabulary(facts.path, draft_facts.path, draft_facts.name)
-    return DraftPlan(draft_facts, auto=auto)
+    return DraftPlan(draft_facts, auto=auto, tokens=draft.tokens)
 
 
 def paired_draft_for(facts: GGUFFacts) -> GGUFFacts | None:

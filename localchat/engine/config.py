@@ -9,7 +9,9 @@ from typing import Literal
 
 from localchat.errors import ConfigError
 
-ENGINES = ("llama.cpp", "torch", "auto")  # auto: torch where it runs the architecture
+ENGINES = ("llama.cpp", "torch", "auto")  # auto: the measured rule (engine_rule.py), as None
+ENGINE_ENV = "LOCALCHAT_ENGINE"  # the engine when none is asked for (scripts, CI)
+USES = ("one-shot", "chat", "many")  # what the engine is loaded for: the rule measures that
 CACHE_TYPES = ("f16", "bf16", "q8_0")
 MAX_PARALLEL = 256
 MAX_DRAFT_TOKENS = 32
@@ -19,25 +21,32 @@ MAX_DRAFT_TOKENS = 32
 class DraftChoice:
     """Speculative decoding: none, auto (a distilled draft kept for the model, else prompt
     lookup, each request turning it off where it does not pay), ngram (prompt lookup) or a
-    draft model's SPEC."""
+    draft model's SPEC; tokens: a fixed γ (drafts per round), None: adaptive."""
 
     kind: Literal["none", "auto", "ngram", "model"] = "auto"
     spec: str | None = None  # kind "model" only
+    tokens: int | None = None
 
     def __post_init__(self) -> None:
         if (self.kind == "model") != bool(self.spec):
             raise ConfigError("draft", "of kind 'model' needs a SPEC, and only it has one")
+        n = self.tokens
+        if n is not None and (type(n) is not int or not 1 <= n <= MAX_DRAFT_TOKENS):
+            raise ConfigError("num_draft_tokens", f"must be 1..{MAX_DRAFT_TOKENS}, got {n}")
+        if n is not None and self.kind == "none":
+            raise ConfigError("num_draft_tokens", "needs a draft (a draft model or ngram)")
 
     @classmethod
-    def parse(cls, text: str | None) -> "DraftChoice":
-        """From its record or a name: None/'none'/'off', 'auto', 'ngram', else a model SPEC."""
+    def parse(cls, text: str | None, tokens: int | None = None) -> "DraftChoice":
+        """From its record or a name: None/'none'/'off', 'auto', 'ngram', else a model SPEC;
+        with a fixed γ where tokens is given."""
         if text is None or text in ("none", "off"):
-            return NO_DRAFT
+            return cls("none", tokens=tokens)
         if not isinstance(text, str):
             raise ConfigError("draft", f"must be a name or a model SPEC, got {text!r}")
         if text in ("auto", "ngram"):
-            return cls(text)
-        return cls("model", text)
+            return cls(text, tokens=tokens)
+        return cls("model", text, tokens)
 
     @property
     def enabled(self) -> bool:
@@ -61,8 +70,9 @@ NO_DRAFT = DraftChoice("none")
 @dataclass(frozen=True)
 class EngineConfig:
     """Every choice about loading a model. None means 'the default' for each: the engine
-    from the file (GGUF: llama.cpp, Hugging Face directory: torch), ctx min(trained, 4096)
-    (0: trained), all cores, 10 % of memory for the torch KV pool, 4 llama.cpp slots."""
+    the rule picks for the file and the use (engine_rule.py), ctx min(trained, 4096)
+    (0: trained), all cores, 10 % of memory for the torch KV pool, 4 llama.cpp slots (16
+    for many streams, within half the free memory)."""
 
     model: str = "default"
     engine: str | None = None
@@ -78,11 +88,11 @@ class EngineConfig:
     exact_batching: bool = False  # llama.cpp: cache types that keep batched bits = lone ones
     flash_attn: bool = True  # llama.cpp: False is llama-cpp-python's default (comparisons)
     draft: DraftChoice = NO_DRAFT  # a DraftChoice, or its record (None, "auto", "ngram", SPEC)
-    num_draft_tokens: int | None = None  # fixed γ; None: adaptive
     chat_template: str | None = None  # a built-in template's name or a Jinja file
     endpoint: str | None = None  # an OpenAI-compatible server: nothing loads here
     api_key: str | None = None
     timeout: float | None = None  # seconds to wait for the endpoint
+    use: str = "chat"  # one-shot (run), chat (one stream), many (serve, batch): USES
 
     def __post_init__(self) -> None:
         if not isinstance(self.draft, DraftChoice):
@@ -96,6 +106,8 @@ class EngineConfig:
         """(setting, problem) for each value that cannot work, in the order users meet them."""
         if self.engine is not None and self.engine not in ENGINES:
             yield "engine", f"must be one of {', '.join(ENGINES)}, got {self.engine!r}"
+        if self.use not in USES:
+            yield "use", f"must be one of {', '.join(USES)}, got {self.use!r}"
         if self.ctx_size is not None and self.ctx_size < 0:
             yield "ctx_size", f"must be >= 0, got {self.ctx_size}"
         if self.threads is not None and self.threads < 1:
@@ -112,11 +124,6 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value not in CACHE_TYPES:
                 yield name, f"must be one of {', '.join(CACHE_TYPES)}, got {value!r}"
-        n = self.num_draft_tokens
-        if n is not None and not 1 <= n <= MAX_DRAFT_TOKENS:
-            yield "num_draft_tokens", f"must be 1..{MAX_DRAFT_TOKENS}, got {n}"
-        if n is not None and not self.draft.enabled:
-            yield "num_draft_tokens", "needs a draft (a draft model or ngram)"
         if self.timeout is not None and self.timeout <= 0:
             yield "timeout", f"must be more than 0 seconds, got {self.timeout}"
         if self.endpoint is not None:
@@ -131,5 +138,5 @@ class EngineConfig:
         return self.cache_type_k, self.cache_type_v
 
     def without_draft(self, **changes) -> "EngineConfig":
-        """This config with no draft (and no fixed γ), and `changes` applied."""
-        return replace(self, draft=NO_DRAFT, num_draft_tokens=None, **changes)
+        """This config with no draft, and `changes` applied."""
+        return replace(self, draft=NO_DRAFT, **changes)

@@ -56,7 +56,7 @@ def load_runtime(plan: LoadPlan) -> RuntimeEngine:
         if source is not None:
             source.auto = draft.auto
         return RuntimeEngine(executor, plan.facts, draft=source,
-                             num_draft_tokens=plan.num_draft_tokens,
+                             num_draft_tokens=draft.tokens if draft is not None else None,
                              kv_store=kv_store(plan.kv_disk), adapt_threads=plan.adapt_threads)
     except BaseException:
         if source is not None:

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import uvicorn
 
-from localchat.engine import open_engine
+from dataclasses import replace
+
+from localchat.engine import choose, open_engine
+from localchat.engine.choice import LoadPlan
 from localchat.engine.config import EngineConfig
-from localchat.engine.serving import serving_config
 from localchat.server import instances
 from localchat.server.app import Server
 from localchat.server.connections import TimedH11Protocol
@@ -37,6 +39,20 @@ class Uvicorn(uvicorn.Server):
         self.server.stop_soon()
 
 
+def serving_plan(config: EngineConfig, max_queue: int) -> tuple[LoadPlan, str]:
+    """The plan for many streams, llama.cpp's default slots no more than the queue admits,
+    and why this engine (and slots) for the start-up line."""
+    plan = choose(replace(config, use="many"))
+    if plan.engine == "remote":
+        return plan, ""
+    why = plan.why
+    if plan.engine == "llama.cpp" and config.parallel is None:
+        slots = min(plan.spec.parallel, max_queue)
+        plan = replace(plan, spec=replace(plan.spec, parallel=slots))
+        why += f"; {slots} KV slots"
+    return plan, why
+
+
 def _first_torch_start() -> bool:
     """No compiled layers are in the cache dir yet: this start compiles them."""
     from localchat.paths import cache_dir
@@ -47,12 +63,14 @@ def _first_torch_start() -> bool:
 def serve(options, config: EngineConfig, sock: socket.socket, *, loopback: bool,
           api_key: str | None) -> int:
     """options: ServeOptions (server/__init__.py). The engine and llama.cpp slots the flags
-    leave unset are serve's defaults (engine/serving.py), said in the start-up line."""
-    choice = serving_config(config, options.max_queue)
-    if choice.config.engine == "torch" and _first_torch_start():  # say why this one waits
+    leave unset are chosen for many streams (engine/choice.py), said in the start-up line."""
+    plan, why = serving_plan(config, options.max_queue)
+    if plan.engine == "torch" and _first_torch_start():  # say why this one waits
         print("localchat: loading on torch (the first start on a machine compiles its layers "
               "for this CPU: 1-2 min; later starts take seconds)", file=sys.stderr, flush=True)
-    engine = open_engine(choice.config)
+    for note in plan.notes:
+        print(f"localchat: note: {note}", file=sys.stderr, flush=True)
+    engine = open_engine(config, plan)
     path = Path(engine.info.path)
     server = Server(engine, max_queue=options.max_queue,
                     aliases=tuple(str(a) for a in (config.model, path.name, path.stem) if a))
@@ -68,7 +86,7 @@ def serve(options, config: EngineConfig, sock: socket.socket, *, loopback: bool,
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         print(f"localchat: serving {engine.info.name} on http://{shown}:{port}/v1 "
-              f"(engine {engine.name})" + (f", {choice.why}" if choice.why else ""),
+              f"(engine {engine.name})" + (f", {why}" if why else ""),
               file=sys.stderr, flush=True)
         if options.verbose and engine.info.compute:
             print(f"localchat: compute: {engine.info.compute}", file=sys.stderr, flush=True)

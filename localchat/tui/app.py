@@ -280,6 +280,13 @@ class ChatApp(ControlsMixin, App):
         self.session.engine = message.engine
         self.show_engine()
         gauges.state = "ready"
+        self.say_engine_choice()
+
+    def say_engine_choice(self) -> None:
+        """Where the rule measured which executor is faster, a note of what it measured."""
+        engine = self.session.engine
+        if engine.why.startswith("measured"):
+            self.notice(f"engine {engine.name}: {engine.why}", warning=False)
 
     def show_engine(self) -> None:
         """The title line: model, quantization, engine, context and draft."""

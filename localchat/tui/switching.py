@@ -46,7 +46,7 @@ class EngineSwitcher:
     def __init__(self, app: App) -> None:
         self.app = app  # the ChatApp: its session, engine, config, params and notices
         self.reloading: str | None = None
-        self.last_draft: tuple[DraftChoice, int | None] | None = None  # for F8 to turn back on
+        self.last_draft: DraftChoice | None = None  # for F8 to turn back on
         self.load_started = 0.0
         self.timer = None
 
@@ -105,8 +105,9 @@ class EngineSwitcher:
         elif draft == s.draft:
             self.app.info(f"the draft is already {draft.label()}")
         else:
-            self.switch(replace(s, draft=draft,
-                                num_draft_tokens=s.num_draft_tokens if draft.enabled else None),
+            if draft.enabled:  # the fixed γ asked for goes on with the new draft
+                draft = replace(draft, tokens=s.draft.tokens)
+            self.switch(replace(s, draft=draft),
                         f"draft {draft.label()}" if draft.enabled else "without a draft")
 
     def use_model(self, model: str) -> None:
@@ -120,11 +121,11 @@ class EngineSwitcher:
         self._on_chat_screen()
         s = self.app.session.config
         if s.draft.enabled:
-            self.last_draft = (s.draft, s.num_draft_tokens)
+            self.last_draft = s.draft
             self.switch(s.without_draft(), "without a draft")
         else:
-            draft, n = self.last_draft or (DraftChoice("ngram"), None)
-            self.switch(replace(s, draft=draft, num_draft_tokens=n), f"draft {draft.label()}")
+            draft = self.last_draft or DraftChoice("ngram")
+            self.switch(replace(s, draft=draft), f"draft {draft.label()}")
 
     def follow(self, conv) -> None:
         """A reopened conversation goes on with the model, context size and draft it used:
@@ -198,6 +199,7 @@ class EngineSwitcher:
         gauges.state = "ready"
         app.info(f"loaded {message.what}: ctx {app.session.engine.info.n_ctx}, draft "
                  f"{s.draft.label()}")
+        app.say_engine_choice()
 
 
 def kv_slots(engine) -> int:

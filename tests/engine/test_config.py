@@ -17,8 +17,7 @@ CPUS = len(os.sched_getaffinity(0))
 
 @pytest.mark.parametrize("settings, setting", [
     (dict(ctx_size=-1), "ctx_size"), (dict(threads=0), "threads"),
-    (dict(parallel=300), "parallel"), (dict(num_draft_tokens=3), "num_draft_tokens"),
-    (dict(draft="ngram", num_draft_tokens=99), "num_draft_tokens"),
+    (dict(parallel=300), "parallel"),
     (dict(engine="vulkan"), "engine"), (dict(cache_type_k="q4_0"), "cache_type_k"),
     (dict(gpu_layers=-2), "gpu_layers"), (dict(timeout=5.0), "timeout"),
     (dict(endpoint="http://127.0.0.1:9/v1", chat_template="chatml"), "chat_template"),
@@ -28,6 +27,13 @@ def test_a_bad_setting_is_refused_naming_the_setting_not_a_flag(settings, settin
         EngineConfig(**settings)
     assert caught.value.setting == setting and str(caught.value).startswith(setting)
     assert "--" not in str(caught.value)
+
+
+@pytest.mark.parametrize("kind, tokens", [("none", 3), ("ngram", 99), ("ngram", 0)])
+def test_a_fixed_gamma_needs_a_draft_and_a_range(kind, tokens):
+    with pytest.raises(ConfigError) as caught:
+        DraftChoice(kind, tokens=tokens)
+    assert caught.value.setting == "num_draft_tokens"
 
 
 def test_a_draft_is_a_typed_choice_that_round_trips_through_its_record():
@@ -40,11 +46,16 @@ def test_a_draft_is_a_typed_choice_that_round_trips_through_its_record():
         DraftChoice("model")  # a model draft needs its SPEC
 
 
-def test_the_engine_comes_from_the_file_unless_one_is_asked_for(hf_dir):
-    assert choose(EngineConfig("default")).engine == "llama.cpp"  # a GGUF
-    assert choose(EngineConfig(str(hf_dir))).engine == "torch"  # a Hugging Face directory
-    assert choose(EngineConfig("default", engine="torch")).engine == "torch"
-    assert choose(EngineConfig("default", engine="auto")).engine == "torch"  # a Llama
+def test_the_engine_asked_for_is_kept_and_a_directory_is_torchs(hf_dir, monkeypatch):
+    plan = choose(EngineConfig("default"))  # both run it: $LOCALCHAT_ENGINE's (conftest)
+    assert (plan.engine, plan.why) == ("llama.cpp", "$LOCALCHAT_ENGINE")
+    plan = choose(EngineConfig("default", engine="torch"))
+    assert (plan.engine, plan.why) == ("torch", "as asked")
+    plan = choose(EngineConfig(str(hf_dir)))  # only torch runs a directory
+    assert (plan.engine, plan.why) == ("torch", "it runs Hugging Face directories")
+    monkeypatch.setenv("LOCALCHAT_ENGINE", "llama")
+    with pytest.raises(ConfigError, match=r"\$LOCALCHAT_ENGINE must be llama.cpp, torch or auto"):
+        choose(EngineConfig("default"))
     with pytest.raises(ConfigError) as caught:
         choose(EngineConfig(str(hf_dir), engine="llama.cpp"))
     assert caught.value.setting == "engine" and "torch" in str(caught.value)
@@ -76,7 +87,7 @@ def test_the_cli_says_a_settings_error_with_its_flag_and_notes_a_thread_cap():
                      "--no-history", "Say hi.")
     assert proc.returncode == 0, proc.stderr
     assert f"localchat: note: threads capped at {CPUS}" in proc.stderr
-    assert "localchat: engine llama.cpp (chosen for the file)" in proc.stderr
+    assert "localchat: engine llama.cpp ($LOCALCHAT_ENGINE)" in proc.stderr
     assert "localchat: compute: llama.cpp CPU " in proc.stderr  # its variant and features
 
 
@@ -90,10 +101,10 @@ def test_the_plan_is_complete_every_default_resolved_once():
     assert plan.spec == LlamaCppSpec(4096, default_threads(), DEFAULT_PARALLEL)
     assert plan.adapt_threads and plan.kv_disk == DEFAULT_BUDGET
     given = choose(EngineConfig("default", threads=1, parallel=2, device="cpu", kv_disk=0,
-                                exact_batching=True, flash_attn=False, num_draft_tokens=3,
-                                draft="ngram"))
+                                exact_batching=True, flash_attn=False,
+                                draft=DraftChoice("ngram", tokens=3)))
     assert given.spec == LlamaCppSpec(4096, 1, 2, 0, (None, None), True, False)
-    assert not given.adapt_threads and given.kv_disk == 0 and given.num_draft_tokens == 3
+    assert not given.adapt_threads and given.kv_disk == 0 and given.draft.tokens == 3
     torch_plan = choose(EngineConfig("default", engine="torch", kv_memory=2**30))
     assert torch_plan.spec == TorchSpec(4096, default_threads(), 2**30)
     remote = choose(EngineConfig("default", endpoint="http://127.0.0.1:9/v1", timeout=5))

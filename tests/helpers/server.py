@@ -37,12 +37,15 @@ def server_env(home: Path) -> dict[str, str]:
 class ServerProcess:
     """`localchat serve ARGS --port 0`, started and waited for (startup line, /health)."""
 
-    def __init__(self, args: list[str], workdir: Path, timeout: float = 90.0) -> None:
+    def __init__(self, args: list[str], workdir: Path, timeout: float = 90.0,
+                 unset: tuple[str, ...] = ()) -> None:
+        """unset: environment variables the server starts without."""
         self.log = workdir / "server.log"
         self._log_file = self.log.open("wb")
+        env = {k: v for k, v in server_env(workdir / "home").items() if k not in unset}
         self.proc = subprocess.Popen([str(LOCALCHAT), "serve", "--port", "0", *args],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=self._log_file, env=server_env(workdir / "home"))
+                                     stderr=self._log_file, env=env)
         self.returncode: int | None = None
         match = self._wait_for_startup_line(timeout)
         self.model, self.url, self.port, self.engine = (match[1], match[2], int(match[3]),

@@ -18,7 +18,10 @@ from pathlib import Path
 import httpx2
 import pytest
 
+from localchat.engine import engine_figures
 from localchat.engine.base import Message, Request, SamplingParams
+from localchat.engine.engine_figures import Figures
+from localchat.models.specs import resolve_model_facts
 from helpers.server import (LOCALCHAT, ServerProcess, first_text_chunk, health,
                                   server_env, sse_payloads, wait_for)
 
@@ -549,9 +552,16 @@ def test_quiet_serve_logs_no_requests(tmp_path):
         proc.stop()
 
 
-def test_ps_lists_a_running_server_and_ctrl_c_says_what_it_stops(tmp_path):
+def test_ps_lists_a_running_server_and_ctrl_c_says_what_it_stops(tmp_path, monkeypatch):
+    # serve's default engine is the one this machine's kept figures say serves many streams
+    # faster (engine/engine_rule.py; measuring them is test_engine_rule.py's): kept ones
+    # that favour torch, in the server's data dir, so it loads torch without measuring
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))
+    facts = resolve_model_facts("default")
+    engine_figures.keep(facts, 1, {"llama.cpp": Figures(1.0, 200.0, 50.0, 100.0),
+                                   "torch": Figures(3.0, 300.0, 60.0, 300.0)})
     server = ServerProcess(["-m", "default", "-c", "256", "--threads", "1", "--verbose"],
-                           tmp_path)
+                           tmp_path, unset=("LOCALCHAT_ENGINE",))
 
     def ps() -> list:
         done = subprocess.run([str(LOCALCHAT), "ps", "--json"], capture_output=True, text=True,
@@ -562,10 +572,9 @@ def test_ps_lists_a_running_server_and_ctrl_c_says_what_it_stops(tmp_path):
 
     try:
         assert ps() == [(server.proc.pid, server.url + "/v1", server.model, server.engine, 256)]
-        # serve's default for the bundled Q4_1 Llama file is the executor that serves it faster
-        assert server.engine == "torch"
-        assert ("(engine torch), chosen: its kernels run Q4_1 llama files and batch requests "
-                "faster than the llama.cpp executor") in server.stderr()
+        assert server.engine == "torch" and "localchat: measuring" not in server.stderr()
+        assert ("(engine torch), measured here for many streams at once: torch 300 tok/s, "
+                "llama.cpp 100 tok/s") in server.stderr()
         assert "localchat: compute: torch CPU capability " in server.stderr()  # --verbose
     finally:
         code = server.stop(signal.SIGINT)

@@ -13,6 +13,7 @@ from rich.cells import cell_len
 
 from localchat.engine.base import SamplingParams, Stats
 from helpers.pilot import chat_config
+from localchat.engine.config import DraftChoice
 from localchat.engine import open_engine
 from localchat.tui.app import ChatApp
 from localchat.tui.drafts import draft_markdown
@@ -33,7 +34,7 @@ QUOTE = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick 
 def draft_settings(**changes):
     """(config, params): torch engine, ngram draft with a fixed γ of 3 (adaptive γ may
     switch speculation off on a busy machine), greedy."""
-    return chat_config(engine="torch", draft="ngram", num_draft_tokens=3, ctx_size=1024,
+    return chat_config(engine="torch", draft=DraftChoice("ngram", tokens=3), ctx_size=1024,
                        threads=2, kv_memory=2048 * 23040, sampling=GREEDY, **changes)
 
 
@@ -112,7 +113,7 @@ async def test_gauges_show_draft_acceptance_and_f4_colours_drafted_tokens(draft_
 
 
 async def test_f4_colours_drafted_tokens_on_the_llama_cpp_executor_too():
-    settings = chat_config(draft="ngram", num_draft_tokens=3, ctx_size=1024, threads=2,
+    settings = chat_config(draft=DraftChoice("ngram", tokens=3), ctx_size=1024, threads=2,
                            parallel=1, sampling=GREEDY, max_tokens=24)
     engine = open_engine(settings[0])
     try:

@@ -146,10 +146,11 @@ def test_constrained_speculation_with_a_draft_source(engine):
     """Prompt-lookup drafts under a constraint: cut where the grammar refuses them, the
     matcher kept in step with what is accepted; greedy output unchanged."""
     from localchat.engine import EngineConfig, open_engine
+    from localchat.engine.config import DraftChoice
 
     reference, _ = _reply(engine, "array_of_objects", forced=False)
-    speculative = open_engine(EngineConfig("default", threads=2, ctx_size=1024, draft="ngram",
-                              num_draft_tokens=4))
+    speculative = open_engine(EngineConfig("default", threads=2, ctx_size=1024,
+                                           draft=DraftChoice("ngram", tokens=4)))
     try:
         tokens, result = _reply(speculative, "array_of_objects", forced=False)
         assert tokens == reference

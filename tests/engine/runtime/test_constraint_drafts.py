@@ -14,6 +14,7 @@ import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from localchat.engine.config import DraftChoice
 from localchat.engine import EngineConfig, open_engine
 from localchat.engine.base import Message, Request, SamplingParams
 from localchat.engine.constraint import Constraint
@@ -26,8 +27,8 @@ MAX_TOKENS = 60
 DRAFTING = {
     "forced": {},  # no draft source: only the grammar's forced tokens go as drafts
     "auto": {"draft": "auto"},  # what `run`, the chat and `serve` use unless told otherwise
-    "lookup": {"draft": "ngram", "num_draft_tokens": 4},
-    "model": {"draft": "default", "num_draft_tokens": 3},  # the bundled model drafting
+    "lookup": {"draft": DraftChoice("ngram", tokens=4)},
+    "model": {"draft": DraftChoice("model", "default", 3)},  # the bundled model drafting
 }
 EXECUTORS = {
     # llama.cpp keeps a row's bits batched only with exact batching (docs/architecture.md)

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from localchat.engine.config import DraftChoice
 from localchat.engine import EngineConfig, open_engine
 from localchat.engine.base import Message, Request, SamplingParams
 
@@ -90,7 +91,7 @@ def test_seeded_sampling_batched_is_identical_to_alone(runtime):
 def test_greedy_with_a_draft_batched_is_identical(runtime, alone, draft):
     """The target drafting for itself (every draft right) and prompt lookup, while 8
     requests share each step: the tokens never change, only how many steps they take."""
-    engine = _load(runtime.name, draft=draft, num_draft_tokens=3)
+    engine = _load(runtime.name, draft=DraftChoice.parse(draft, 3))
     try:
         verify = _log_passes(engine.runner.executor)
         drafting = _log_passes(engine.draft.executor) if draft == "default" else []
@@ -128,7 +129,7 @@ def test_speculative_sampling_is_distributed_as_plain_sampling(tmp_path):
     request = lambda seed: Request(messages=[Message("user", "Name a colour.")],
                                    sampling=sp(seed), max_tokens=4)
     n_requests, counts, drafts = 150, {}, []
-    for name, options in (("plain", {}), ("draft", {"draft": str(draft), "num_draft_tokens": 2})):
+    for name, options in (("plain", {}), ("draft", {"draft": DraftChoice.parse(str(draft), 2)})):
         engine = open_engine(EngineConfig("default", ctx_size=256, threads=2, parallel=16, **options))
         try:
             def work(i: int) -> tuple[list[int], dict | None]:

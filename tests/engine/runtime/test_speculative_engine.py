@@ -13,6 +13,7 @@ from helpers.replies import reply_tokens
 import numpy as np
 import torch
 
+from localchat.engine.config import DraftChoice
 from localchat.engine import EngineConfig, open_engine
 from localchat.engine.base import Message, SamplingParams
 from localchat.engine.runtime.sampler import Row, distributions
@@ -48,7 +49,7 @@ def useless_draft(tmp_path_factory):
                                      pytest.param("ngram", None, marks=pytest.mark.slow)])
 def test_torch_greedy_speculation_is_identical_to_plain_decoding(plain_replies, draft, k):
     eng = open_engine(EngineConfig("default", engine="torch", ctx_size=1024, threads=2,
-                      kv_memory=1024 * 23040, draft=draft, num_draft_tokens=k))
+                      kv_memory=1024 * 23040, draft=DraftChoice.parse(draft, k)))
     try:
         for prompt, plain in zip(PROMPTS, plain_replies):
             tokens, stats = reply(eng, prompt)
@@ -112,7 +113,7 @@ def test_real_distributions_stay_exact(torch_engine, useless_draft):
 def test_llama_cpp_speculation_is_identical_and_self_draft_accepts_all(engine):
     plain = [reply(engine, p)[0] for p in PROMPTS]
     for draft in ("default", "ngram"):
-        eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2, draft=draft, num_draft_tokens=3))
+        eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2, draft=DraftChoice.parse(draft, 3)))
         try:
             for prompt, expected in zip(PROMPTS, plain):
                 tokens, stats = reply(eng, prompt)

@@ -13,7 +13,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
-from localchat.engine.choice import TORCH_ARCHITECTURES
+from localchat.engine.engine_rule import TORCH_ARCHITECTURES
 from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix
 from localchat.engine.executors.torch.qlinear import RowStack
 from localchat.errors import EngineError

@@ -1,0 +1,117 @@
+"""The default-engine rule's figures (engine_rule.py): what engine_probe.py measured of each
+executor on a model file, kept in the data dir (beside models.json) per file, CPU, build,
+thread count and torch mode, so a model is measured once on a machine. A damaged or
+foreign figures file is measured again, never trusted."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from localchat.models.facts import GGUFFacts
+
+FIGURES_FILE = "engine-figures.json"
+MAX_FILE_BYTES = 1 << 20  # a figures file larger than this is not ours: measured again
+@dataclass(frozen=True)
+class Figures:
+    """One executor on one file: start (load and a first token, s), prefill and decode
+    tokens/s of one stream, and tokens/s of 8 streams at once (engine_probe.py); or why it
+    failed."""
+
+    start_s: float = 0.0
+    prefill_tok_s: float = 0.0
+    decode_tok_s: float = 0.0
+    many_tok_s: float = 0.0
+    failed: str = ""
+
+    @classmethod
+    def from_record(cls, record) -> "Figures | None":
+        """From the figures file; None where the record is not one (a damaged file)."""
+        try:
+            figures = cls(**record)
+        except TypeError:
+            return None
+        numbers = (figures.start_s, figures.prefill_tok_s, figures.decode_tok_s,
+                   figures.many_tok_s)
+        if not isinstance(figures.failed, str) or not all(
+                isinstance(x, (int, float)) and 0 <= x < 1e9 for x in numbers):
+            return None
+        if not figures.failed and min(numbers[1:]) <= 0:
+            return None
+        return figures
+
+
+def figures_path() -> Path:
+    from localchat.paths import data_dir
+
+    return data_dir() / FIGURES_FILE
+
+
+def figures_key(facts: GGUFFacts, threads: int) -> str:
+    """What the figures hold for: the file (path, size, modified time), the CPU and its
+    flags, the llama.cpp and localchat versions, the threads, and whether torch runs eagerly
+    (LOCALCHAT_EAGER: the tests' mode, slower than its compiled layers)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from localchat import __version__
+    from localchat.cpu_features import cpu_flags, cpu_name
+
+    try:
+        llama = version("llama-cpp-python")
+    except PackageNotFoundError:
+        llama = "none"
+    info = facts.path.stat()
+    parts = [str(facts.path.resolve()), str(info.st_size), str(info.st_mtime_ns), cpu_name(),
+             " ".join(sorted(cpu_flags())), llama, __version__, str(threads),
+             os.environ.get("LOCALCHAT_EAGER", "")]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def read_all(path: Path) -> dict:
+    """The figures file's records ({} where it is missing, not a regular file, too large or
+    not JSON); never follows a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return {}
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_FILE_BYTES:
+            return {}
+        try:
+            data = json.loads(f.read(MAX_FILE_BYTES + 1))
+        except (ValueError, OSError):
+            return {}
+    return data if isinstance(data, dict) else {}
+
+
+def cached(facts: GGUFFacts, threads: int, engines: tuple[str, ...]) -> dict[str, Figures] | None:
+    """The kept figures of every engine in `engines`, or None where any is missing."""
+    record = read_all(figures_path()).get(figures_key(facts, threads))
+    if not isinstance(record, dict):
+        return None
+    out = {name: Figures.from_record(record.get(name)) if isinstance(record.get(name), dict)
+           else None for name in engines}
+    return None if any(v is None for v in out.values()) else out
+
+
+def keep(facts: GGUFFacts, threads: int, figures: dict[str, Figures]) -> None:
+    """Add these figures to the file (atomically; a file that is not ours is left alone)."""
+    from localchat.atomic import atomic_write_text
+
+    path = figures_path()
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        return
+    records = read_all(path)
+    records[figures_key(facts, threads)] = {
+        "model": facts.name, "measured": time.strftime("%Y-%m-%d"),
+        **{name: asdict(f) for name, f in figures.items()}}
+    try:
+        atomic_write_text(path, json.dumps(records, indent=1) + "\n")
+    except OSError:
+        pass  # a read-only cache dir: measured again next time
