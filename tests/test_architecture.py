@@ -1,10 +1,12 @@
 """The UI and CLI see only the engine interface (importing them must not pull in an
 engine's heavy dependencies), and the module map in docs/architecture.md names every module."""
 
+import pytest
 import subprocess
 import sys
 
 
+@pytest.mark.subprocess
 def test_ui_and_cli_do_not_import_torch_or_llama_cpp():
     code = ("import sys, localchat.cli, localchat.tui.app, localchat.cli.run; "
             "print(sorted(m for m in ('torch', 'llama_cpp') if m in sys.modules))")
@@ -12,6 +14,7 @@ def test_ui_and_cli_do_not_import_torch_or_llama_cpp():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.subprocess
 def test_commands_that_load_no_model_import_no_engine():
     """`--help` (every subcommand's parser built), `run --help` and `models` run without
     torch or llama_cpp (~1.3 s of imports a process): only a loaded engine needs them."""

@@ -10,6 +10,8 @@ import pytest
 
 from helpers.cli import localchat
 
+pytestmark = pytest.mark.subprocess  # runs the CLI or starts a process
+
 
 @pytest.fixture(scope="module")
 def report() -> dict:

@@ -12,6 +12,8 @@ import pytest
 
 from helpers.cli import localchat
 
+pytestmark = pytest.mark.subprocess  # runs the CLI or starts a process
+
 def jsonl(*objects) -> str:
     return "".join((o if isinstance(o, str) else json.dumps(o)) + "\n" for o in objects)
 

@@ -93,11 +93,13 @@ def test_ratios_are_our_medians_over_the_peers_means_and_the_table_says_so():
             f"decode {40 / decode['avg_ts']:.2f}x") in table
 
 
+@pytest.mark.subprocess
 def test_a_missing_peer_is_one_line():
     assert_one_line_error(localchat("bench", "--engines", "", "--peer", "/no/llama-bench"),
                           "--peer: /no/llama-bench is not a file")
 
 
+@pytest.mark.subprocess
 def test_a_peer_that_is_not_executable_is_one_line(tmp_path):
     path = tmp_path / "llama-bench"
     path.write_text("#!/bin/sh\n")
@@ -105,12 +107,14 @@ def test_a_peer_that_is_not_executable_is_one_line(tmp_path):
                           "is not executable")
 
 
+@pytest.mark.subprocess
 def test_no_peer_given_found_nowhere_is_one_line(tmp_path):
     env = {PEER_ENV: "", "PATH": str(tmp_path)}  # an empty directory: no llama-bench on it
     proc = localchat("bench", "--engines", "", "--peer", env_extra=env)
     assert_one_line_error(proc, f"no llama-bench given, none in ${PEER_ENV}")
 
 
+@pytest.mark.subprocess
 def test_a_hugging_face_directory_has_no_peer(tmp_path):
     from helpers.tiny_hf import tiny_tensors, write_tiny_hf_dir
 
@@ -119,6 +123,7 @@ def test_a_hugging_face_directory_has_no_peer(tmp_path):
     assert_one_line_error(proc, "--peer needs a GGUF file", "a Hugging Face directory")
 
 
+@pytest.mark.subprocess
 def test_a_failing_peer_shows_its_exit_status_and_last_stderr_line(tmp_path):
     path = tmp_path / "llama-bench"
     path.write_text("#!/bin/sh\necho 'loading' >&2\necho 'main: error: no model' >&2\nexit 3\n")
@@ -130,11 +135,13 @@ def test_a_failing_peer_shows_its_exit_status_and_last_stderr_line(tmp_path):
         "localchat: error: llama-bench failed (exit 3): main: error: no model"
 
 
+@pytest.mark.subprocess
 def test_peer_is_for_the_speed_task():
     assert_one_line_error(localchat("bench", "--task", "json", "--peer", "/bin/true"),
                           "--peer compares prefill and decode")
 
 
+@pytest.mark.subprocess
 @needs_peer
 @pytest.mark.slow
 def test_the_real_peer_beside_our_llama_cpp_engine():
@@ -161,6 +168,7 @@ def test_the_real_peer_beside_our_llama_cpp_engine():
             pytest.approx(ours[f"{r['kind']}_tok_s"] / r["avg_ts"])
 
 
+@pytest.mark.subprocess
 @needs_peer
 def test_the_real_peer_failing_on_a_file_it_cannot_load(tmp_path):
     model = write_tiny_gguf(tmp_path / "tiny.gguf")  # metadata, but no layers to load

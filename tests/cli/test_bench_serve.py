@@ -21,6 +21,8 @@ from localchat.bench.served import start_peer
 from localchat.engine.base import Message, Request, SamplingParams
 from localchat.errors import EngineError
 
+pytestmark = pytest.mark.subprocess  # runs the CLI or starts a process
+
 GEN = 8
 
 

@@ -15,6 +15,8 @@ import pytest
 from localchat.engine.base import Request, SamplingParams
 from helpers.cli import assert_one_line_error, localchat
 
+pytestmark = pytest.mark.subprocess  # runs the CLI or starts a process
+
 
 def test_run_json_has_text_and_positive_stats():
     proc = localchat("run", "What is the capital of France?", "-n", "32", "--temp", "0", "--json")
@@ -103,6 +105,7 @@ def test_bad_model_files_are_one_line_errors(tmp_path, content, name):
     assert_one_line_error(proc)
 
 
+@pytest.mark.model
 def test_truncated_gguf_is_a_one_line_error(tmp_path):
     from localchat.models.specs import resolve_model
 
@@ -337,6 +340,7 @@ def test_attach_puts_a_named_text_file_before_the_prompt_and_refuses_binaries(tm
                           "cannot attach blob.bin: it is a binary file")
 
 
+@pytest.mark.model
 def test_a_model_before_the_prompt_is_taken_as_ollama_run_takes_it(tmp_path):
     """`localchat run MODEL PROMPT`: the first word is the model when it names one."""
     from localchat.models.specs import resolve_model

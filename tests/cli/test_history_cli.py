@@ -18,6 +18,8 @@ from localchat.storage import ConversationStore
 
 from helpers.cli import localchat
 
+pytestmark = pytest.mark.subprocess  # runs the CLI or starts a process
+
 
 def db_path() -> Path:
     return Path(os.environ["LOCALCHAT_HOME"]) / "history.db"

@@ -57,6 +57,7 @@ def test_bad_memory_sizes_are_usage_errors(text):
         parse_memory(text)
 
 
+@pytest.mark.subprocess
 def test_plan_command_json_and_table():
     run = lambda *a: localchat("plan", *a)
     out = run("--memory", "1GB,8GB", "-c", "2048", "--json")

@@ -4,12 +4,15 @@ bad schemas and grammars are one-line errors."""
 
 from __future__ import annotations
 
+import pytest
 import json
 
 import jsonschema
 
 from helpers.cli import assert_one_line_error, localchat
 from helpers.schemas import SCHEMAS
+
+pytestmark = pytest.mark.subprocess  # runs the CLI or starts a process
 
 FLAGS = ("--temp", "0", "-n", "120", "-c", "512", "--no-history")
 

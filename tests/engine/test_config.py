@@ -80,6 +80,7 @@ def test_threads_are_capped_at_the_cpus_this_process_may_use():
                                          "use (asked for 5000)",)
 
 
+@pytest.mark.subprocess
 def test_the_cli_says_a_settings_error_with_its_flag_and_notes_a_thread_cap():
     proc = localchat("run", "-c", "9000", "hi")
     assert_one_line_error(proc, "-c/--ctx-size", "8192")

@@ -154,6 +154,7 @@ def test_default_slots_stay_within_half_the_free_memory(tmp_path, measured_rule,
     assert serving_plan(EngineConfig(model=model), 64)[0].spec.parallel == 1
 
 
+@pytest.mark.subprocess
 @pytest.mark.model
 def test_the_bundled_model_is_measured_once_and_the_faster_chosen(monkeypatch, capsys):
     """A real probe of both executors on the bundled model: the figures kept, the choice the

@@ -82,6 +82,7 @@ def ask(text: str, **options) -> Request:
     return Request(messages=[Message("user", text)], **{"sampling": GREEDY, **options})
 
 
+@pytest.mark.subprocess
 def test_streams_deltas_then_a_result_with_stats(remote):
     events = list(remote.generate(ask("What is the capital of France?", max_tokens=12)))
     deltas, result = events[:-1], events[-1]
@@ -98,6 +99,7 @@ def test_streams_deltas_then_a_result_with_stats(remote):
     assert remote.name == "remote"
 
 
+@pytest.mark.subprocess
 def test_greedy_is_stable_and_matches_the_local_llama_cpp_engine(remote, engine):
     request = ask("Name three colors.", max_tokens=16)
     first, second = remote.complete(request), remote.complete(request)
@@ -105,6 +107,7 @@ def test_greedy_is_stable_and_matches_the_local_llama_cpp_engine(remote, engine)
     assert first.text == engine.complete(request).text
 
 
+@pytest.mark.subprocess
 def test_cancel_mid_stream_ends_promptly_and_the_engine_goes_on(remote):
     cancel = threading.Event()
     deltas = 0
@@ -121,6 +124,7 @@ def test_cancel_mid_stream_ends_promptly_and_the_engine_goes_on(remote):
     assert remote.complete(ask("Hi", max_tokens=4)).text  # the server serves the next one
 
 
+@pytest.mark.subprocess
 def test_cancel_before_the_first_token_returns_at_once(remote):
     cancel = threading.Event()
     cancel.set()
@@ -128,17 +132,20 @@ def test_cancel_before_the_first_token_returns_at_once(remote):
     assert result.finish_reason == "cancelled" and result.text == ""
 
 
+@pytest.mark.subprocess
 def test_too_long_prompt_is_a_context_overflow(remote):
     with pytest.raises(ContextOverflowError, match="2048"):
         remote.complete(ask("hello " * 3000, max_tokens=4))
     assert remote.complete(ask("Hi", max_tokens=2)).text  # and the connection recovers
 
 
+@pytest.mark.subprocess
 def test_continuing_a_reply_is_refused_not_garbled(remote):
     with pytest.raises(UsageError, match="continuing a stopped reply"):
         remote.complete(ask("Hi", assistant_prefix="Hello"))
 
 
+@pytest.mark.subprocess
 def test_tools_are_refused_not_dropped(remote):
     with pytest.raises(UsageError, match="tools are not supported with a remote endpoint"):
         remote.complete(ask("Weather?", tools=(Tool("get_weather"),)))
@@ -148,6 +155,7 @@ def test_tools_are_refused_not_dropped(remote):
         remote.complete(answered)
 
 
+@pytest.mark.subprocess
 def test_count_prompt_tokens_uses_the_server_tokenizer(remote):
     short = remote.count_prompt_tokens([Message("user", "Hi")])
     longer = remote.count_prompt_tokens([Message("system", "Be brief."),
@@ -156,6 +164,7 @@ def test_count_prompt_tokens_uses_the_server_tokenizer(remote):
     assert 100 <= longer - short <= 115  # "hello" x100 is 100 tokens, plus one message
 
 
+@pytest.mark.subprocess
 def test_bad_key_and_unknown_model_are_typed_errors(server_url):
     with pytest.raises(UsageError, match="401"):
         RemoteEngine(server_url + "/v1/", api_key="wrong")
@@ -163,6 +172,7 @@ def test_bad_key_and_unknown_model_are_typed_errors(server_url):
         RemoteEngine(server_url, model="nope", api_key=KEY)
 
 
+@pytest.mark.subprocess
 def test_cli_run_through_the_endpoint_equals_the_local_engine(server_url, engine):
     prompt = "What is the capital of France?"
     proc = localchat("run", "--endpoint", server_url + "/v1", "--temp", "0", "-n", "8",
@@ -173,6 +183,7 @@ def test_cli_run_through_the_endpoint_equals_the_local_engine(server_url, engine
     assert out["text"] == engine.complete(ask(prompt, max_tokens=8)).text
 
 
+@pytest.mark.subprocess
 def test_cli_errors_are_one_line(server_url):
     assert_one_line_error(localchat("run", "--endpoint", "http://127.0.0.1:1/v1", "hi"),
                           "cannot reach http://127.0.0.1:1/v1")
@@ -326,6 +337,7 @@ def serve_url(tmp_path_factory):
         proc.wait(timeout=20)
 
 
+@pytest.mark.subprocess
 def test_against_localchat_serve(serve_url, engine):
     eng = RemoteEngine(serve_url)
     try:
@@ -346,6 +358,7 @@ def test_against_localchat_serve(serve_url, engine):
         eng.close()
 
 
+@pytest.mark.subprocess
 async def test_the_chat_ui_runs_on_the_endpoint(server_url):
     """The TUI loads the remote engine from its settings and streams a reply."""
     from helpers.pilot import chat_config

@@ -1,31 +1,21 @@
-"""Test tiers: marks each test `model`, `subprocess` or `tui` by what it needs, and the
-fast tier (`pytest --fast`: none of those, nor `slow`), in which loading a model or
-starting Python or tmux fails the test, so the tier cannot silently grow slow."""
+"""Test tiers: `model`, `subprocess`, `tui` and `slow`, given by folder (tests/tui/), by
+fixture (those that load the bundled model) or by the test's own mark; and the fast tier
+(`pytest --fast`: none of those), in which loading a model or starting Python or tmux
+fails the test, naming the mark it lacks, so the tier cannot silently grow slow."""
 
 from __future__ import annotations
 
-import inspect
 import os
 import subprocess
 import sys
 import traceback
 from pathlib import Path
-from types import CodeType, FunctionType
 
 import pytest
 
 TIERS = ("model", "subprocess", "tui", "slow")  # what the fast tier leaves out
 # Session fixtures that load the bundled model (tests/conftest.py)
 MODEL_FIXTURES = {"engine", "small_engine", "torch_engine", "hf_dir"}
-# (module, name) of what a test uses that loads a model or starts a process
-MODEL_CALLS = {("localchat.engine", "open_engine"), ("localchat.engine", "load_engine"),
-               ("llama_cpp.llama", "Llama"),
-               ("localchat.engine.executors.torch.model", "LlamaModel"),
-               ("localchat.engine.executors.llamacpp", "LlamaCppExecutor"),
-               ("localchat.models.specs", "resolve_model"),  # the bundled model's file
-               (None, "llama_cpp")}  # the llama_cpp module itself
-SUBPROCESS_CALLS = {("helpers.cli", "localchat"), ("helpers.server", "ServerProcess"),
-                    (None, "subprocess")}  # the subprocess module itself
 TESTS_DIR = Path(__file__).resolve().parents[1]
 TUI_DIR = TESTS_DIR / "tui"
 
@@ -52,56 +42,16 @@ def mark_and_select(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 
 def needs(item: pytest.Item) -> set[str]:
-    """The tier marks that can be seen without running the test: its fixtures (all of
-    them, through other fixtures), its directory, and what its function and its module's
-    fixtures call by name, following functions defined under tests/."""
+    """The tier marks a test gets from where it is and what it uses: tests/tui/ is `tui`,
+    a fixture that loads the bundled model makes it `model`. Everything else says its tier
+    itself (@pytest.mark.model, pytestmark = ...), and the fast tier's guard fails a test
+    that does not."""
     out = set()
-    fixtures = set(getattr(item, "fixturenames", ()))
-    if MODEL_FIXTURES & fixtures:
+    if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
         out.add("model")
     if TUI_DIR in Path(item.path).resolve().parents:
         out.add("tui")
-    module = getattr(item, "module", None)
-    funcs = [getattr(item, "function", None)] + [
-        getattr(module, name, None) for name in fixtures if module is not None]
-    called: set[tuple[str, str]] = set()
-    seen: set[CodeType] = set()
-    for func in funcs:
-        _calls(func, called, seen)
-    if called & MODEL_CALLS:
-        out.add("model")
-    if called & SUBPROCESS_CALLS:
-        out.add("subprocess")
     return out
-
-
-def _calls(obj, out: set[tuple[str, str]], seen: set[CodeType]) -> None:
-    """Add (module, name) of each global a test function or fixture uses, and of what
-    the functions it uses from tests/ use in turn."""
-    func = inspect.unwrap(obj) if callable(obj) else None
-    if not isinstance(func, FunctionType) or func.__code__ in seen:
-        return
-    if TESTS_DIR not in Path(func.__code__.co_filename).resolve().parents:
-        return
-    seen.add(func.__code__)
-    names = _global_names(func.__code__)
-    # `from M import N` inside the function: both M and N are among the code's names
-    out.update(t for t in MODEL_CALLS | SUBPROCESS_CALLS if t[0] in names and t[1] in names)
-    for name in names:
-        used = func.__globals__.get(name)
-        if used is None:
-            continue
-        out.add((getattr(used, "__module__", None), getattr(used, "__name__", None)))
-        _calls(used, out, seen)
-
-
-def _global_names(code: CodeType) -> set[str]:
-    """Names a function's code (and the functions nested in it) looks up."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, CodeType):
-            names |= _global_names(const)
-    return names
 
 
 def guard_fast_tier(config: pytest.Config) -> None:

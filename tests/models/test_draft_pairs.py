@@ -65,6 +65,7 @@ def test_auto_uses_the_paired_draft_only_when_it_is_on_disk(hub, bundled, target
     assert plan.facts.path.name == DRAFT[1] and "SmolLM2-135M" in str(plan.facts.path)
 
 
+@pytest.mark.model
 def test_auto_skips_a_paired_draft_with_another_vocabulary(hub, target, tmp_path):
     other = write_random_model(tmp_path / "other.gguf", renamed_token=1000)
     add_to_cache(hub, *DRAFT, source=other, commit=COMMIT)

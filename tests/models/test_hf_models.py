@@ -114,6 +114,7 @@ def test_hf_logits_equal_the_ggufs_on_the_same_weights(hf_dir, engine):
     assert (ours - reference).abs().max().item() < 1e-3 * max(1.0, reference.abs().max().item())
 
 
+@pytest.mark.subprocess
 def test_run_command_on_an_hf_directory(hf_dir):
     proc = localchat("run", "What is the capital of France?", "-m", str(hf_dir), "--engine", "torch",
                 "-n", "12", "--temp", "0", "--json")
@@ -139,6 +140,7 @@ def test_auto_engine_picks_torch_for_an_hf_directory(hf_dir):
 
 # --- refusals: one-line typed errors -------------------------------------------------
 
+@pytest.mark.model
 def test_tiny_directory_loads_and_runs(tmp_path):
     weights = load_hf_weights(write_tiny_hf_dir(tmp_path / "ok", tiny_tensors()))
     assert weights.config.n_kv_heads == 1 and _logits(weights, [1, 2, 3]).shape == (3, 32)
@@ -166,6 +168,7 @@ def test_unsupported_configs_say_what_is_unsupported(tmp_path):
         resolve_model_facts(str(tmp_path / "gemma"))
 
 
+@pytest.mark.subprocess
 def test_directory_refusals_through_the_cli(tmp_path, hf_dir):
     no_config = tmp_path / "no-config"
     no_config.mkdir()

@@ -14,6 +14,8 @@ from localchat.models.specs import resolve_model
 from helpers.cli import assert_one_line_error, localchat
 from helpers.tiny_models import write_random_model
 
+pytestmark = []  # 
+
 
 def _duplicate_token() -> dict:
     with read_gguf(resolve_model("default")) as bundled:
@@ -34,6 +36,7 @@ REFUSED_BY_BOTH = {  # case: (write_random_model arguments, field, words)
 }
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("case", list(REFUSED_BY_BOTH))
 def test_refused_when_validated(tmp_path: Path, case: str) -> None:
     arguments, field, words = REFUSED_BY_BOTH[case]
@@ -43,6 +46,7 @@ def test_refused_when_validated(tmp_path: Path, case: str) -> None:
     assert e.value.field == field and words in str(e.value), str(e.value)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("engine", ["llama.cpp", "torch"])
 @pytest.mark.parametrize("case", ["duplicate token", "NaN epsilon"])
 def test_run_says_one_line_instead_of_aborting(tmp_path: Path, case: str, engine: str) -> None:
@@ -65,6 +69,7 @@ DISAGREEING = {  # metadata that disagrees with the tensors: the torch engine's 
 }
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("case", list(DISAGREEING))
 def test_torch_engine_checks_shapes_against_metadata(tmp_path: Path, case: str) -> None:
     from localchat.engine.executors.torch.weights import load_weights
@@ -76,6 +81,8 @@ def test_torch_engine_checks_shapes_against_metadata(tmp_path: Path, case: str) 
     assert e.value.field == field and words in str(e.value), str(e.value)
 
 
+@pytest.mark.model
+@pytest.mark.subprocess
 def test_llama_cpp_names_what_it_refused(tmp_path: Path) -> None:
     """Issue 39 #16: llama.cpp's own refusal ("Failed to load model from file") now says
     what it refused, as llama.cpp logged it: here a layer block_count promises but lacks."""

@@ -368,6 +368,7 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("hang", [True, False], ids=["silent", "refused"])
 @pytest.mark.parametrize("spec", ["someowner/somerepo:model.gguf", "someowner/somerepo:Q4_K_M"])
 def test_pull_with_hub_unreachable_fails_fast_in_one_line(

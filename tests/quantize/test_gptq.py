@@ -42,6 +42,7 @@ def _output_error(w, q, x) -> float:
     return (((w.double() - q.double()) @ x.t()) ** 2).sum().item()
 
 
+@pytest.mark.model
 def test_gptq_lowers_the_hessian_weighted_error_vs_rtn(layer):
     """Measured (4 bits, groups of 128, act-order, static groups): calibration inputs
     3.4 vs RTN 372; 128 held-out tokens 23 vs 120; the weights themselves move further
@@ -58,6 +59,7 @@ def test_gptq_lowers_the_hessian_weighted_error_vs_rtn(layer):
     assert torch.equal(result.g_idx, (torch.arange(576) // 128).int())  # static groups
 
 
+@pytest.mark.model
 def test_v1_layout(layer):
     w, calib, _ = layer
     r = gptq_quantize(w, hessian(calib), bits=4, group_size=128)
@@ -89,6 +91,7 @@ def _loaded(packed: dict, prefix: str = "p."):
     return load_gptq(lambda k: packed.get(k.removeprefix(prefix)), prefix, GPTQConfig(4, 128, 1))
 
 
+@pytest.mark.model
 def test_v1_round_trip_through_the_loader(layer):
     """pack_v1 -> the loader gives back the codes, zeros, scales and g_idx GPTQ chose, and
     exactly the weights GPTQ computed with (scales are float16 already in the algorithm)."""
@@ -108,6 +111,7 @@ def test_v1_round_trip_through_the_loader(layer):
     assert sequential_group(m) == 128  # static groups: no reordering needed
 
 
+@pytest.mark.model
 def test_zero_points_stay_storable_when_a_group_has_no_negative_weight(layer):
     """All-positive groups would get zero 0 on the min/max grid (stored as −1: 15, read
     back as 16 by v1 loaders); the grid moves to zero 1 and still spans the weights."""
@@ -120,6 +124,7 @@ def test_zero_points_stay_storable_when_a_group_has_no_negative_weight(layer):
     assert (r.dequantized - w.abs()).abs().max() < 2 * r.scales.max()
 
 
+@pytest.mark.model
 def test_int4_kernel_layer_matches_the_dequantized_weights(layer):
     """q/k/v fused into one Int4Linear (groups of 128 over rows of 576 run as kernel
     groups of 64) computes x @ Ŵᵀ; a permuted g_idx (act-order without static groups)

@@ -30,6 +30,7 @@ def real_matrices() -> dict[str, torch.Tensor]:
         return {n: gguf_tensor(g, n) for n in names}
 
 
+@pytest.mark.model
 def test_granularity_ordering_on_real_matrices(real_matrices):
     """Measured on these four matrices: int4 per tensor loses 0.39-0.62 of ‖W‖, per row
     0.15-0.18, groups of 128 0.12-0.14, NF4 0.09-0.10 (Q4_0, blocks of 32: 0.086-0.099);
@@ -108,6 +109,7 @@ def test_eval_table_json_shape(capsys):
     assert int4["perplexity"] > q8["perplexity"] and int4["worst_rel_error"] > q8["worst_rel_error"]
 
 
+@pytest.mark.model
 @pytest.mark.slow
 def test_eval_table_scores_a_draft_beside_the_schemes(tmp_path, capsys):
     """A draft with fewer layers (random weights, the bundled vocabulary) gets a row with α

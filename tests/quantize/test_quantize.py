@@ -77,6 +77,7 @@ def _assert_byte_identical(ours: Path, theirs: Path) -> dict[str, tuple[str, byt
     return a
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("type_name", ["Q4_0", pytest.param("Q8_0", marks=pytest.mark.slow)])
 def test_byte_identical_to_llama_cpps_quantizer_on_real_blocks(f32_two_layers, tmp_path, type_name):
     """Same float32 input, every tensor (types and bytes) and metadata key the same."""
@@ -87,6 +88,7 @@ def test_byte_identical_to_llama_cpps_quantizer_on_real_blocks(f32_two_layers, t
     assert {t for t, _ in tensors.values()} == {type_name, "Q8_0", "F32"}  # + tied embedding, norms
 
 
+@pytest.mark.model
 @pytest.mark.slow
 def test_q4_0_of_the_whole_model_is_byte_identical_to_llama_cpps(f32_gguf, tmp_path):
     """Measured: 272 of 272 tensors identical, as for Q8_0, Q4_1, Q5_0, Q5_1, F16, BF16."""
@@ -95,6 +97,7 @@ def test_q4_0_of_the_whole_model_is_byte_identical_to_llama_cpps(f32_gguf, tmp_p
     assert {t for t, _ in tensors.values()} == {"Q4_0", "Q8_0", "F32"}  # tied embedding: 576 % 256 ≠ 0
 
 
+@pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16"])
 def test_other_types_are_byte_identical_to_llama_cpps(f32_gguf, tmp_path, type_name):
@@ -128,6 +131,7 @@ def _greedy(spec: Path, engine: str) -> str:
 AGREEMENT_FLOOR = {"Q4_0": 0.65, "Q8_0": 0.93, "Q4_K_M": 0.8}
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("type_name", ["Q4_0", pytest.param("Q8_0", marks=pytest.mark.slow),
                                        pytest.param("Q4_K_M", marks=pytest.mark.slow)])
 def test_written_gguf_loads_in_both_engines(tmp_path, f32_gguf, type_name):
@@ -202,6 +206,7 @@ def _cli_error(capsys, *argv: str) -> tuple[int, str]:
     return rc, err
 
 
+@pytest.mark.model
 def test_refuses_output_that_is_the_source(tmp_path, capsys):
     tmp_path = tmp_path / "models"
     tmp_path.mkdir()
@@ -226,6 +231,7 @@ def test_refuses_existing_output_without_force(tmp_path, capsys):
     assert rc == 2 and "--force" in err and out.read_text() == "keep me"
 
 
+@pytest.mark.model
 def test_refuses_pickle_and_corrupt_sources(tmp_path, capsys):
     tmp_path = tmp_path / "out"  # (tmp_path itself also holds the test's LOCALCHAT_HOME)
     tmp_path.mkdir()
@@ -283,6 +289,7 @@ def test_crash_mid_write_leaves_nothing_and_keeps_the_old_output(tmp_path, monke
     assert [p.name for p in tmp_path.iterdir()] == ["out.gguf"] and out.read_text() == "previous"
 
 
+@pytest.mark.subprocess
 def test_bad_flags_are_one_line_errors(tmp_path):
     tmp_path = tmp_path / "out"  # (tmp_path itself also holds the test's LOCALCHAT_HOME)
     tmp_path.mkdir()
@@ -306,6 +313,7 @@ def test_hf_directory_to_gguf_round_trips(hf_dir, f32_gguf, tmp_path):
     assert _greedy(out, "llama.cpp") == _greedy(f32_gguf, "llama.cpp")
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("type_name", ["Q4_K_M", "Q3_K_M", pytest.param("Q2_K", marks=pytest.mark.slow),
                                        pytest.param("Q5_K_M", marks=pytest.mark.slow),
                                        pytest.param("Q4_K_S", marks=pytest.mark.slow)])

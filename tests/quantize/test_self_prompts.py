@@ -16,6 +16,8 @@ from localchat.models.files import validate_model_file
 from localchat.models.specs import resolve_model
 from quantize.self_prompts import TOP_K, self_prompts, user_turn_prefix
 
+pytestmark = pytest.mark.model  # loads the bundled model
+
 
 @pytest.fixture(scope="module")
 def target():

@@ -145,6 +145,7 @@ def test_safetensors_outputs_have_one_file_mode(tmp_path, type_name):
     assert set(modes.values()) == {"0o644"}, modes
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("type_name,out_name", [("Q8_0", "out.gguf"), ("int8", "out-int8")])
 def test_sigterm_mid_quantize_leaves_nothing(tmp_path, type_name, out_name):
     """A real process, stopped by SIGTERM as soon as its first temporary file appears."""
@@ -164,6 +165,7 @@ def test_sigterm_mid_quantize_leaves_nothing(tmp_path, type_name, out_name):
     assert list(out_dir.iterdir()) == []
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow  # a K-quant of the bundled model, stopped midway
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_llama_cpps_k_quant_step_stops_it(tmp_path, sig):

@@ -72,6 +72,7 @@ def test_a_build_for_another_cpu_is_one_line_before_libllama_loads(tmp_path):
     check_build(str(tmp_path / "nothing recorded"), zen3_info)  # a build we did not make
 
 
+@pytest.mark.subprocess
 def test_the_makefile_asks_this_file_as_a_script():
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, str(root / "localchat" / "cpu_build.py"), "cmake-args"],

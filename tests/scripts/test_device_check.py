@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.subprocess  # runs the CLI or starts a process
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "device_check.py"
 
 

@@ -25,6 +25,8 @@ from localchat.models.specs import resolve_model_facts
 from helpers.server import (LOCALCHAT, ServerProcess, first_text_chunk, health,
                                   server_env, sse_payloads, wait_for)
 
+pytestmark = pytest.mark.subprocess  # runs the CLI or starts a process
+
 KEY = "test-key-123"
 REPO = str(Path(__file__).resolve().parents[2])
 CHAT = [{"role": "user", "content": "Say hi"}]
@@ -454,6 +456,7 @@ def test_a_seed_repeats_the_sampled_reply(torch_client):
     assert chat_reply(torch_client, "Tell me a story", **sampled) == first
 
 
+@pytest.mark.model
 def test_torch_server_without_key_needs_no_authorization(torch_client, torch_server):
     assert torch_server.engine == "torch"
     assert torch_client.get("/v1/models").json()["data"][0]["meta"]["engine"] == "torch"
@@ -552,6 +555,7 @@ def test_quiet_serve_logs_no_requests(tmp_path):
         proc.stop()
 
 
+@pytest.mark.model
 def test_ps_lists_a_running_server_and_ctrl_c_says_what_it_stops(tmp_path, monkeypatch):
     # serve's default engine is the one this machine's kept figures say serves many streams
     # faster (engine/engine_rule.py; measuring them is test_engine_rule.py's): kept ones

@@ -13,6 +13,8 @@ import pytest
 from localchat.server.connections import BODY_IDLE_S, HEADER_TIMEOUT_S
 from helpers.server import ServerProcess
 
+pytestmark = pytest.mark.subprocess  # runs the CLI or starts a process
+
 WAIT_FOR_CLOSE_S = 3 * max(HEADER_TIMEOUT_S, BODY_IDLE_S)  # a bound on the test, not a threshold
 
 

@@ -14,6 +14,8 @@ import pytest
 from helpers.schemas import SCHEMAS
 from helpers.server import bundled_server, openai_client
 
+pytestmark = pytest.mark.subprocess  # runs the CLI or starts a process
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):

@@ -13,6 +13,8 @@ import pytest
 
 from helpers.server import bundled_server, openai_client
 
+pytestmark = pytest.mark.subprocess  # runs the CLI or starts a process
+
 NAME = {"type": "string", "maxLength": 16}
 TOOLS = {
     "get_weather": ("What is the weather in Paris?", {

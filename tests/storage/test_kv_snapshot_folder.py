@@ -158,6 +158,7 @@ def read_only_home(tmp_path, monkeypatch):
         subprocess.run(["umount", str(mount)], capture_output=True)
 
 
+@pytest.mark.subprocess
 def test_a_bad_snapshot_on_a_read_only_disk_is_one_note(read_only_home, capsys, monkeypatch):
     folder = read_only_home / "kv"
     path = saved(folder)

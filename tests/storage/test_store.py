@@ -192,6 +192,7 @@ def _dead_pid() -> int:
     return p.pid
 
 
+@pytest.mark.subprocess
 def test_opening_marks_replies_of_dead_processes_interrupted(tmp_path):
     s = ConversationStore.open(tmp_path / "h.db")
     c = s.create_conversation()

@@ -59,6 +59,7 @@ def shown(view) -> tuple[bool, bool]:
     return view.markdown.display, view.query_one(DraftRuns).display
 
 
+@pytest.mark.model
 async def test_gauges_show_draft_acceptance_and_f4_colours_drafted_tokens(draft_engine):
     app = ChatApp(*draft_settings(max_tokens=24), engine=draft_engine)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -112,6 +113,7 @@ async def test_gauges_show_draft_acceptance_and_f4_colours_drafted_tokens(draft_
         assert shown(reopened.view) == (True, False)
 
 
+@pytest.mark.model
 async def test_f4_colours_drafted_tokens_on_the_llama_cpp_executor_too():
     settings = chat_config(draft=DraftChoice("ngram", tokens=3), ctx_size=1024, threads=2,
                            parallel=1, sampling=GREEDY, max_tokens=24)

@@ -198,6 +198,7 @@ def local_copy(tmp_path):
     return target
 
 
+@pytest.mark.model
 async def test_model_picker_lists_models_and_switches_model_and_draft_live(local_copy):
     app = self_loading_app(12)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -358,6 +359,7 @@ def test_live_rate_and_prefill_in_the_gauge_line():
     assert "7.4 MiB/2.3 GiB" in format_gauges(small, "ready")  # not 0.0/2.3 GiB
 
 
+@pytest.mark.model
 async def test_model_slash_command_switches_the_model_and_refuses_a_bad_one(local_copy, tmp_path):
     app = self_loading_app(8)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -374,6 +376,7 @@ async def test_model_slash_command_switches_the_model_and_refuses_a_bad_one(loca
         await wait_until(pilot, lambda: isinstance(app.screen, ModelPickerScreen))
 
 
+@pytest.mark.model
 async def test_reopening_a_conversation_goes_back_to_its_model(local_copy):
     app = self_loading_app(6)
     async with app.run_test(size=(80, 24)) as pilot:

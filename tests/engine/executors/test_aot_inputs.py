@@ -67,6 +67,7 @@ class _HiddenWeight(torch.nn.Module):
         return x @ self.hidden["weight"].t()
 
 
+@pytest.mark.model
 def test_a_layer_with_a_hidden_weight_is_not_compiled_ahead_of_time(tmp_path):
     from helpers.tiny_models import write_random_model
 

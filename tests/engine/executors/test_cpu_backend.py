@@ -92,6 +92,7 @@ def _logits(tmp_path: Path, variant: str | None) -> tuple[str, np.ndarray]:
     return done.stdout.strip().splitlines()[-1], np.load(out)
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not variant_files(), reason="this llama-cpp-python links its CPU backend in "
                                                  "(built without GGML_BACKEND_DL)")
 def test_forced_lower_variants_run_and_agree_with_the_best(tmp_path):

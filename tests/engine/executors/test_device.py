@@ -29,6 +29,7 @@ def test_missing_cuda_is_a_clear_usage_error():
         pick_device("tpu")
 
 
+@pytest.mark.subprocess
 def test_device_flag_errors_are_one_line():
     done = localchat("run", "--engine", "torch", "--device", "tpu", "hi")
     assert done.returncode == 2 and done.stderr.startswith("localchat: error: --device 'tpu' is unknown")

@@ -15,7 +15,7 @@ from quantize.agreement import llama_cpp_logits, torch_logits
 from localchat.engine.executors.torch.weights import load_weights
 from helpers.tiny_models import write_random_model
 
-pytestmark = pytest.mark.skipif(not q4q8.available(), reason="no AVX2 CPU or C++ compiler")
+pytestmark = [pytest.mark.skipif(not q4q8.available(), reason="no AVX2 CPU or C++ compiler"), pytest.mark.model]
 
 EXACT = tuple(k.name for k in kernels.KERNELS if k.as_llama_cpp)  # the q4q8 family
 

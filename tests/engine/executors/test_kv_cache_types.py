@@ -36,6 +36,7 @@ def test_defaults_are_llama_cpps_and_exact_batching_takes_the_exact_pair():
     assert not batches_exactly("f16", "f16") and batches_exactly("q8_0", "q8_0")
 
 
+@pytest.mark.subprocess
 def test_exact_batching_with_f16_for_both_is_refused_naming_the_setting():
     with pytest.raises(ConfigError) as caught:
         chosen_cache_types(FACTS, ("f16", "f16"), exact=True)
@@ -52,6 +53,7 @@ def _first_rows_logits(executor: LlamaCppExecutor, prompts: list[list[int]]) -> 
     return executor.forward(chunks)[0]
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("exact", [False, True], ids=["default f16", "exact q8_0 K"])
 def test_a_prompt_batched_with_another_keeps_its_bits_only_with_exact_batching(exact):
     """Alone, a prompt of 64 or more tokens takes ggml's tiled attention kernel (f16 K and V);

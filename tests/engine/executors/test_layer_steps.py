@@ -69,6 +69,7 @@ def test_a_draft_runs_its_generated_tokens_ahead_of_time(reference, monkeypatch)
     assert (eager - ahead).abs().max().item() < 1.5
 
 
+@pytest.mark.model
 def test_eager_on_request_and_reported(monkeypatch):
     cpu = torch.device("cpu")
     monkeypatch.setenv("LOCALCHAT_EAGER", "1")

@@ -211,6 +211,7 @@ def test_a_branch_keeps_the_other_branch_cached_and_the_copy_is_exact(engine, fr
         Request(messages=back, sampling=GREEDY, max_tokens=12)).text
 
 
+@pytest.mark.model
 def test_rows_not_wanted_are_left_out():
     """Chunk.no_logits: those rows are not computed and the others come back in order,
     the same as when every row is wanted (the output layer's rows are independent)."""
@@ -231,6 +232,7 @@ def test_rows_not_wanted_are_left_out():
     assert some.argmax(-1).tolist() == every[[1, 4]].argmax(-1).tolist()
 
 
+@pytest.mark.model
 def test_a_chunk_past_the_slots_kv_is_refused_not_computed():
     """A chunk starting after the positions its slot holds (the caller's bookkeeping lost
     track) is an EngineError naming both, not a pass over a hole (a wrong reply, or
@@ -253,6 +255,7 @@ def test_a_chunk_past_the_slots_kv_is_refused_not_computed():
         executor.close()
 
 
+@pytest.mark.model
 def test_one_token_chunks_give_the_rows_a_whole_chunk_gives_and_the_rows_stay_ours():
     """Decode steps' one-token chunks (the executor's fast path) in one pass, one of them
     not wanting its row: the wanted rows are those of the same tokens computed as the

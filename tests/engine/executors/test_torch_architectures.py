@@ -34,6 +34,7 @@ VARIANTS = {
 }
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_float32_model_matches_llama_cpp(tmp_path, tokens, variant):
     path = write_random_model(tmp_path / f"{variant}.gguf", **VARIANTS[variant])
@@ -50,6 +51,7 @@ def test_float32_model_matches_llama_cpp(tmp_path, tokens, variant):
         assert (torch_logits(plain, tokens) - reference).abs().max() > 1.0
 
 
+@pytest.mark.model
 def test_q4_0_model_matches_llama_cpp_closely(tmp_path, tokens):
     """4-bit weights through the int4 kernel; llama.cpp rounds activations to 8 bits and
     we to bfloat16, so logits differ by a little more (measured 0.8 of ~130)."""

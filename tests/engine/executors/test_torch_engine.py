@@ -95,6 +95,7 @@ def test_cancel_and_length_and_overflow(torch_engine):
 
 # slow: `run --engine torch --json` on the bundled GGUF is also test_speculative_engine.py's
 # test_json_result_carries_draft_stats, on an HF directory test_hf_models.py's
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_run_command_with_the_torch_engine():
     proc = localchat("run", "Hello! Who are you?", "--engine", "torch", "-n", "8", "--temp", "0",
@@ -123,6 +124,7 @@ def test_kv_memory_budget():
 
 # slow: the refusal and the flag it names are checked in-process above; the CLI's one-line
 # settings errors in test_config.py
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_kv_memory_flag_errors_are_one_line():
     proc = localchat("run", "hi", "--engine", "torch", "--kv-memory", "1MB")

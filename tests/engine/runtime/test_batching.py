@@ -53,6 +53,7 @@ def alone(batching_engine):
     return [batching_engine.complete(_request(*p)) for p in PROMPTS]
 
 
+@pytest.mark.model
 def test_concurrent_requests_give_what_each_gives_alone(batching_engine, alone):
     runner = batching_engine.runner
     before = runner.observer.steps_by_batch_size.copy()
@@ -62,6 +63,7 @@ def test_concurrent_requests_give_what_each_gives_alone(batching_engine, alone):
     assert max(runner.observer.steps_by_batch_size - before) > 1  # they really ran in one batch
 
 
+@pytest.mark.model
 def test_a_cache_too_small_for_all_preempts_and_still_completes_them(batching_engine, alone):
     """8 blocks for twelve requests of up to ~100 tokens: decoding runs out of blocks, the
     least-advanced request is preempted, recomputed later, and nothing is lost."""
@@ -76,6 +78,7 @@ def test_a_cache_too_small_for_all_preempts_and_still_completes_them(batching_en
     assert batching_engine.blocks.usage().used == 0  # everything given back
 
 
+@pytest.mark.model
 def test_chunked_prefill_with_a_prefix_hit(batching_engine, alone):
     """A prompt prefilled 16 tokens per step, after the same prompt left its blocks in
     the prefix cache: cached tokens counted, the same reply."""
@@ -93,6 +96,7 @@ def test_chunked_prefill_with_a_prefix_hit(batching_engine, alone):
     assert fresh.text
 
 
+@pytest.mark.model
 def test_full_hit_on_an_exact_block_multiple(batching_engine):
     """A prompt of exactly 32 tokens, run twice: the second run shares both blocks and
     runs the last block again (its KV is already in the shared block) for the logits."""
@@ -106,6 +110,7 @@ def test_full_hit_on_an_exact_block_multiple(batching_engine):
     engine.blocks.check_invariants()
 
 
+@pytest.mark.model
 def test_cancelling_frees_blocks_at_once(batching_engine):
     engine = batching_engine
     cancel = threading.Event()

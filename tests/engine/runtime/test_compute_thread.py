@@ -45,6 +45,7 @@ def _decode(seqs: list[tuple[int, int, int]]) -> Batch:
                  torch.arange(len(seqs)))
 
 
+@pytest.mark.model
 def test_a_token_computes_the_same_bits_alone_batched_or_verified(model_and_kv):
     model, kv = model_and_kv
 

@@ -14,6 +14,8 @@ from localchat.engine.base import Request, SamplingParams
 from localchat.engine.runtime.compute_thread import COMPUTE
 from localchat.storage.kv_snapshots import SUFFIX, snapshot_dir
 
+pytestmark = pytest.mark.model  # loads the bundled model
+
 DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 

@@ -14,6 +14,8 @@ from localchat.engine.config import DraftChoice
 from localchat.engine import EngineConfig, open_engine
 from localchat.engine.base import Message, Request, SamplingParams
 
+pytestmark = pytest.mark.model  # loads the bundled model
+
 GREEDY = SamplingParams(temperature=0.0)
 TOPICS = ["the sea", "volcanoes", "bread", "the moon", "bees", "chess", "rain", "glass",
           "trains", "owls", "paper", "salt", "bridges", "clocks", "maps", "copper"]

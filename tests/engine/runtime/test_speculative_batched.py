@@ -14,6 +14,8 @@ from helpers.replies import reply_tokens
 
 from localchat.engine import EngineConfig, open_engine
 
+pytestmark = pytest.mark.model  # loads the bundled model
+
 PROMPTS = ("Write a haiku about the sea.", "Name three colours and say why you like them.",
            "Explain what a list is in Python.", "Give a tip for sleeping well.")
 N_TOKENS = 32

@@ -125,6 +125,8 @@ def test_llama_cpp_speculation_is_identical_and_self_draft_accepts_all(engine):
             eng.close()
 
 
+@pytest.mark.model
+@pytest.mark.subprocess
 def test_a_draft_with_another_vocabulary_is_refused(tmp_path):
     other = write_random_model(tmp_path / "other-vocab.gguf", renamed_token=1000)
     for engine_name in ("torch", "llama.cpp"):
@@ -134,6 +136,7 @@ def test_a_draft_with_another_vocabulary_is_refused(tmp_path):
         assert "Traceback" not in done.stderr
 
 
+@pytest.mark.subprocess
 def test_draft_flag_errors_are_one_line():
     cases = [("--no-draft", "--num-draft-tokens", "3"), ("--draft-model", "nope/missing.gguf"),
              ("--draft", "ngram", "--num-draft-tokens", "0")]
@@ -143,6 +146,7 @@ def test_draft_flag_errors_are_one_line():
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
 
 
+@pytest.mark.subprocess
 def test_json_result_carries_draft_stats():
     done = localchat("run", "--engine", "torch", "--draft", "ngram", "--temp", "0", "-n", "24",
                       "--json", PROMPTS[1])
@@ -153,6 +157,7 @@ def test_json_result_carries_draft_stats():
         assert key in draft
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("draft", ["ngram", pytest.param("default", marks=pytest.mark.slow)])
 def test_llama_cpp_speculation_runs_past_512_tokens(draft):
     """The old engine died at n_past = 512 with either draft (a broadcast error in
@@ -168,6 +173,7 @@ def test_llama_cpp_speculation_runs_past_512_tokens(draft):
     assert out["draft"]["proposed"] > 0
 
 
+@pytest.mark.model
 def test_auto_draft_is_prompt_lookup_without_a_kept_draft_and_skips_seeded_requests():
     engine = open_engine(EngineConfig("default", threads=2, ctx_size=512, draft="auto"))
     try:
@@ -182,6 +188,7 @@ def test_auto_draft_is_prompt_lookup_without_a_kept_draft_and_skips_seeded_reque
         engine.close()
 
 
+@pytest.mark.model
 def test_auto_with_a_kept_draft_looks_up_first_then_asks_the_model(useless_draft):
     """A kept draft (here random weights) joins prompt lookup; greedy output is unchanged.
     Passes are charged to a fake clock as on a bandwidth-bound target, so the controller's
@@ -210,6 +217,7 @@ def test_auto_with_a_kept_draft_looks_up_first_then_asks_the_model(useless_draft
         engine.close()
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_bench_reports_the_speculative_section_per_task():
     done = localchat("bench", "--engines", "llama.cpp", "-p", "16", "-g", "16", "-r", "1",

@@ -94,6 +94,7 @@ def bundled():
     return validate_model_file(resolve_model("default"))
 
 
+@pytest.mark.model
 def test_llama_cpp_gives_the_same_logits_on_one_thread_and_two(bundled):
     """Prefill and a one-token decode step (where flash attention might split the KV)."""
     import numpy as np
@@ -118,6 +119,7 @@ def test_llama_cpp_gives_the_same_logits_on_one_thread_and_two(bundled):
         executor.close()
 
 
+@pytest.mark.model
 def test_an_engine_without_named_threads_probes_fewer_and_decodes_the_same_tokens():
     from helpers.replies import reply_tokens
     from localchat.engine import EngineConfig, open_engine
