@@ -8,9 +8,21 @@ of them, directly or through others."""
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "localchat"
+
+
+def parsed(path: Path) -> ast.Module:
+    """The file's syntax tree, parsed once per version of it (the tests walk the same files)."""
+    stat = path.stat()
+    return _parse(path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=None)
+def _parse(path: Path, mtime_ns: int, size: int) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), str(path))
 
 
 def module_names(root: Path) -> dict[str, Path]:
@@ -26,7 +38,7 @@ def imported(module: str, path: Path, names: dict[str, Path]) -> set[str]:
     """The modules of the package that `module` imports anywhere in its file."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -156,7 +168,7 @@ def test_localchat_has_no_import_cycles():
 def test_no_private_names_are_imported_from_other_modules():
     private = []
     for module, path in module_names(PACKAGE).items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "")
                                                      .startswith("localchat")):
                 private += [f"{module}: {node.module}.{alias.name}" for alias in node.names
@@ -183,8 +195,7 @@ def own_names(tree: ast.AST) -> set[str]:
 def private_reach(root: Path = PACKAGE) -> dict[str, set[str]]:
     """{module: the private attributes it uses that other modules of root define and it
     does not} (obj._name; a third-party library's privates are not counted)."""
-    trees = {module: ast.parse(path.read_text(encoding="utf-8"), str(path))
-             for module, path in module_names(root).items()}
+    trees = {module: parsed(path) for module, path in module_names(root).items()}
     owns = {module: own_names(tree) for module, tree in trees.items()}
     reach = {}
     for module, tree in trees.items():

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from localchat.bench.json_task import TASKS, bench_json
 from localchat.bench.json_task import format_json_report
 
 
+# slow (~16 s): the benchmark's own report; forced drafts changing nothing but the steps is
+# checked by default in tests/engine/runtime/test_constraint.py
+@pytest.mark.slow
 def test_json_bench_checks_validity_and_identity(engine):
     r = bench_json(engine, gen_tokens=100)
     n = len(TASKS)

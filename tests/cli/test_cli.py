@@ -215,6 +215,9 @@ def test_bench_json_has_both_engines_side_by_side():
     assert limit["aggregate_16_tok_s"] > 0
 
 
+# slow (three whole benches, ~50 s): bench's own hygiene (KV snapshots off unless asked for),
+# a benchmark's concern rather than a user's path; `make test-all` and CI run it
+@pytest.mark.slow
 @pytest.mark.model
 def test_bench_computes_every_prompt_it_times_not_an_earlier_runs_kv_from_disk(tmp_path):
     """A second bench over the same prompts (≥ 256 tokens: long enough for KV snapshots)

@@ -11,7 +11,7 @@ from dataclasses import asdict
 import gguf
 import pytest
 
-from localchat.engine import choose, engine_figures, engine_rule
+from localchat.engine import choose, engine_figures, engine_probe, engine_rule
 from localchat.engine.config import EngineConfig
 from localchat.engine.engine_figures import Figures
 from localchat.engine.engine_rule import SERVE_SLOTS, faster
@@ -157,9 +157,12 @@ def test_default_slots_stay_within_half_the_free_memory(tmp_path, measured_rule,
 @pytest.mark.subprocess
 @pytest.mark.model
 def test_the_bundled_model_is_measured_once_and_the_faster_chosen(monkeypatch, capsys):
-    """A real probe of both executors on the bundled model: the figures kept, the choice the
-    one they say is faster for each use, and the second choice made without measuring."""
+    """A real probe of both executors on the bundled model (shorter replies than a user's
+    probe: the flow is under test, not the figures): the figures kept, the choice the one
+    they say is faster for each use, and later choices made without measuring."""
     monkeypatch.delenv("LOCALCHAT_ENGINE")
+    monkeypatch.setattr(engine_probe, "ONE_STREAM_TOKENS", 8)
+    monkeypatch.setattr(engine_probe, "MANY_STREAM_TOKENS", 4)
     chat = choose(EngineConfig("default", threads=2))
     err = capsys.readouterr().err
     assert err.startswith("localchat: measuring llama.cpp and torch on SmolLM2-135M-Instruct "
@@ -168,17 +171,29 @@ def test_the_bundled_model_is_measured_once_and_the_faster_chosen(monkeypatch, c
     for figures in kept.values():
         assert not figures.failed and min(figures.start_s, figures.prefill_tok_s,
                                            figures.decode_tok_s, figures.many_tok_s) > 0
-    assert (chat.engine, chat.why) == faster(kept["llama.cpp"], kept["torch"], "chat")
-    many = choose(EngineConfig("default", threads=2, use="many"))
-    assert (many.engine, many.why) == faster(kept["llama.cpp"], kept["torch"], "many")
+    for use in ("one-shot", "chat", "many"):
+        plan = choose(EngineConfig("default", threads=2, use=use))
+        assert (plan.engine, plan.why) == faster(kept["llama.cpp"], kept["torch"], use)
     assert capsys.readouterr().err == ""
-    # `bench --task engines` measures afresh, keeps what it measured, and says the choices
+
+
+def test_bench_engines_measures_afresh_keeps_and_says_the_choice_per_use(monkeypatch):
+    """`bench --task engines` (its measuring stood in for: the probe is tested above) keeps
+    what it measured and prints what the rule then chooses for each use."""
+    measured = {"llama.cpp": LLAMA, "torch": TORCH}
+    calls = []
+
+    def measure(facts, engine, threads):
+        calls.append((facts.name, engine, threads))
+        return measured[engine]
+
+    monkeypatch.setattr(engine_probe, "measure", measure)
     bench = localchat("bench", "--task", "engines", "-t", "2", "--json")
     assert bench.returncode == 0, bench.stderr
     report = json.loads(bench.stdout)
-    kept = engine_figures.cached(chat.facts, 2, ("llama.cpp", "torch"))
-    assert report["figures"] == {name: asdict(f) for name, f in kept.items()}
-    for use, choice in report["choice"].items():
-        assert tuple(choice) == faster(kept["llama.cpp"], kept["torch"], use)
-        assert tuple(choice) == (lambda p: (p.engine, p.why))(
-            choose(EngineConfig("default", threads=2, use=use)))
+    assert calls == [("SmolLM2-135M-Instruct", "llama.cpp", 2), ("SmolLM2-135M-Instruct", "torch", 2)]
+    facts = resolve_model_facts("default")
+    assert engine_figures.cached(facts, 2, ("llama.cpp", "torch")) == measured
+    assert report["figures"] == {name: asdict(f) for name, f in measured.items()}
+    assert {use: tuple(c) for use, c in report["choice"].items()} == {
+        use: faster(LLAMA, TORCH, use) for use in ("one-shot", "chat", "many")}

@@ -265,7 +265,16 @@ def test_smaller_output_limit_is_enforced() -> None:
     ],
 )
 def test_time_limit_without_output(template: str) -> None:
+    """Each runaway stops at the limit (a short one here; the default's is checked once)."""
     start = time.monotonic()
-    with pytest.raises(TemplateError, match="time limit"):
-        render_chat(template, [Message("user", "hi")])
+    with pytest.raises(TemplateError, match="0.3 s time limit"):
+        render_chat(template, [Message("user", "hi")], time_limit_s=0.3)
+    assert time.monotonic() - start < 1.8
+
+
+def test_the_default_time_limit_stops_a_runaway() -> None:
+    start = time.monotonic()
+    with pytest.raises(TemplateError, match="2 s time limit"):
+        render_chat("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                    "{% endfor %}", [Message("user", "hi")])
     assert time.monotonic() - start < 3.5

@@ -331,6 +331,7 @@ def test_the_plan_predicts_llama_cpps_type_for_every_tensor(f32_two_layers, tmp_
     assert planned_bytes(tensors, type_name, n_gqa=3) == sum(int(t.n_bytes) for t in written.tensors)
 
 
+@pytest.mark.model  # quantizes the bundled model
 def test_quantizing_a_4_bit_file_to_8_bits_says_it_adds_no_quality(tmp_path, capsys):
     out = tmp_path / "q8.gguf"
     assert main(["quantize", "default", "-o", str(out), "--type", "Q8_0"]) == 0
