@@ -11,16 +11,15 @@ from localchat.engine.config import EngineConfig
 from localchat.errors import EngineError, ModelFormatError
 
 
-def choose(config: EngineConfig) -> LoadPlan:
+def choose(config: EngineConfig, say=None) -> LoadPlan:
     """choice.choose(), measuring both executors on the file where the default-engine rule
-    has no figures for it yet (engine_probe.py)."""
-    return choice.choose(config, measure=_measure)
+    has no figures for it yet (engine_probe.py; say(line) announces it, else stderr)."""
+    def measure(facts, threads: int, engines: tuple[str, ...]):
+        from localchat.engine.engine_probe import measure_engines
 
+        return measure_engines(facts, threads, engines, say)
 
-def _measure(facts, threads: int, engines: tuple[str, ...]):
-    from localchat.engine.engine_probe import measure_engines
-
-    return measure_engines(facts, threads, engines)
+    return choice.choose(config, measure=measure)
 
 
 def load_engine(plan: LoadPlan) -> Engine:
@@ -37,10 +36,10 @@ def load_engine(plan: LoadPlan) -> Engine:
     return load_runtime(plan)
 
 
-def open_engine(config: EngineConfig, plan: LoadPlan | None = None) -> Engine:
+def open_engine(config: EngineConfig, plan: LoadPlan | None = None, say=None) -> Engine:
     """choose() (unless the plan is given), then load_engine(), the engine saying why it was
     chosen; a file that validated but fails to load is forgotten (`models` stops listing it)."""
-    plan = plan or choose(config)
+    plan = plan or choose(config, say)
     try:
         engine = load_engine(plan)
         engine.why = plan.why

@@ -31,10 +31,16 @@ PROBE_PROMPT = ("Question {i}: summarise, in plain words for a curious twelve-ye
 MANY_PROMPT = "Question {i}: why does the sky look blue in the day and red at sunset?"
 
 
-def measure_engines(facts: GGUFFacts, threads: int, engines: tuple[str, ...]) -> dict[str, Figures]:
-    """Measure each engine on this file (said on stderr first), and keep the figures."""
-    print(f"localchat: measuring {' and '.join(engines)} on {facts.name} to choose the faster "
-          f"(once for this file and CPU; kept in {figures_path()})", file=sys.stderr, flush=True)
+def measure_engines(facts: GGUFFacts, threads: int, engines: tuple[str, ...],
+                    say=None) -> dict[str, Figures]:
+    """Measure each engine on this file, and keep the figures; what it does is said first,
+    by say(line) (the chat's notice) or on stderr."""
+    line = (f"measuring {' and '.join(engines)} on {facts.name} to choose the faster (once "
+            f"for this file and CPU; kept in {figures_path()})")
+    if say is not None:
+        say(line)
+    else:
+        print(f"localchat: {line}", file=sys.stderr, flush=True)
     figures = {name: measure(facts, name, threads) for name in engines}
     keep(facts, threads, figures)
     return figures

@@ -265,7 +265,7 @@ class ChatApp(ControlsMixin, App):
     @work(thread=True, exclusive=True, group="load")
     def _load_engine(self) -> None:
         try:
-            engine = open_engine(self.session.config)
+            engine = open_engine(self.session.config, say=self.say_from_worker)
         except LocalchatError as exc:
             self.post_message(self.EngineLoaded(None, str(exc)))
             return
@@ -281,6 +281,13 @@ class ChatApp(ControlsMixin, App):
         self.show_engine()
         gauges.state = "ready"
         self.say_engine_choice()
+
+    def say_from_worker(self, line: str) -> None:
+        """A loading worker's note (the engine rule measuring): in the chat and the gauges."""
+        def show() -> None:
+            self.notice(line, warning=False)
+            self.query_one(GaugeBar).state = "measuring the engines (once)…"
+        self.call_from_thread(show)
 
     def say_engine_choice(self) -> None:
         """Where the rule measured which executor is faster, a note of what it measured."""

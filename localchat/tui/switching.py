@@ -172,7 +172,7 @@ class EngineSwitcher:
         """In the worker thread."""
         old, owned = self.app.session.engine, self.app.owns_engine
         try:
-            engine = open_engine(config)
+            engine = open_engine(config, say=self.app.say_from_worker)
         except LocalchatError as exc:
             self.app.post_message(self.Loaded(None, config, what, str(exc)))
             return

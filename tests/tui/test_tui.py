@@ -219,21 +219,24 @@ async def test_a_base_model_is_said_once_in_the_chat(tmp_path):
                    "your text" in n for n in notices) == 1, notices
 
 
-async def test_the_engine_the_rule_measured_is_said_in_the_chat(monkeypatch):
-    """Where both executors run the file, the chat takes the one this machine's figures say
-    replies faster (figures kept beforehand: measuring is test_engine_rule.py's) and says so."""
-    from localchat.engine import engine_figures
+async def test_the_chat_says_it_measures_the_engines_and_which_it_chose(monkeypatch):
+    """Where both executors run the file and nothing is measured yet, the chat's first load
+    says it measures them, then which it took and on what figures (the probe's own timing
+    is stood in for here: test_engine_rule.py runs it for real)."""
+    from localchat.engine import engine_probe
     from localchat.engine.engine_figures import Figures
-    from localchat.models.specs import resolve_model_facts
 
+    measured = {"llama.cpp": Figures(1.0, 400.0, 100.0, 100.0),
+                "torch": Figures(5.0, 300.0, 90.0, 300.0)}
     monkeypatch.delenv("LOCALCHAT_ENGINE")
-    engine_figures.keep(resolve_model_facts("default"), 1, {
-        "llama.cpp": Figures(1.0, 400.0, 100.0, 100.0),
-        "torch": Figures(5.0, 300.0, 90.0, 300.0)})
+    monkeypatch.setattr(engine_probe, "measure", lambda facts, engine, threads: measured[engine])
     app = ChatApp(*chat_config(ctx_size=256, threads=1))
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready", timeout=120)
         notices = [str(n.render()) for n in app.query(".notice")]
         assert app.session.engine.name == "llama.cpp"
+        assert any(n.startswith("measuring llama.cpp and torch on SmolLM2-135M-Instruct to "
+                                "choose the faster (once for this file and CPU; kept in ")
+                   for n in notices), notices
         assert ("engine llama.cpp: measured here for a chat reply, 1/10 of the start "
                 "included: llama.cpp 1.70 s, torch 2.35 s") in notices, notices
