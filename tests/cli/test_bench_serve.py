@@ -72,13 +72,13 @@ def test_serve_bench_on_llama_cpp_matches_the_engine(engine):
 
 @pytest.mark.slow
 def test_serve_bench_with_serve_defaults():
-    """No engine flag: serve picks its own (torch for the bundled model on AVX2)."""
+    """No engine flag: serve picks its own, by the rule choose() applies for many streams."""
+    from localchat.engine import choose
     from localchat.engine.config import EngineConfig
-    from localchat.engine.serving import serving_config
 
     report = bench_serve()
     ours = report["servers"]["localchat"]
-    assert ours["engine"] == serving_config(EngineConfig("default"), 64).config.engine
+    assert ours["engine"] == choose(EngineConfig("default", use="many")).engine
     assert ours["command"][-2:] == ["-m", "default"]
     check_run(ours["runs"][0], 2)
 
