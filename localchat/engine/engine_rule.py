@@ -1,7 +1,8 @@
 """The default executor, one rule for run, the chat and serve: where only one executor can run
-the file with the settings given, that one; where both can, the one this machine measured
-faster on this file (engine_figures.py: a short probe the first time, kept) for the use: a
-one-shot reply (start included), a chat's replies, or many streams at once."""
+the file with the settings given, that one; where both can, $LOCALCHAT_ENGINE's, else the one
+this machine measured faster on this file (engine_probe.py the first time, engine_figures.py
+keeps it) for the use: a one-shot reply (its start included), a chat reply (a tenth of the
+start), or many streams at once."""
 
 from __future__ import annotations
 
