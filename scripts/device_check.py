@@ -249,13 +249,15 @@ def environment(device) -> dict:
 def teacher_forced_logits(engine, tokens: list[int]):
     """Logits at every position of `tokens` in one prefill, straight through the executor
     (KV written to blocks 0.., before the runtime has handed any out)."""
-    from localchat.engine.executors.base import Chunk
+    import torch
+
     from localchat.engine.runtime.compute_thread import COMPUTE
+    from localchat.engine.runtime.executor_api import Chunk
 
     table = list(range(math.ceil(len(tokens) / 16)))
     chunk = Chunk(slot=0, tokens=tokens, start=0, n_logits=len(tokens), block_table=table,
                   write_from=0, n_prompt=len(tokens))
-    return COMPUTE.call(lambda: engine.executor.forward([chunk]).float().cpu())
+    return torch.from_numpy(COMPUTE.call(lambda: engine.executor.forward([chunk]))).float()
 
 
 def agreement(dev, ref) -> dict:
@@ -318,13 +320,13 @@ def check_batching(engine, plan, rng) -> None:
     prompts = [system + [int(t) for t in rng.integers(3, VOCAB, 8)] for _ in range(n)]
     picked = sorted({0, n // 2, n - 1})
     alone = {i: generate(engine, prompts[i], gen) for i in picked}
-    before = engine.runner.steps_by_batch_size.copy()
+    before = engine.step_stats.steps_by_batch_size.copy()
     runs, _ = together(engine, prompts, gen)
     same = all(runs[i][0] == alone[i][0] for i in picked)
     first = alone[0][1].stats.cached_tokens
     later = [alone[i][1].stats.cached_tokens for i in picked[1:]] + \
         [r.stats.cached_tokens for _, r in runs]
-    batch = max(engine.runner.steps_by_batch_size - before)
+    batch = max(engine.step_stats.steps_by_batch_size - before)
     report["batching"] = {"requests": n, "shared_prefix": len(system), "gen": gen,
                           "compared": picked, "batched_equals_alone": same,
                           "first_cached_tokens": first, "cached_tokens": later,

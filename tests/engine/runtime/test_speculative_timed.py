@@ -13,6 +13,8 @@ from localchat.engine import EngineConfig, open_engine
 from localchat.engine.base import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
+LONG_REPLY = ("Write a Python function that reverses a string, then explain it line by line "
+              "and give three examples of calling it.")
 REPEAT = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
 
 
@@ -25,7 +27,8 @@ def test_a_cheap_draft_on_a_bandwidth_bound_target_is_on_and_c_is_drafting_alone
     """The bundled model drafting for itself, timed as a 1-unit target step and a
     0.1-unit draft step (plus a little per token): c must come out near 0.1 on every
     round -- the draft's catch-up over the prompt is a separate pass, not drafting."""
-    plain, _ = generate(engine, "Write a Python function that reverses a string.", 40)
+    # long enough for the 8 rounds a measured speedup needs (state.MIN_MEASURED_ROUNDS)
+    plain, _ = generate(engine, LONG_REPLY, 200)
     eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2, draft="default"))
     try:
         clock = Clock()
@@ -33,7 +36,7 @@ def test_a_cheap_draft_on_a_bandwidth_bound_target_is_on_and_c_is_drafting_alone
         runner.clock = clock
         clock.charge(runner.executor, lambda ch: 1.0 + 0.002 * tokens_of(ch))
         drafted = clock.charge(eng.draft.executor, lambda ch: 0.1 + 0.001 * tokens_of(ch))
-        tokens, stats = generate(eng, "Write a Python function that reverses a string.", 40)
+        tokens, stats = generate(eng, LONG_REPLY, 200)
         assert tokens == plain
         assert stats["acceptance_rate"] == 1.0
         a = runner.speculator.adaptive
