@@ -122,7 +122,7 @@ async def test_context_size_change_reloads_the_engine_without_blocking_the_ui(mo
         old = app.session.engine
         gate, real_load = threading.Event(), switching.open_engine
         monkeypatch.setattr(switching, "open_engine",
-                            lambda config: gate.wait(60) and real_load(config))  # a slow load
+                            lambda config, **kw: gate.wait(60) and real_load(config, **kw))  # slow
         await open_screen(pilot, "f6", ParamsScreen)
         await fill(pilot, ctx_size="512")
         await pilot.press("enter")
