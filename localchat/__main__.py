@@ -1,5 +1,5 @@
 """`python -m localchat`: the same as the `localchat` command."""
 
-from localchat.cli import main
+from localchat.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -12,6 +12,7 @@ from localchat.cli import bench, cache, distill, mcp, models, plan, run, serve
 from localchat.cli import eval as eval_command
 from localchat.cli import quantize as quantize_command
 from localchat.cli.flags import endpoint_flags, flag_error, model_flags, sampling_flags
+from localchat.cli.process_exit import exit_now
 from localchat.errors import ConfigError, LocalchatError
 
 
@@ -90,3 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 141
+
+
+def entry() -> None:
+    """The `localchat` command: main(), then a quick exit (process_exit.py)."""
+    exit_now(main())
