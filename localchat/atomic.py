@@ -1,14 +1,35 @@
 """Write small state files atomically (a temporary file in the same folder, fsynced, renamed over
-the target): readers see the old content or the new, never a mix."""
+the target): readers see the old content or the new, never a mix. read_json_dict reads one
+back without trusting it."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
+
+
+def read_json_dict(path: str | Path, max_bytes: int) -> dict:
+    """The JSON object in `path`, or {} where it is missing, not a regular file (a FIFO, a
+    device), larger than max_bytes or not a JSON object; never follows a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return {}
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+            return {}
+        try:
+            data = json.loads(f.read(max_bytes + 1))
+        except (ValueError, OSError):
+            return {}
+    return data if isinstance(data, dict) else {}
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -16,6 +16,7 @@ from localchat.engine.executors.torch import q4q8  # noqa: E402
 from localchat.engine.executors.torch.q4x8 import (Q4Kx8Linear, Q4S8x8Linear,  # noqa: E402
                                                   Q41x8Linear)
 from localchat.engine.executors.torch.q6x8 import Q6Kx8Linear  # noqa: E402
+from localchat.formats.gguf_blocks import pack_nibbles  # noqa: E402
 
 SHAPES = ((8192, 2048), (2048, 8192))  # [N, K]: a 1B model's ffn up/gate and down
 ROWS = (1, 4, 16, 512)
@@ -36,7 +37,7 @@ def layers(fmt: str, n: int, k: int, g: torch.Generator) -> tuple[torch.nn.Modul
         sc = torch.randint(-128, 128, (n, k // 16), generator=g).to(torch.int8)
         d = torch.rand(n, k // 256, generator=g) * 1e-3
         return q4q8.Q6Q8Linear(codes, sc, d), Q6Kx8Linear(codes, sc, d)
-    q = torch.randint(0, 16, (n, k), generator=g)
+    q = pack_nibbles(torch.randint(0, 16, (n, k), generator=g))
     if fmt == "q4_0":
         d = (torch.rand(n, k // 32, generator=g) * 0.02).half()
         return q4q8.Q4S8Linear(q, d), Q4S8x8Linear(q, d)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -75,19 +74,9 @@ def figures_key(facts: GGUFFacts, threads: int) -> str:
 def read_all(path: Path) -> dict:
     """The figures file's records ({} where it is missing, not a regular file, too large or
     not JSON); never follows a link."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return {}
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_FILE_BYTES:
-            return {}
-        try:
-            data = json.loads(f.read(MAX_FILE_BYTES + 1))
-        except (ValueError, OSError):
-            return {}
-    return data if isinstance(data, dict) else {}
+    from localchat.atomic import read_json_dict
+
+    return read_json_dict(path, MAX_FILE_BYTES)
 
 
 def cached(facts: GGUFFacts, threads: int, engines: tuple[str, ...]) -> dict[str, Figures] | None:

@@ -64,28 +64,37 @@ def group_scales(scale, minimum, sup) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 def q4_blocks(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int):
-    """A Q4_0/Q4_1/Q4_K matrix as (q [N, K] int32 in 0..15, scale, minimum [N, K/32], sup)
-    with w = q·scale + minimum per 32 weights, scales as the file holds them (group_scales):
-    float16 (Q4_0's minimum −8·d), or Q4_K's integers with sup."""
+    """A Q4_0/Q4_1/Q4_K matrix as (codes 0..15 packed as pack_nibbles does [N, K/2] uint8,
+    scale, minimum [N, K/32], sup) with w = q·scale + minimum per 32 weights, scales as the
+    file holds them (group_scales): float16 (Q4_0's minimum −8·d), or Q4_K's integers with
+    sup. Q4_0/Q4_1 bytes are copied as they are (the file packs them so)."""
     if ggml_type == Q.Q4_K:
         blocks = raw.reshape(-1, 144)
         qs = blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-        q = (qs & 0x0F).reshape(n_rows, n_cols).astype(np.int32)
-        return (q, *_k_scales(blocks, n_rows, n_cols))
+        halves = (qs & 0x0F).reshape(n_rows, -1, 2, 16)  # per 32: weights 0-15, 16-31
+        packed = halves[:, :, 0] | (halves[:, :, 1] << 4)
+        return (packed.reshape(n_rows, -1), *_k_scales(blocks, n_rows, n_cols))
     with_min = ggml_type == Q.Q4_1
-    blocks = raw.reshape(n_rows, n_cols // GROUP, 20 if with_min else 18)
-    d = _f16(blocks, 0, np.float16)
-    qs = blocks[..., -16:]  # first 16 weights in the low nibbles, last 16 in the high
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n_rows, n_cols).astype(np.int32)
-    return q, d, _f16(blocks, 2, np.float16) if with_min else -8 * d, None
+    fields = [("d", "<f2"), *([("m", "<f2")] if with_min else []), ("qs", "u1", (16,))]
+    blocks = np.ascontiguousarray(raw).reshape(-1).view(np.dtype(fields))
+    d = blocks["d"].reshape(n_rows, -1).copy()
+    packed = np.ascontiguousarray(blocks["qs"]).reshape(n_rows, -1)
+    minimum = blocks["m"].reshape(n_rows, -1).copy() if with_min else \
+        (torch.from_numpy(d) * -8).numpy()  # numpy's float16 arithmetic is 8x slower
+    return packed, d, minimum, None
 
 
-def dequantized_q4(q, d, zeros) -> torch.Tensor:
-    """float32 [N, K] of w = (q − 8)·d + zero per 32 (arrays or tensors)."""
-    q, d, zeros = (torch.as_tensor(t).double() for t in (q, d, zeros))
-    n_rows, n_cols = q.shape
-    w = (q.reshape(n_rows, -1, GROUP) - 8) * d[..., None] + zeros[..., None]
-    return w.reshape(n_rows, n_cols).float()
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """Codes [N, K] (their low 4 bits) two to a byte as GGUF packs a Q4_0 block of 32: byte
+    i holds weight i in its low nibble and weight i + 16 in its high one."""
+    g = q.to(torch.uint8).view(q.shape[0], -1, 2, 16) & 0x0F
+    return (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(q.shape[0], -1).contiguous()
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """pack_nibbles' inverse: codes 0..15 [N, 2·B] uint8."""
+    g = packed.view(packed.shape[0], -1, 1, 16)
+    return torch.cat([g & 0x0F, g >> 4], dim=2).reshape(packed.shape[0], -1)
 
 
 def q8_parts(raw: np.ndarray, n_rows: int, n_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,7 +196,7 @@ def _joined_blocks(blocks: list[tuple]) -> tuple:
 
 def kernel_forms(parts: list[tuple[int, np.ndarray, int, int]]) -> dict:
     """Matrices stacked by rows, each (ggml type, raw blocks, rows, columns), in every exact
-    form some kernel takes (kernels.SourceMatrix's fields): int4, q2/q3/q4/q5/q6/q8 blocks,
+    form some kernel takes (kernels.SourceMatrix's fields): q2/q3/q4/q5/q6/q8 blocks,
     and how llama.cpp rounds their activations."""
     types = {p[0] for p in parts}
 
@@ -205,9 +214,6 @@ def kernel_forms(parts: list[tuple[int, np.ndarray, int, int]]) -> dict:
         forms["q3_blocks"] = joined(lambda _, raw, n, k: q3k_parts(raw, n, k))
     if types == {Q.Q2_K}:
         forms["q2_blocks"] = joined(lambda _, raw, n, k: q2k_parts(raw, n, k))
-    if types <= set(INT4_EXACT):
-        q, *scales = _joined_blocks([q4_blocks(raw, t, n, k) for t, raw, n, k in parts])
-        scale, minimum = (torch.from_numpy(t) for t in group_scales(*scales))
-        forms["q4_blocks"] = (q, *scales)
-        forms["int4"] = (q, scale, minimum + 8 * scale, GROUP)
+    if types <= set(INT4_EXACT):  # int4pack's form is made from these when it is measured
+        forms["q4_blocks"] = _joined_blocks([q4_blocks(raw, t, n, k) for t, raw, n, k in parts])
     return forms

@@ -14,6 +14,7 @@ from localchat.engine.executors.torch.q4x8 import Q41x8Linear
 from localchat.engine.executors.torch.qlinear import (DenseLinear, HalfLinear, Int4Linear,
                                                       Int4PairLinear, Int8Linear, NF4Linear,
                                                       RowStack)
+from localchat.formats.gguf_blocks import pack_nibbles
 from localchat.formats.nf4 import load_nf4, quantize_nf4
 
 N, K = 64, 256
@@ -35,9 +36,9 @@ def _layers() -> dict[str, torch.nn.Module]:
         "row-stack": RowStack([DenseLinear(w), NF4Linear(load_nf4(quantize_nf4(w).get, "weight"))]),
     }
     if available():
-        layers["q4q8"] = Q4Q8Linear(q, d.half(), -8 * d.half())
+        layers["q4q8"] = Q4Q8Linear(pack_nibbles(q), d.half(), -8 * d.half())
         layers["q8q8"] = Q8Q8Linear(codes, d.half())
-        layers["q41x8"] = Q41x8Linear(q, d.half(), -8 * d.half())
+        layers["q41x8"] = Q41x8Linear(pack_nibbles(q), d.half(), -8 * d.half())
     return layers
 
 

@@ -58,12 +58,17 @@ def test_gguf_blocks_unpack_exactly(ggml_type):
     raw = _random_blocks(ggml_type)
     expected = dequantize(raw, ggml_type)
     forms = gguf_blocks.kernel_forms([(ggml_type, raw, ROWS, COLS)])
-    if "int4" in forms:
-        q, *held = forms["q4_blocks"]
+    if "q4_blocks" in forms:
+        packed, *held = forms["q4_blocks"]
+        q = gguf_blocks.unpack_nibbles(packed)
+        assert torch.equal(gguf_blocks.pack_nibbles(q), packed)
         scale, minimum = (torch.from_numpy(t) for t in gguf_blocks.group_scales(*held))
-        assert q.min() >= 0 and q.max() <= 15
-        np.testing.assert_array_equal(gguf_blocks.dequantized_q4(*forms["int4"][:3]).numpy(),
-                                      expected)
+        q_int4, scale_int4, zero, group = kernels._int4(SourceMatrix(
+            torch.from_numpy(expected), "Q4", raw.nbytes, 4.5, **forms))
+        assert torch.equal(q_int4, q) and group == 32
+        w = (q_int4.double().reshape(ROWS, -1, 32) - 8) * scale_int4.double()[..., None] + \
+            zero.double()[..., None]  # Int4Linear's form: w = (q − 8)·scale + zero
+        np.testing.assert_array_equal(w.reshape(ROWS, COLS).float().numpy(), expected)
         ours = (q.reshape(ROWS, -1, 32) * scale[..., None] + minimum[..., None]).reshape(ROWS, COLS)
     elif ggml_type in (Q.Q5_1, Q.Q5_K):
         q, *held = forms["q5_blocks"]

@@ -10,6 +10,7 @@ import torch
 from helpers.teacher_forced import teacher_forced
 
 from localchat.engine.executors.torch import kernels, q4q8, q4x8, q6x8
+from localchat.formats.gguf_blocks import pack_nibbles
 
 pytestmark = pytest.mark.skipif(not q4q8.available(), reason="no AVX2 CPU or C++ compiler")
 
@@ -54,6 +55,11 @@ def _expected(x, act, codes, scale16, minimum=None, minimum16=None):
     return y
 
 
+def packed(q: np.ndarray) -> torch.Tensor:
+    """Codes 0..15 as the 4-bit kernels take them (packed as the file packs Q4_0)."""
+    return pack_nibbles(torch.from_numpy(q))
+
+
 ISAS = pytest.mark.parametrize("isa", ["avx2", "native"])  # native: AVX-512 VNNI where present
 
 
@@ -67,7 +73,7 @@ def test_4_bit_blocks_times_rounded_activations_are_llama_cpps_sums(act, isa, mo
     scale = rng.random((n, k // 32)).astype(np.float32) * 0.02
     minimum = (rng.random((n, k // 32)).astype(np.float32) - 0.5) * 0.1
     x = rng.standard_normal((rows, k)).astype(np.float32)
-    layer = q4q8.Q4Q8Linear(*(torch.from_numpy(t) for t in (q, scale, minimum)), act=act)
+    layer = q4q8.Q4Q8Linear(packed(q), *(torch.from_numpy(t) for t in (scale, minimum)), act=act)
     ours = layer(torch.from_numpy(x)).double().numpy()
     expected = _expected(x, act, q, np.repeat(scale, 2, axis=-1), minimum)
     np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
@@ -84,7 +90,7 @@ def test_q4_0_in_its_own_bits_is_llama_cpps_sum(k, isa, monkeypatch):
     q = rng.integers(0, 16, (n, k))
     d = (rng.random((n, k // 32)) * 0.02).astype(np.float16)
     x = rng.standard_normal((rows, k)).astype(np.float32)
-    layer = q4q8.Q4S8Linear(torch.from_numpy(q), torch.from_numpy(d))
+    layer = q4q8.Q4S8Linear(packed(q), torch.from_numpy(d))
     assert layer.scale.dtype == torch.float16 and layer.packed.numel() == n * k // 2
     ours = layer(torch.from_numpy(x)).double().numpy()
     expected = _expected(x, "q8_0", q - 8, np.repeat(d.astype(np.float32), 2, axis=-1))
@@ -156,12 +162,13 @@ def test_scales_held_as_the_file_holds_them(isa, monkeypatch):
     f16 = [torch.from_numpy((rng.random((n, k // 32)) * 0.02).astype(np.float16)) for _ in "dm"]
     ints = [torch.from_numpy(rng.integers(0, 64, (n, k // 32)).astype(np.uint8)) for _ in "sm"]
     sup = torch.from_numpy((rng.random((n, k // 256, 2)) * 1e-3).astype(np.float32))
-    for linear, q in ((q4q8.Q4Q8Linear, q4), (q4q8.Q5Q8Linear, q5)):
+    for linear, q, codes in ((q4q8.Q4Q8Linear, q4, packed(q4)),
+                             (q4q8.Q5Q8Linear, q5, torch.from_numpy(q5))):
         held, dense = f16 + [None], [t.float() for t in f16]
-        ours = linear(torch.from_numpy(q), *held, act="q8_1")(torch.from_numpy(x))
-        assert torch.equal(ours, linear(torch.from_numpy(q), *dense, act="q8_1")(torch.from_numpy(x)))
+        ours = linear(codes, *held, act="q8_1")(torch.from_numpy(x))
+        assert torch.equal(ours, linear(codes, *dense, act="q8_1")(torch.from_numpy(x)))
         scale, minimum = group_scales(*ints, sup)
-        ours = linear(torch.from_numpy(q), *ints, sup, act="q8_k")(torch.from_numpy(x))
+        ours = linear(codes, *ints, sup, act="q8_k")(torch.from_numpy(x))
         expected = _expected(x, "q8_k", q, np.repeat(scale, 2, axis=-1), minimum)
         np.testing.assert_allclose(ours.double().numpy(), expected, rtol=1e-5, atol=1e-5)
     codes = torch.from_numpy(rng.integers(-127, 128, (n, k)).astype(np.int8))
@@ -188,13 +195,13 @@ def test_q4_0_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k):
     q = rng.integers(0, 16, (n, k))
     d = (rng.random((n, k // 32)) * 0.02).astype(np.float16)
     x = rng.standard_normal((17, k)).astype(np.float32)
-    layer = q4x8.Q4S8x8Linear(torch.from_numpy(q), torch.from_numpy(d))
+    layer = q4x8.Q4S8x8Linear(packed(q), torch.from_numpy(d))
     padded = -(-n // 8) * 8
     assert layer.codes.numel() + 2 * layer.scale.numel() == padded * k * 4.5 / 8
     ours = layer(torch.from_numpy(x))
     expected = _expected(x, "q8_0", q - 8, np.repeat(d.astype(np.float32), 2, axis=-1))
     np.testing.assert_allclose(ours.double().numpy(), expected, rtol=1e-5, atol=1e-5)
-    single = q4q8.Q4S8Linear(torch.from_numpy(q), torch.from_numpy(d))(torch.from_numpy(x))
+    single = q4q8.Q4S8Linear(packed(q), torch.from_numpy(d))(torch.from_numpy(x))
     torch.testing.assert_close(ours, single, rtol=1e-6, atol=1e-6)
     _assert_rows_batch_exactly(layer, torch.from_numpy(x))
 
@@ -209,7 +216,7 @@ def test_q4_1_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k):
     d = (rng.random((n, k // 32)) * 0.02).astype(np.float16)
     m = ((rng.random((n, k // 32)) - 0.5) * 0.1).astype(np.float16)
     x = rng.standard_normal((17, k)).astype(np.float32)
-    held = [torch.from_numpy(t) for t in (q, d, m)]
+    held = [packed(q), *(torch.from_numpy(t) for t in (d, m))]
     layer = q4x8.Q41x8Linear(*held)
     padded = -(-n // 8) * 8
     assert layer.codes.numel() + 2 * layer.scale_offset.numel() == padded * k * 5 / 8
@@ -233,7 +240,7 @@ def test_q4_k_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k):
     sc, m = (rng.integers(0, 64, (n, k // 32)).astype(np.uint8) for _ in "sm")
     sup = (rng.random((n, k // 256, 2)) * 1e-3).astype(np.float32)
     x = rng.standard_normal((17, k)).astype(np.float32)
-    held = [torch.from_numpy(t) for t in (q, sc, m, sup)]
+    held = [packed(q), *(torch.from_numpy(t) for t in (sc, m, sup))]
     layer = q4x8.Q4Kx8Linear(*held)
     ours = layer(torch.from_numpy(x))
     scale, minimum = group_scales(sc, m, sup)

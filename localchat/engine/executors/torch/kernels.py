@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from localchat.atomic import atomic_write_text
+from localchat.atomic import atomic_write_text, read_json_dict
 from localchat.engine.executors.torch import q4q8
 from localchat.engine.executors.torch.q4q8 import (Q2Q8Linear, Q3Q8Linear, Q4Q8Linear, Q4S8Linear,
                                                   Q5Q8Linear, Q6Q8Linear, Q8Q8Linear)
@@ -23,12 +23,15 @@ from localchat.engine.executors.torch.q6x8 import Q6Kx8Linear
 from localchat.engine.executors.torch.qlinear import (DenseLinear, HalfLinear, Int4Linear,
                                                      Int4PairLinear, Int8Linear)
 from localchat.errors import EngineError
+from localchat.formats.gguf_blocks import group_scales, pack_nibbles, unpack_nibbles
 
 CACHE_FILE = "kernels.json"
+MAX_CACHE_BYTES = 4 << 20  # a kernels.json larger than this is not ours: measured again
 MEMORY_LIMIT = 1.5  # a kernel may hold at most this many times the file's bytes
 OTHER_ROUNDING = 1.25  # a kernel rounding unlike llama.cpp must be this much faster to be chosen
 TOLERANCE = 2e-2  # of the largest output: bfloat16 activations round about this much
 REQUANTIZED_RMS = 3e-2  # a requantizing kernel's error, relative to the output's RMS
+CHECKED_ROWS = 256  # output rows a remembered choice is checked on again, each process
 TIMED_ROWS = (1, 16)  # a decode step; a batched step or a prompt block
 FLOAT_SOURCES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
@@ -45,7 +48,7 @@ class SourceMatrix:
     int4: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None  # q, scale, zero, group
     int8: tuple[torch.Tensor, torch.Tensor] | None = None  # codes [N, K], per-row scales [N]
     # the file's blocks as formats/gguf_blocks.py unpacks them, for the q4q8 family of kernels
-    q4_blocks: tuple | None = None  # Q4_0/Q4_1/Q4_K: q 0..15, scale, minimum [N, K/32], sup
+    q4_blocks: tuple | None = None  # Q4_0/Q4_1/Q4_K: packed q 0..15, scale, minimum [N, K/32], sup
     q5_blocks: tuple | None = None  # Q5_0/Q5_1/Q5_K: q 0..31, d, minimum (None: Q5_0's q − 16), sup
     q8_blocks: tuple[torch.Tensor, torch.Tensor] | None = None  # Q8_0, Q5_0: codes, f16 d [N, K/32]
     q6_blocks: tuple | None = None  # Q6_K: codes, sc [N, K/16], d [N, K/256]
@@ -53,6 +56,8 @@ class SourceMatrix:
     q2_blocks: tuple | None = None  # Q2_K: codes 0..3, scale bytes [N, K/16], d, dmin [N, K/256]
     activations: str | None = "q8_0"  # how llama.cpp rounds this matrix's activations
     shape: tuple[int, int] | None = None  # [N, K]; needed when `reference` is a function
+    # the reference's rows alone (float32 [len(rows), K]), when making the whole costs more
+    reference_rows: Callable[[list[int]], torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         if self.shape is None:
@@ -70,6 +75,12 @@ class SourceMatrix:
         if callable(self.reference):
             self.reference = self.reference()
         return self.reference
+
+    def rows(self, rows: list[int]) -> torch.Tensor:
+        """The reference's rows, without making the whole where reference_rows can."""
+        if callable(self.reference) and self.reference_rows is not None:
+            return self.reference_rows(rows)
+        return self.dense[rows]
 
 
 @dataclass(frozen=True)
@@ -90,11 +101,22 @@ def _int8_parts(m: SourceMatrix) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(m.dense / scales[:, None]).to(torch.int8), scales
 
 
+def _int4(m: SourceMatrix) -> tuple | None:
+    """The int4 form (q [N, K], scale, zero, group) with w = (q − 8)·scale + zero: given, or
+    made from the file's 4-bit blocks (exact: groups of 32)."""
+    if m.int4 is None and m.q4_blocks is not None:
+        packed, *held = m.q4_blocks
+        scale, minimum = (torch.as_tensor(t) for t in group_scales(*held))
+        m.int4 = (unpack_nibbles(packed), scale, minimum + 8 * scale, 32)
+    return m.int4
+
+
 def _q4_blocks(m: SourceMatrix) -> tuple | None:
-    """The file's 4-bit blocks, else an int4 form in groups of 32 as (q, scale, minimum, None)."""
+    """The file's 4-bit blocks, else an int4 form in groups of 32 as (packed q, scale,
+    minimum, None)."""
     if m.q4_blocks is None and m.int4 is not None and m.int4[3] == 32:
         q, scale, zero, _ = m.int4
-        m.q4_blocks = (q, scale, zero - 8 * scale, None)
+        m.q4_blocks = (pack_nibbles(q), scale, zero - 8 * scale, None)
     return m.q4_blocks
 
 
@@ -145,8 +167,8 @@ def _int8_usable(m: SourceMatrix) -> bool:
 
 
 KERNELS = (
-    Kernel("int4pack", 5.0, lambda m: m.int4 is not None,
-           lambda m, dev: Int4Linear(*m.int4[:3], dev, group=m.int4[3])),
+    Kernel("int4pack", 5.0, lambda m: m.int4 is not None or m.q4_blocks is not None,
+           lambda m, dev: Int4Linear(*_int4(m)[:3], dev, group=_int4(m)[3])),
     Kernel("int4pack-x2", 10.0, lambda m: m.q8_blocks is not None,
            lambda m, dev: Int4PairLinear(*m.q8_blocks, dev)),
     Kernel("q4q8", 6.0, lambda m: _q4_blocks(m) is not None and m.activations is not None,
@@ -194,13 +216,18 @@ def candidates(m: SourceMatrix) -> list[Kernel]:
             and k.bits_per_weight * n_weights / 8 <= MEMORY_LIMIT * m.file_bytes]
 
 
-def check(layer: torch.nn.Module, m: SourceMatrix, kernel: Kernel,
-          device: torch.device) -> str | None:
+def check(layer: torch.nn.Module, m: SourceMatrix, kernel: Kernel, device: torch.device,
+          rows: list[int] | None = None) -> str | None:
     """Why `layer` may not stand for `m` (None: it may): an exact mapping must match the
-    dequantized reference to activation rounding, a requantized one to REQUANTIZED_RMS."""
+    dequantized reference to activation rounding, a requantized one to REQUANTIZED_RMS; on
+    output `rows` only where given (the whole layer runs either way)."""
     x = _probe(m)
-    expected = x @ m.dense.t()
-    err = layer(x.to(device)).float().cpu() - expected
+    out = layer(x.to(device)).float().cpu()
+    if rows is None:
+        expected = x @ m.dense.t()
+    else:
+        expected, out = x @ m.rows(rows).t(), out[:, rows]
+    err = out - expected
     if kernel.exact(m):
         worst = err.abs().max().item()
         if not worst <= TOLERANCE * max(1.0, expected.abs().max().item()):
@@ -210,6 +237,16 @@ def check(layer: torch.nn.Module, m: SourceMatrix, kernel: Kernel,
         if not rms <= REQUANTIZED_RMS:
             return f"relative RMS error {rms:.3g}"
     return None
+
+
+def sampled_rows(n: int) -> list[int]:
+    """Output rows enough to check a remembered choice again (CHECKED_ROWS of them, every
+    position in an 8-row tile, the first and last tiles whole): the first check, when it was
+    measured, ran every row."""
+    if n <= CHECKED_ROWS:
+        return list(range(n))
+    step = (n - 32) // (CHECKED_ROWS - 32) | 1  # odd: the rows fall on every place in a tile
+    return sorted({*range(16), *range(16, n - 16, step), *range(n - 16, n)})
 
 
 def row_invariant(layer: torch.nn.Module, m: SourceMatrix, device: torch.device) -> bool:
@@ -261,13 +298,14 @@ class KernelChooser:
         self.chosen: dict[str, str] = {}  # "attn_qkv 960x576 Q4_1" -> "int4pack"
         self.measured: dict[str, dict] = {}  # cache key -> the record written to kernels.json
         self.checked: set[str] = set()  # cache keys whose kernel passed its check this process
+        self._file: dict | None = None  # kernels.json as read once (a model has ~120 matrices)
 
     def build(self, m: SourceMatrix, label: str) -> torch.nn.Module:
         """A layer for `m` on the kernel chosen for its shape and kind."""
         key = self._key(m)
         name = self._remembered(key)
         if name is not None and (BY_NAME.get(name) in candidates(m) or name == "f32"):
-            layer = self._try(BY_NAME[name], m, verify=key not in self.checked)
+            layer = self._try(BY_NAME[name], m, verify=key not in self.checked, sampled=True)
             if layer is not None:
                 self.checked.add(key)
                 self._note(label, m, name)
@@ -277,10 +315,14 @@ class KernelChooser:
         self._note(label, m, name)
         return layer
 
-    def _try(self, kernel: Kernel, m: SourceMatrix, verify: bool = True) -> torch.nn.Module | None:
+    def _try(self, kernel: Kernel, m: SourceMatrix, verify: bool = True,
+             sampled: bool = False) -> torch.nn.Module | None:
+        """kernel's layer for m, or None where it cannot be built here or fails its check (on
+        sampled_rows where `sampled`)."""
         try:
             layer = kernel.build(m, self.device)
-            return layer if not verify or check(layer, m, kernel, self.device) is None else None
+            rows = sampled_rows(m.shape[0]) if sampled else None
+            return layer if not verify or check(layer, m, kernel, self.device, rows) is None else None
         except (RuntimeError, NotImplementedError, EngineError):
             return None  # a kernel this PyTorch build or device lacks
 
@@ -336,25 +378,25 @@ class KernelChooser:
     def _remembered(self, key: str) -> str | None:
         if key in self.measured:
             return self.measured[key]["kernel"]
-        record = self._read().get(key)
+        if self._file is None:
+            self._file = self._read()
+        record = self._file.get(key)
         return record.get("kernel") if isinstance(record, dict) else None
 
     def _read(self) -> dict:
         if self.cache_path is None:
             return {}
-        try:
-            data = json.loads(self.cache_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}  # missing or damaged: measure again and rewrite it
-        return data if isinstance(data, dict) else {}
+        return read_json_dict(self.cache_path, MAX_CACHE_BYTES)  # {}: measured again
 
     def _save(self, key: str) -> None:
-        if self.cache_path is None:
-            return
+        path = self.cache_path
+        if path is None or path.is_symlink() or (path.exists() and not path.is_file()):
+            return  # not ours to replace
         data = self._read()
         data[key] = self.measured[key]
+        self._file = data
         try:
-            atomic_write_text(self.cache_path, json.dumps(data, indent=1, sort_keys=True))
+            atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
         except OSError:
             pass  # a read-only data dir only costs the measurement next time
 

@@ -17,6 +17,7 @@ import torch
 
 from localchat.cpu_features import cpu_flags, has_avx2
 from localchat.errors import EngineError
+from localchat.formats.gguf_blocks import pack_nibbles
 from localchat.paths import cache_dir
 
 GROUP = 32  # weights per scale: GGUF's blocks
@@ -104,12 +105,6 @@ class BlockLinear(torch.nn.Module):
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
-def nibbles(q: torch.Tensor) -> torch.Tensor:
-    """Codes 0..15 [N, K] two to a byte as GGUF packs a 32-block: byte i holds i and i + 16."""
-    g = q.to(torch.uint8).view(q.shape[0], -1, 2, 16) & 0x0F
-    return (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(q.shape[0], -1).contiguous()
-
-
 def _bit_plane(bits: torch.Tensor) -> torch.Tensor:
     """Bits 0/1 [N, K] as int32 [N, K/32]: bit i of each word is weight i of its 32."""
     words = (bits.to(torch.int64).view(bits.shape[0], -1, GROUP) << torch.arange(GROUP)).sum(-1)
@@ -139,13 +134,15 @@ def _two_bit_codes(q: torch.Tensor) -> torch.Tensor:
 class Q4Q8Linear(BlockLinear):
     """y = x @ Wᵀ for w = q·scale + minimum, q in 0..15, per 32 weights (Q4_0, Q4_1, Q4_K:
     exact), x rounded as llama.cpp rounds it for the file's type (`act`: q8_0, q8_1, q8_k).
-    Scales as float32, or Q4_K's 6-bit integers with (d, dmin) per 256 in `sup` (formats/gguf_blocks.py)."""
+    q packed as gguf_blocks.pack_nibbles does; scales as float32, or Q4_K's 6-bit integers
+    with (d, dmin) per 256 in `sup` (formats/gguf_blocks.py)."""
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor,
+    def __init__(self, packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor,
                  sup: torch.Tensor | None = None, act: str = "q8_0",
                  device: torch.device = torch.device("cpu")) -> None:
-        super().__init__(*q.shape, device, 256 if act == "q8_k" else GROUP)
-        self.packed = nibbles(q)
+        super().__init__(packed.shape[0], 2 * packed.shape[1], device,
+                         256 if act == "q8_k" else GROUP)
+        self.packed = packed.contiguous()
         self.scale, self.minimum = _held_scales(scale), _held_scales(minimum)
         self.sup = _super_scales(sup)
         self.act = ACTIVATIONS[act]
@@ -157,13 +154,14 @@ class Q4Q8Linear(BlockLinear):
 
 
 class Q4S8Linear(BlockLinear):
-    """Q4_0 in its own 4.5 bits: w = (q − 8)·d, q in 0..15 as nibbles, d the file's float16
-    per 32 weights; x rounded to Q8_0, summed as llama.cpp's Q4_0 dot product (exact)."""
+    """Q4_0 in its own 4.5 bits: w = (q − 8)·d, q in 0..15 packed as gguf_blocks.pack_nibbles
+    does, d the file's float16 per 32 weights; x rounded to Q8_0, summed as llama.cpp's Q4_0
+    dot product (exact)."""
 
-    def __init__(self, q: torch.Tensor, d: torch.Tensor,
+    def __init__(self, packed: torch.Tensor, d: torch.Tensor,
                  device: torch.device = torch.device("cpu")) -> None:
-        super().__init__(*q.shape, device)
-        self.packed = nibbles(q)
+        super().__init__(packed.shape[0], 2 * packed.shape[1], device)
+        self.packed = packed.contiguous()
         self.scale = d.to(torch.float16).contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -180,7 +178,7 @@ class Q5Q8Linear(BlockLinear):
                  sup: torch.Tensor | None = None, act: str = "q8_0",
                  device: torch.device = torch.device("cpu")) -> None:
         super().__init__(*q.shape, device, 256 if act == "q8_k" else GROUP)
-        self.packed = nibbles(q)
+        self.packed = pack_nibbles(q)
         self.high = _bit_plane((q >> 4) & 1)  # each weight's fifth bit
         self.scale, self.minimum = _held_scales(d), _held_scales(minimum)
         self.sup = _super_scales(sup)
@@ -230,10 +228,10 @@ class SubScaledLinear(BlockLinear):
 
 class Q6Q8Linear(SubScaledLinear):
     """Q6_K: w = d·sc·(q − 32), held as Q6_K does in 6.6 bits: q's low 4 bits as q4q8's
-    nibbles, its top 2 bits as 2-bit codes."""
+    nibbles (gguf_blocks.pack_nibbles), its top 2 bits as 2-bit codes."""
 
     OP, OFFSET, LOW_BITS = "q6q8_mm", 32, 4
-    pack_low, pack_high = staticmethod(nibbles), staticmethod(_two_bit_codes)
+    pack_low, pack_high = staticmethod(pack_nibbles), staticmethod(_two_bit_codes)
 
 
 class Q3Q8Linear(SubScaledLinear):

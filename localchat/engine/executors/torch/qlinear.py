@@ -23,7 +23,8 @@ class Int4Linear(torch.nn.Module):
         self.out_features, self.in_features = q.shape
         self.group = group  # weights per (scale, zero): 32 for GGUF; 32..256 for int4 files
         if device.type == "cpu":
-            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 2)
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                q.to(torch.int32).contiguous(), 2)
             self._mm = torch.ops.aten._weight_int4pack_mm_for_cpu
         else:
             tiles = next((t for t in (8, 4, 2) if self.in_features % (16 * t) == 0), None)

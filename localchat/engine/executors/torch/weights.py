@@ -17,7 +17,7 @@ from localchat.engine.engine_rule import TORCH_ARCHITECTURES
 from localchat.engine.executors.torch.kernels import KernelChooser, SourceMatrix
 from localchat.engine.executors.torch.qlinear import RowStack
 from localchat.errors import EngineError
-from localchat.formats.gguf_blocks import dequantize_tensor, dequantized_q4, kernel_forms
+from localchat.formats.gguf_blocks import dequantize_tensor, kernel_forms
 from localchat.models.gguf_checks import check_layer_shapes, check_model_metadata
 from localchat.models.gguf_reader import read_gguf
 
@@ -191,6 +191,18 @@ def load_weights(path: Path, device: torch.device = torch.device("cpu"),
         return dequantize_tensor(gguf_file.tensor_data(name), tensors[name].ggml_type,
                                  tensors[name].shape)
 
+    def dequantized_rows(infos: list, rows: list[int]) -> torch.Tensor:
+        """float32 rows of matrices stacked by rows, dequantizing only those rows' blocks."""
+        out, first = [], 0
+        for t in infos:
+            n = int(t.shape[1])
+            mine = [r - first for r in rows if first <= r < first + n]
+            if mine:
+                raw = gguf_file.tensor_data(t.name).reshape(n, -1)[mine]
+                out.append(dequantize_tensor(raw, t.ggml_type, (t.shape[0], len(mine))))
+            first += n
+        return torch.cat(out)
+
     def source(names: tuple[str, ...]) -> SourceMatrix:
         """Matrices stacked by rows (fused q/k/v, gate/up) as the kernel chooser sees them."""
         infos = [tensors[n] for n in names]
@@ -199,13 +211,10 @@ def load_weights(path: Path, device: torch.device = torch.device("cpu"),
         file_bytes = sum(gguf_file.tensor_data(n).nbytes for n in names)
         forms = kernel_forms([(t.ggml_type, gguf_file.tensor_data(t.name), int(t.shape[1]),
                                int(t.shape[0])) for t in infos])
-        if forms.get("int4") is not None:
-            reference = functools.partial(dequantized_q4, *forms["int4"][:3])
-        else:
-            reference = lambda: torch.cat([dequantized(n) for n in names])  # noqa: E731
         shape = (sum(int(t.shape[1]) for t in infos), int(infos[0].shape[0]))
-        return SourceMatrix(reference, kind, file_bytes, 8 * file_bytes / (shape[0] * shape[1]),
-                            shape=shape, **forms)
+        return SourceMatrix(lambda: torch.cat([dequantized(n) for n in names]), kind,
+                            file_bytes, 8 * file_bytes / (shape[0] * shape[1]), shape=shape,
+                            reference_rows=functools.partial(dequantized_rows, infos), **forms)
 
     def linear(label: str, *names: str) -> torch.nn.Module:
         """One layer for matrices fused by rows; split into one per matrix when their types
