@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -180,6 +182,71 @@ def test_the_choice_is_measured_once_and_remembered_per_machine(tmp_path, monkey
     _fake_timings(monkeypatch, SLOWER_Q8Q8)
     KernelChooser(torch.device("cpu"), cache_dir=tmp_path).build(m, "ffn")  # measured, rewritten
     assert json.loads((tmp_path / "kernels.json").read_text())[key]["kernel"] == "int4pack-x2"
+
+
+def test_a_remembered_choice_is_checked_again_on_sampled_rows_alone(tmp_path, monkeypatch):
+    """The next process checks the remembered kernel on sampled_rows without making the whole
+    reference; a kernel that now computes one sampled row wrongly is measured again."""
+    cpu = torch.device("cpu")
+    _fake_timings(monkeypatch, SLOWER_Q8Q8)
+    KernelChooser(cpu, cache_dir=tmp_path).build(_source(Q.Q8_0), "ffn")  # int4pack-x2
+
+    def fresh(made: list) -> SourceMatrix:
+        m = _source(Q.Q8_0)
+        whole = m.reference
+
+        def no_whole():
+            raise AssertionError("the whole reference was made")
+        m.reference = no_whole
+        m.reference_rows = lambda rows: made.append(rows) or whole[rows]
+        return m
+
+    made: list = []
+    chooser = KernelChooser(cpu, cache_dir=tmp_path)
+    chooser.build(fresh(made), "ffn")
+    assert made == [kernels.sampled_rows(ROWS)] and chooser.chosen == {
+        f"ffn {ROWS}x{COLS} Q8_0": "int4pack-x2"}
+
+    right = qlinear.Int4PairLinear.forward
+
+    def one_row_wrong(self, x):
+        y = right(self, x).clone()
+        y[..., 5] += 1e3
+        return y
+    monkeypatch.setattr(qlinear.Int4PairLinear, "forward", one_row_wrong)
+    chooser = KernelChooser(cpu, cache_dir=tmp_path)
+    chooser.build(_source(Q.Q8_0), "ffn")
+    (record,) = chooser.measured.values()  # measured again, the wrong kernel failing
+    assert record["us_at_1_plus_16_rows"]["int4pack-x2"] == "failed its check"
+    assert chooser.chosen[f"ffn {ROWS}x{COLS} Q8_0"] != "int4pack-x2"
+
+
+@pytest.mark.parametrize("n", [8, 100, 257, 960, 49152, 128256])
+def test_sampled_rows_cover_every_place_in_a_tile_and_both_ends(n):
+    rows = kernels.sampled_rows(n)
+    assert rows == sorted(set(rows)) and 0 <= rows[0] and rows[-1] < n
+    assert len(rows) <= min(n, kernels.CHECKED_ROWS + 1)
+    assert set(range(min(n, 16))) <= set(rows) and set(range(max(0, n - 16), n)) <= set(rows)
+    middle = [r for r in rows if 16 <= r < n - 16]
+    assert n <= kernels.CHECKED_ROWS or {r % 8 for r in middle} == set(range(8))
+
+
+def test_a_kernels_file_that_is_not_a_regular_file_is_neither_read_nor_replaced(tmp_path,
+                                                                                 monkeypatch):
+    """A FIFO at kernels.json would block a read forever, a link would send the write
+    elsewhere: the choice is measured and not kept."""
+    _fake_timings(monkeypatch, SLOWER_Q8Q8)
+    os.mkfifo(tmp_path / "kernels.json")
+    (tmp_path / "elsewhere.json").write_text("{}")
+    os.symlink(tmp_path / "elsewhere.json", tmp_path / "linked")
+    chooser = KernelChooser(torch.device("cpu"), cache_dir=tmp_path)
+    chooser.build(_source(Q.Q8_0), "ffn")
+    assert chooser.measured and stat.S_ISFIFO(os.lstat(tmp_path / "kernels.json").st_mode)
+    linked = KernelChooser(torch.device("cpu"), cache_dir=tmp_path)
+    linked.cache_path = tmp_path / "linked"
+    linked.build(_source(Q.Q8_0), "ffn")
+    assert (tmp_path / "elsewhere.json").read_text() == "{}"
+    assert os.path.islink(tmp_path / "linked")
 
 
 @NEEDS_Q4Q8
