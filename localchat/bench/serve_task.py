@@ -13,7 +13,6 @@ from localchat.bench.concurrency import chat_requests
 from localchat.bench.serve_load import run_clients
 from localchat.bench.served import OURS, PEER, scratch_dir, start_ours, start_peer
 from localchat.errors import EngineError, UsageError
-from localchat.models.facts import load_context
 import argparse
 import json
 import signal
@@ -27,7 +26,8 @@ PROMPT_OFFSET = 7000  # chat_requests' numbering: prompts no other bench task se
 @dataclass(frozen=True)
 class ServeLoad:
     """What one bench run does: the model, our serve's extra flags, the peer binary (or
-    None), N clients of max_tokens each, the rounds, the threads and -c per request."""
+    None), N clients of max_tokens each, the rounds, the threads and -c per request (None:
+    each server's default, as its users run it)."""
 
     model: str
     serve_flags: list[str]
@@ -54,11 +54,11 @@ def bench_serve(load: ServeLoad) -> dict:
     if load.peer is not None and facts.path.is_dir():
         raise UsageError(f"--peer-server runs GGUF files; {load.model} is a directory")
     threads = load.threads or default_threads()  # the executors' own default
-    ctx = load_context(load.ctx_size, facts.context_length)
     prompts = conversations(load.concurrency)
     report: dict = {"task": "serve", "model": f"{facts.name} ({facts.quant_type})",
                     "concurrency": load.concurrency, "gen_tokens": load.gen_tokens,
-                    "rounds": load.rounds, "threads": threads, "ctx_per_request": ctx,
+                    "rounds": load.rounds, "threads": threads,
+                    "ctx_per_request": load.ctx_size,  # None: each server's own default
                     "servers": {}}
     sides = [OURS] + ([PEER] if load.peer is not None else [])
     with scratch_dir() as tmp:
@@ -67,8 +67,8 @@ def bench_serve(load: ServeLoad) -> dict:
                 print(f"round {r + 1}/{load.rounds}: {side}, {load.concurrency} clients…",
                       file=sys.stderr)
                 served = (start_ours(load.serve_flags, Path(tmp)) if side == OURS else
-                          start_peer(load.peer, facts.path, load.concurrency, ctx, threads,
-                                     Path(tmp)))
+                          start_peer(load.peer, facts.path, load.concurrency, threads,
+                                     Path(tmp), load.ctx_size))
                 try:
                     run = run_clients(served.url, prompts, load.gen_tokens)
                 except EngineError as exc:  # say which server; if it died, its last words

@@ -67,13 +67,14 @@ def our_command(serve_flags: list[str]) -> list[str]:
     return [sys.executable, "-m", "localchat", "serve", "--port", "0", *serve_flags]
 
 
-def peer_command(binary: Path, model_file: Path, slots: int, ctx_per_slot: int,
-                 threads: int, port: int) -> list[str]:
-    """llama-server with -np slots of ctx_per_slot tokens each (its -c is their sum);
-    llama-server's defaults otherwise (its own jinja rendering of the GGUF's template)."""
-    return [str(binary), "-m", str(model_file), "-np", str(slots), "-c",
-            str(slots * ctx_per_slot), "-t", str(threads), "--host", "127.0.0.1",
-            "--port", str(port)]
+def peer_command(binary: Path, model_file: Path, slots: int, threads: int, port: int,
+                 ctx_per_slot: int | None = None) -> list[str]:
+    """llama-server as its users run it: its defaults (its context, its own jinja rendering
+    of the GGUF's template) plus -np slots and -t threads; with ctx_per_slot, -c is
+    slots × ctx_per_slot."""
+    context = [] if ctx_per_slot is None else ["-c", str(slots * ctx_per_slot)]
+    return [str(binary), "-m", str(model_file), "-np", str(slots), *context,
+            "-t", str(threads), "--host", "127.0.0.1", "--port", str(port)]
 
 
 def check_peer_binary(path: str) -> Path:
@@ -133,12 +134,12 @@ def start_ours(serve_flags: list[str], workdir: Path) -> Served:
     return served
 
 
-def start_peer(binary: Path, model_file: Path, slots: int, ctx_per_slot: int, threads: int,
-               workdir: Path) -> Served:
+def start_peer(binary: Path, model_file: Path, slots: int, threads: int, workdir: Path,
+               ctx_per_slot: int | None = None) -> Served:
     """llama-server (peer_command), up and answering /health with 200 (it says 503 while
     it loads)."""
     port = free_port()
-    served = _spawn(PEER, peer_command(binary, model_file, slots, ctx_per_slot, threads, port),
+    served = _spawn(PEER, peer_command(binary, model_file, slots, threads, port, ctx_per_slot),
                     workdir)
     served.url, served.engine = f"http://127.0.0.1:{port}", "llama.cpp"
     try:

@@ -91,8 +91,7 @@ def test_serve_bench_beside_llama_server():
     report = bench_serve("--engine", "llama.cpp", "-t", "1", "--peer-server", peer)
     ours, theirs = report["servers"]["localchat"], report["servers"]["llama-server"]
     assert theirs["command"][:1] == [peer] and "-np" in theirs["command"]
-    assert theirs["command"][theirs["command"].index("-c") + 1] == str(
-        2 * report["ctx_per_request"])
+    assert "-c" not in theirs["command"] and report["ctx_per_request"] is None  # its default
     for side in (ours, theirs):
         check_run(side["runs"][0], 2)
     assert report["ratio"]["aggregate_tok_s"] == pytest.approx(
@@ -131,7 +130,7 @@ def test_a_peer_that_fails_to_start_names_its_last_line(tmp_path):
     fake.chmod(0o755)
     with pytest.raises(EngineError, match=r"llama-server exited \(1\) before it was ready: "
                                           r"error: failed to load model$"):
-        start_peer(fake, tmp_path / "model.gguf", 2, 256, 1, tmp_path)
+        start_peer(fake, tmp_path / "model.gguf", 2, 1, tmp_path)
 
 
 def children(pid: int) -> set[int]:
@@ -173,3 +172,15 @@ def test_a_stopped_bench_stops_its_server(sig, code):
     assert "Traceback" not in err
     assert not Path(f"/proc/{server}").exists() or \
         "Z" in Path(f"/proc/{server}/stat").read_text().split()[2]
+
+
+def test_the_peer_runs_with_its_own_defaults_unless_a_context_is_asked_for():
+    """As its users run it: -np N and -t, llama-server's own context; -c N per request is
+    N × slots."""
+    from localchat.bench.served import peer_command
+
+    plain = peer_command(Path("/b/llama-server"), Path("/m.gguf"), 16, 2, 8080)
+    assert plain == ["/b/llama-server", "-m", "/m.gguf", "-np", "16", "-t", "2", "--host",
+                     "127.0.0.1", "--port", "8080"]
+    sized = peer_command(Path("/b/llama-server"), Path("/m.gguf"), 16, 2, 8080, 512)
+    assert sized[sized.index("-c") + 1] == "8192"
