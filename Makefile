@@ -33,8 +33,13 @@ VARIANT_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARI
 chat: $(STAMP)
 	$(VENV)/bin/localchat $(ARGS)
 
+# Two pytest workers (pytest-xdist): much of the suite waits on processes, servers and the
+# TUI, so on 2 cores the default run takes ~8 min instead of ~12 (docs/testing.md).
+# TEST_WORKERS=0 runs in one process (and -x, --pdb and the like behave as usual).
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The tests that need no model, process or TUI (tests/helpers/tiers.py, docs/testing.md).
 test-fast: $(STAMP)

@@ -245,7 +245,7 @@ def sampled_rows(n: int) -> list[int]:
     measured, ran every row."""
     if n <= CHECKED_ROWS:
         return list(range(n))
-    step = (n - 32) // (CHECKED_ROWS - 32) | 1  # odd: the rows fall on every place in a tile
+    step = -(-(n - 32) // (CHECKED_ROWS - 32)) | 1  # odd: rows fall on every place in a tile
     return sorted({*range(16), *range(16, n - 16, step), *range(n - 16, n)})
 
 
