@@ -58,8 +58,10 @@ def guard_fast_tier(config: pytest.Config) -> None:
     """Under --fast, make every model load, and every start of Python (the CLI, a server)
     or tmux, fail the running test, naming the mark it lacks. Process-wide for the rest of
     the run (module fixtures are set up before function ones): it selected only unmarked
-    tests. Small tools (uname, a compiler) may still run."""
-    if not config.getoption("fast"):
+    tests. Small tools (uname, a compiler) may still run. Under pytest-xdist, in each worker
+    (the controller starts them and runs no test)."""
+    controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    if not config.getoption("fast") or controller:
         return
     from llama_cpp._internals import LlamaModel as LlamaCppModel
 
