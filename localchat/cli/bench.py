@@ -42,8 +42,9 @@ def add_parser(sub, model: argparse.ArgumentParser) -> None:
                             "default-engine rule's probe of both executors, afresh (its "
                             "figures kept), and the engine it picks per use")
     bench.add_argument("--peer-server", default=None, metavar="PATH",
-                       help="--task serve: a llama-server binary, run with -np N and N "
-                            "contexts, to load the same way beside ours")
+                       help="--task serve: a llama-server binary, run as its users run it "
+                            "(its defaults plus -np N and -t; -c N per request if given), "
+                            "to load the same way beside ours")
     bench.add_argument("--peer", nargs="?", const="", default=None, metavar="LLAMA_BENCH",
                        help="also run llama.cpp's own llama-bench (this path; without one, "
                             "$LOCALCHAT_LLAMA_BENCH or llama-bench on PATH; "
