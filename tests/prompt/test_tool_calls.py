@@ -209,11 +209,10 @@ def test_the_family_format_comes_from_the_template(template, expected):
 
 @pytest.mark.model
 def test_the_bundled_smollm2_template_ignores_tools_so_the_hermes_section_is_used():
-    import gguf
+    from localchat.models.gguf_reader import read_gguf
     from localchat.models.specs import resolve_model
 
-    template = gguf.GGUFReader(resolve_model("default")).fields[
-        "tokenizer.chat_template"].contents()
+    template = read_gguf(resolve_model("default")).metadata["tokenizer.chat_template"]
     assert not template_takes_tools(template) and tool_format_for(template) == "hermes"
     prompt = render_chat(template, HISTORY, tools=[WEATHER])
     assert prompt.text.startswith("<|im_start|>system\n# Tools\n")  # not SmolLM's default
