@@ -60,6 +60,14 @@ def engine():
 
 
 @pytest.fixture(scope="session")
+def exact_engine():
+    """llama.cpp with exact batching (1024-token context): a reply computes the same bits
+    whatever shares its step, is drafted or was cached, so tests that compare replies across
+    a feature use it (the default f16 KV may differ in a token: docs/architecture.md)."""
+    yield from _loaded(ctx_size=1024, exact_batching=True)
+
+
+@pytest.fixture(scope="session")
 def small_engine():
     """llama.cpp with a 256-token context (it rounds contexts up to multiples of 256),
     for overflow and length tests."""

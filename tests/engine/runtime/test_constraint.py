@@ -70,9 +70,10 @@ def test_gbnf_is_converted(engine):
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=0.8, seed=7)])
-def test_a_grammar_that_allows_anything_changes_nothing(engine, sampling):
+def test_a_grammar_that_allows_anything_changes_nothing(exact_engine, sampling):
     """The mask keeps every token the model would choose and the generator is drawn from
     exactly as without it: the same reply, greedy and seeded."""
+    engine = exact_engine
     prompt = "Write two sentences about rivers."
     free = engine.complete(ask(prompt, None, sampling, max_tokens=40))
     masked = engine.complete(ask(prompt, ANYTHING, sampling, max_tokens=40))
@@ -129,9 +130,10 @@ def _reply(engine, name: str, forced: bool, max_tokens=MAX_TOKENS):
         engine.forced_drafts = True
 
 
-def test_forced_drafts_change_nothing_but_the_steps(engine):
+def test_forced_drafts_change_nothing_but_the_steps(exact_engine):
     """Greedy output is identical with and without the grammar's forced tokens proposed
     as drafts; with them, fewer target passes than tokens."""
+    engine = exact_engine
     steps = engine.step_stats.steps
     plain_tokens, plain = _reply(engine, "array_of_objects", forced=False)
     plain_steps, steps = engine.step_stats.steps - steps, engine.step_stats.steps
@@ -142,14 +144,15 @@ def test_forced_drafts_change_nothing_but_the_steps(engine):
     assert fast_steps < plain_steps * 0.75, (fast_steps, plain_steps)
 
 
-def test_constrained_speculation_with_a_draft_source(engine):
+def test_constrained_speculation_with_a_draft_source(exact_engine):
     """Prompt-lookup drafts under a constraint: cut where the grammar refuses them, the
     matcher kept in step with what is accepted; greedy output unchanged."""
+    engine = exact_engine
     from localchat.engine import EngineConfig, open_engine
     from localchat.engine.config import DraftChoice
 
     reference, _ = _reply(engine, "array_of_objects", forced=False)
-    speculative = open_engine(EngineConfig("default", threads=2, ctx_size=1024,
+    speculative = open_engine(EngineConfig("default", threads=2, ctx_size=1024, exact_batching=True,
                                            draft=DraftChoice("ngram", tokens=4)))
     try:
         tokens, result = _reply(speculative, "array_of_objects", forced=False)
@@ -160,9 +163,10 @@ def test_constrained_speculation_with_a_draft_source(engine):
         speculative.close()
 
 
-def test_seeded_sampling_under_a_constraint_is_reproducible(engine):
+def test_seeded_sampling_under_a_constraint_is_reproducible(exact_engine):
     """A seeded sampled request draws its generator once per token whatever the step
     holds: forced tokens are not drafted for it, so forced drafts change nothing."""
+    engine = exact_engine
     seeded = SamplingParams(temperature=0.9, seed=11)
     prompt, schema = SCHEMAS["person"]
     request = ask(prompt, Constraint.json_schema(schema), seeded)

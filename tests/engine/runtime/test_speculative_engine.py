@@ -110,10 +110,11 @@ def test_real_distributions_stay_exact(torch_engine, useless_draft):
     assert chi_square_p_value(counts, expected, n) > 1e-3
 
 
-def test_llama_cpp_speculation_is_identical_and_self_draft_accepts_all(engine):
-    plain = [reply(engine, p)[0] for p in PROMPTS]
+def test_llama_cpp_speculation_is_identical_and_self_draft_accepts_all(exact_engine):
+    plain = [reply(exact_engine, p)[0] for p in PROMPTS]
     for draft in ("default", "ngram"):
-        eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2, draft=DraftChoice.parse(draft, 3)))
+        eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2, exact_batching=True,
+                                       draft=DraftChoice.parse(draft, 3)))
         try:
             for prompt, expected in zip(PROMPTS, plain):
                 tokens, stats = reply(eng, prompt)
