@@ -203,7 +203,7 @@ def test_a_hugging_face_directory_builds_its_tokenizer_from_tokenizer_json(hf_di
 
 
 @pytest.mark.model  # its engine fixture is looked up by name
-@pytest.mark.parametrize("which", ["engine", "torch_engine"])
+@pytest.mark.parametrize("which", ["exact_engine", "torch_engine"])
 def test_rows_the_grammar_decides_are_not_computed(request, which):
     """Where the grammar allows one token only (a forced key, `": "`), the executor is not
     asked for that logits row, on both executors; greedy output is unchanged."""

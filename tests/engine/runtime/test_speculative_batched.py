@@ -45,7 +45,7 @@ def aggregate(target_cost, draft_cost) -> tuple[float, float, list, list, list]:
     out = []
     for draft in ("none", "default"):
         eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2, draft=draft,
-                                       parallel=4))
+                                       parallel=4, exact_batching=True))
         try:
             if draft == "none":
                 clock = Clock()

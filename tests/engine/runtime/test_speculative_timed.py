@@ -17,19 +17,23 @@ LONG_REPLY = ("Write a Python function that reverses a string, then explain it l
               "and give three examples of calling it.")
 REPEAT = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
 
+# drafted replies are compared with plain ones: exact batching keeps their bits
+EXACT = dict(ctx_size=1024, threads=2, exact_batching=True)
+
 
 def generate(engine, prompt: str, n: int) -> tuple[list[int], dict | None]:
     return reply_tokens(engine, prompt, n)
 
 
 @pytest.mark.slow
-def test_a_cheap_draft_on_a_bandwidth_bound_target_is_on_and_c_is_drafting_alone(engine):
+def test_a_cheap_draft_on_a_bandwidth_bound_target_is_on_and_c_is_drafting_alone(exact_engine):
     """The bundled model drafting for itself, timed as a 1-unit target step and a
     0.1-unit draft step (plus a little per token): c must come out near 0.1 on every
     round -- the draft's catch-up over the prompt is a separate pass, not drafting."""
+    engine = exact_engine
     # long enough for the 8 rounds a measured speedup needs (state.MIN_MEASURED_ROUNDS)
     plain, _ = generate(engine, LONG_REPLY, 200)
-    eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2, draft="default"))
+    eng = open_engine(EngineConfig("default", **EXACT, draft="default"))
     try:
         clock = Clock()
         runner = eng.runner
@@ -51,14 +55,14 @@ def test_a_cheap_draft_on_a_bandwidth_bound_target_is_on_and_c_is_drafting_alone
 
 
 @pytest.mark.slow
-def test_auto_on_a_compute_bound_target_stays_within_noise_of_plain(engine):
+def test_auto_on_a_compute_bound_target_stays_within_noise_of_plain():
     """Compute-bound (the bundled model on a CPU): a pass costs its token count, so no draft
     can pay. auto (prompt lookup) must keep this request at >= 0.95x of plain decoding as
     measured on the injected clock, with plain decoding's exact output."""
     prompts = (REPEAT, "List the days of the week, one per line, twice.")
     costs = {}
     for draft in ("none", "auto"):
-        eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2, draft=draft))
+        eng = open_engine(EngineConfig("default", **EXACT, draft=draft))
         try:
             clock = Clock()
             eng.runner.clock = clock
@@ -77,14 +81,15 @@ def test_auto_on_a_compute_bound_target_stays_within_noise_of_plain(engine):
         assert plain_s / auto_s >= 0.95, (plain_s, auto_s, stats)
 
 
-def test_the_drafts_prompt_pass_lands_in_the_prefill_step_not_in_decoding(engine):
+def test_the_drafts_prompt_pass_lands_in_the_prefill_step_not_in_decoding(exact_engine):
     """The draft model reads the prompt in the step that ends the target's prefill (TTFT,
     as llama.cpp's speculative example does), so the first drafted round drafts alone: a
     catch-up there was counted as decode time, and cost a long-prompt reply 20 % of its
     measured speedup. The output stays plain decoding's."""
+    engine = exact_engine
     prompt = "Write a Python function that reverses a string, with a docstring."
     plain, _ = generate(engine, prompt, 16)
-    eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2, draft="default"))
+    eng = open_engine(EngineConfig("default", **EXACT, draft="default"))
     try:
         target, drafted, when = clocked_with_draft(eng, lambda ch: 1.0 + 0.002 * tokens_of(ch),
                                                    lambda ch: 0.1 + 0.001 * tokens_of(ch))
@@ -105,14 +110,15 @@ def test_the_drafts_prompt_pass_lands_in_the_prefill_step_not_in_decoding(engine
         eng.close()
 
 
-def test_with_drafting_off_the_drafts_prompt_pass_still_lands_in_prefill(engine):
+def test_with_drafting_off_the_drafts_prompt_pass_still_lands_in_prefill(exact_engine):
     """A draft as slow as the target (compute-bound): the controller keeps drafting off and
     probes now and then. The draft still reads each prompt in the prefill step, so a probe
     never stalls decoding with a catch-up over the prompt (deep-2's quote task ran at 0.55x
     with drafting off because of that)."""
+    engine = exact_engine
     prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
     plain, _ = generate(engine, prompt, 40)
-    eng = open_engine(EngineConfig("default", ctx_size=1024, threads=2, draft="default"))
+    eng = open_engine(EngineConfig("default", **EXACT, draft="default"))
     try:
         target, drafted, when = clocked_with_draft(eng, lambda ch: float(tokens_of(ch)),
                                                    lambda ch: float(tokens_of(ch)))
