@@ -117,7 +117,7 @@ def _short(config: EngineConfig, repeats: int = SHORT_REPEATS) -> dict:
     ratio (a reply of a few tokens is a few milliseconds: one run is mostly noise); the
     lowest of those, and the lowest among prompts whose replies kept no draft."""
     plain = config.without_draft()
-    ratios, kept_none, drafts, identical = [], [], [], True
+    ratios, kept_none, drafts, identical, own, own_none = [], [], [], True, [], []
     for prompt in SHORT:
         runs, kept = [], 0
         for _ in range(repeats):
@@ -127,13 +127,19 @@ def _short(config: EngineConfig, repeats: int = SHORT_REPEATS) -> dict:
             runs.append(rate / ((before + after) / 2) if before + after else 0.0)
             kept += stats.get("accepted", 0)
             identical = identical and out == base_out
+            own.append(stats.get("own_steps_speedup") or 1.0)
+            if not stats.get("accepted"):
+                own_none.append(own[-1])
         drafts.append(stats)
         ratios.append(statistics.median(runs))
         if not kept:
             kept_none.append(ratios[-1])
     return {"speedup": statistics.median(ratios), "lowest": min(ratios),
             "lowest_nothing_kept": min(kept_none) if kept_none else None,
-            "replies_nothing_kept": len(kept_none), "alpha": alpha_of(drafts),
+            "replies_nothing_kept": len(kept_none),
+            # every drafted reply's speedup in its own run's plain steps (no run-to-run noise)
+            "own_steps_lowest": min(own), "own_steps_lowest_nothing_kept":
+                min(own_none) if own_none else None, "alpha": alpha_of(drafts),
             "proposed": sum(d.get("proposed", 0) for d in drafts), "identical_output": identical,
             "prompts": len(SHORT), "gen_tokens": SHORT_TOKENS, "repeats": repeats,
             "per_prompt": {"ratio": ratios, "draft_stats": drafts}}
@@ -190,6 +196,10 @@ def format_speculative(s: dict) -> str:
             + (f" (lowest {lowest:.2f}x)" if lowest is not None else "")
             + f", {short['proposed']} drafts proposed, identical "
             f"{'yes' if short['identical_output'] else 'NO'}")
+        own = short.get("own_steps_lowest_nothing_kept")
+        lines.append(
+            f"         in each reply's own plain steps: lowest {short['own_steps_lowest']:.3f}x"
+            + (f", lowest where none was kept {own:.3f}x" if own is not None else ""))
     lines.append("  (tok/s: decode rate; α: drafts kept ÷ proposed; c: a draft step ÷ a target "
                  "step; β: a verify pass's extra cost per draft token, in target steps; predicted: from "
                  "α, c, β; engine: the speedup the controller measured against its timed plain "

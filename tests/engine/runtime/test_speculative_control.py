@@ -252,7 +252,9 @@ def test_quoting_drafts_from_its_first_tokens_and_ramps_up():
     longer rounds, so a quoted reply is soon drafting at full length."""
     choices, cost = lookup_reply(128, 8, accept=lambda g: g)
     assert choices[:3] == [0, 0, 0]  # three plain steps time the target first
-    assert 0 < choices[3] <= 2 and choices[6] >= 8  # then 2, 3, 5, 8, ...: credit earned
+    # then 1, 2, 3, 5, 9, ...: each new γ is priced at a whole step a draft until timed near
+    # it, and paid for by the credit earned
+    assert 0 < choices[3] <= 2 and choices[7] >= 8
     assert cost < 0.7, (choices, cost)
 
 

@@ -9,6 +9,7 @@ import pytest
 from helpers.fake_clock import Clock, clocked_with_draft, tokens_of
 from helpers.replies import reply_tokens
 
+from localchat.bench.speculative import SHORT, SHORT_TOKENS, TASKS
 from localchat.engine import EngineConfig, open_engine
 from localchat.engine.base import SamplingParams
 
@@ -134,3 +135,38 @@ def test_with_drafting_off_the_drafts_prompt_pass_still_lands_in_prefill(exact_e
         assert all(n < n_prompt for p in passes[1:] for n, _ in p), passes
     finally:
         eng.close()
+
+
+# the short replies and the bench's chat prompts (64 tokens); by default one of each kind: a
+# reply too short to pay for a probe, and replies where one probe is tried and not kept
+QUICK_SHORT = (SHORT[0], TASKS["chat"][0], TASKS["chat"][4])
+
+
+@pytest.mark.parametrize("prompts", [pytest.param(QUICK_SHORT, id="three"), pytest.param(
+    SHORT + TASKS["chat"], id="all", marks=pytest.mark.slow)])
+def test_default_drafting_never_costs_a_short_one_shot_reply_on_a_compute_bound_target(prompts):
+    """`run PROMPT -n 64` against `run --no-draft` (a fresh engine each, as a new process
+    has), every pass charged its token count (no draft can pay): each reply decodes at >= 0.97x
+    of plain decoding, the same tokens, and the reply's own_steps_speedup says what the clock
+    says (drafting's cost counted in the run's own plain steps)."""
+    def decode_cost(draft: str, prompt: str):
+        eng = open_engine(EngineConfig("default", **EXACT, draft=draft))
+        try:
+            clock = Clock()
+            eng.runner.clock = clock
+            passes = clock.charge(eng.runner.executor, lambda ch: float(tokens_of(ch)))
+            tokens, stats = generate(eng, prompt, SHORT_TOKENS)
+        finally:
+            eng.close()
+        return sum(n for p in passes[1:] for n, _ in p), tokens, stats  # passes[0]: the prompt
+
+    proposed = 0
+    for prompt in prompts:
+        plain_cost, plain, _ = decode_cost("none", prompt)
+        cost, tokens, stats = decode_cost("auto", prompt)
+        assert tokens == plain, prompt
+        assert plain_cost / cost >= 0.97, (prompt, plain_cost, cost, stats)
+        if stats["proposed"]:
+            assert stats["own_steps_speedup"] == pytest.approx(plain_cost / cost, abs=0.005)
+        proposed += stats["proposed"]
+    assert proposed > 0  # drafting was tried, not only kept off

@@ -97,10 +97,18 @@ class AdaptiveGamma:
         rounds = self._rounds if key is None else self._rounds_by_key.get(key, ())
         return len(rounds) >= ESTABLISHED_ROUNDS
 
-    def worst_loss(self, gamma: int, key=None) -> float:
+    def worst_loss(self, gamma: int, key=None, unmeasured: float | None = None) -> float:
         """What a round of γ drafts costs, in plain steps, if none is kept: drafting them
-        and verifying them beside the target's own token."""
-        return gamma * (self.c_for(key) + self.extra_at(gamma)) if gamma else 0.0
+        and verifying them beside the target's own token (unmeasured: the β to price them
+        at where none was measured near γ, if more than extra_at's estimate)."""
+        extra = self.extra_at(gamma)
+        if unmeasured is not None and not self.measured_near(gamma):
+            extra = max(extra, unmeasured)
+        return gamma * (self.c_for(key) + extra) if gamma else 0.0
+
+    def measured_near(self, gamma: int) -> bool:
+        """A verify pass of about γ drafts was timed (β at γ is measured, not extrapolated)."""
+        return nearest(self.extra_by_gamma, gamma) is not None
 
     @property
     def target_step_s(self) -> float | None:
@@ -263,6 +271,9 @@ class DraftStats:
     predicted_speedup: float = 1.0
     measured_speedup: float | None = None  # decode rate ÷ the measured plain-step rate
     switched_off: int = 0  # times this request's measured speedup turned its drafting off
+    # plain steps this request's rounds cost beyond the tokens they gave (negative: gained),
+    # timed against the engine's plain steps in the same run
+    lost_steps: float = 0.0
 
     def as_dict(self) -> dict:
         return {
@@ -274,5 +285,14 @@ class DraftStats:
             "accepted_run_histogram": {str(k): v for k, v in sorted(self.accepted_runs.items())},
             "gamma": self.gamma, "alpha": self.alpha, "c": self.c, "beta": self.beta,
             "predicted_speedup": self.predicted_speedup, "measured_speedup": self.measured_speedup,
-            "switched_off": self.switched_off,
+            "switched_off": self.switched_off, "lost_steps": self.lost_steps,
+            "own_steps_speedup": self.own_steps_speedup,
         }
+
+    @property
+    def own_steps_speedup(self) -> float | None:
+        """The reply's tokens ÷ the plain steps its decoding cost (its tokens plus lost_steps):
+        drafting's effect measured in the run's own steps, free of run-to-run noise."""
+        if not self.tokens or self.tokens + self.lost_steps <= 0:
+            return None
+        return self.tokens / (self.tokens + self.lost_steps)

@@ -24,6 +24,11 @@ MIN_MEASURED_ROUNDS = 8  # fewer drafted rounds: no measured speedup is reported
 # up from its first tokens; what it gains then pays for longer rounds.
 STRONG_PRIOR = 0.9
 STRONG_ADVANCE = 1.0
+# A round at a γ with no verify pass timed near it is unproven too, and its drafts are priced
+# as a compute-bound target verifies them: a whole plain step each. (β's prior is an
+# average, and extrapolated beyond the γs measured: a 24-token reply lost 4 % to one rejected
+# draft priced at the prior, and a compute-bound reply 9 % to a γ of 8 priced from γ 3's.)
+UNMEASURED_BETA = 1.0
 
 
 class Speculation:
@@ -49,16 +54,17 @@ class Speculation:
         return self.affordable(max(0, min(self.adaptive.choose(key), limit)), key)
 
     def affordable(self, gamma: int, key=None) -> int:
-        """γ, or less where a prompt-lookup round's gain is not yet shown (a probe, or a match
-        length with no measured rounds) and losing it would cost this reply more than its
-        credit. A draft model's rounds (no key) are its guard's to judge, as before."""
+        """γ, or less where a prompt-lookup round's gain is not yet shown (a probe, a match
+        length with no measured rounds, or a γ with no verify timed near it) and losing it
+        would cost this reply more than its credit. A draft model's rounds (no key) are its
+        guard's to judge, as before."""
         a = self.adaptive
         if gamma == 0 or a.fixed is not None or key is None or not (
-                a.probing or not a.established(key)):
+                a.probing or not a.established(key) or not a.measured_near(gamma)):
             return gamma
         allowance = self.credit + (STRONG_ADVANCE if a.alpha_priors.get(key, 0.0) >= STRONG_PRIOR
                                    else 0.0)
-        while gamma > 0 and a.worst_loss(gamma, key) > allowance:
+        while gamma > 0 and a.worst_loss(gamma, key, unmeasured=UNMEASURED_BETA) > allowance:
             gamma -= 1
         return gamma
 
@@ -98,9 +104,13 @@ class Speculation:
             return
         self.rounds += 1
         if batched:
-            self.credit += accepted - self.adaptive.worst_loss(proposed, self.key)
+            lost = self.adaptive.worst_loss(proposed, self.key) - accepted
         elif step:
-            self.credit -= seconds / step - (accepted + 1)
+            lost = seconds / step - (accepted + 1)
+        else:
+            return
+        self.credit -= lost
+        self.stats.lost_steps += lost
 
     def _count(self, proposed: int, accepted: int) -> None:
         s = self.stats
