@@ -16,6 +16,13 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+# On pytest-xdist's workers (`make test`) two processes share the cores, each with OpenMP
+# threads (llama.cpp's, torch's) that spin at every barrier while the peer they wait for is
+# preempted: 3 engine test files took 398 s on two workers, 74 s in one process, and 63 s on two
+# workers with no spinning (docs/testing.md). Set before either library loads; inherited by the
+# processes the tests start.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("GOMP_SPINCOUNT", "0")
 # The torch executor's layer pieces run eagerly here: compiling every tiny test model's shapes
 # would double the run. test_runtime.py and test_layer_steps.py run them compiled.
 os.environ.setdefault("LOCALCHAT_EAGER", "1")
