@@ -15,7 +15,7 @@ import pytest
 
 TIERS = ("model", "subprocess", "tui", "slow")  # what the fast tier leaves out
 # Session fixtures that load the bundled model (tests/conftest.py)
-MODEL_FIXTURES = {"engine", "small_engine", "torch_engine", "hf_dir"}
+MODEL_FIXTURES = {"engine", "exact_engine", "small_engine", "torch_engine", "hf_dir"}
 TESTS_DIR = Path(__file__).resolve().parents[1]
 TUI_DIR = TESTS_DIR / "tui"
 

@@ -142,6 +142,7 @@ def test_with_drafting_off_the_drafts_prompt_pass_still_lands_in_prefill(exact_e
 QUICK_SHORT = (SHORT[0], TASKS["chat"][0], TASKS["chat"][4])
 
 
+@pytest.mark.model  # loads the bundled model, a fresh engine per reply
 @pytest.mark.parametrize("prompts", [pytest.param(QUICK_SHORT, id="three"), pytest.param(
     SHORT + TASKS["chat"], id="all", marks=pytest.mark.slow)])
 def test_default_drafting_never_costs_a_short_one_shot_reply_on_a_compute_bound_target(prompts):
