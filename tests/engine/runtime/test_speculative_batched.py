@@ -6,6 +6,7 @@ the replies identical to plain decoding's."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -13,6 +14,7 @@ from helpers.fake_clock import Clock, clocked_with_draft, tokens_of
 from helpers.replies import reply_tokens
 
 from localchat.engine import EngineConfig, open_engine
+from localchat.engine.runtime.compute_thread import COMPUTE
 
 pytestmark = pytest.mark.model  # loads the bundled model
 
@@ -22,8 +24,9 @@ N_TOKENS = 32
 
 
 def concurrently(eng) -> tuple[float, list[list[int]], list[dict | None]]:
-    """All four prompts at once: (fake seconds from the first step to the last, the
-    replies' token ids, their draft stats)."""
+    """All four prompts at once, in the same first step however the machine schedules
+    their threads: (fake seconds from the first step to the last, the replies' token ids,
+    their draft stats)."""
     tokens: list = [None] * len(PROMPTS)
     stats: list = [None] * len(PROMPTS)
     start = eng.runner.clock()
@@ -31,10 +34,21 @@ def concurrently(eng) -> tuple[float, list[list[int]], list[dict | None]]:
     def work(i: int) -> None:
         tokens[i], stats[i] = reply_tokens(eng, PROMPTS[i], N_TOKENS)
 
+    held = threading.Event()
+
+    def hold() -> None:  # on the compute thread: no step runs before all four are submitted
+        held.set()
+        deadline = time.monotonic() + 60
+        while len(eng.runner._inbox) < len(PROMPTS) and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    holder = threading.Thread(target=COMPUTE.call, args=(hold,))
+    holder.start()
+    held.wait()
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(PROMPTS))]
     for t in threads:
         t.start()
-    for t in threads:
+    for t in [holder, *threads]:
         t.join()
     return eng.runner.clock() - start, tokens, stats
 
