@@ -11,11 +11,13 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import LlamaFileType as FT
-from gguf.quants import dequantize, quant_shape_to_byte_shape, quantize
+from gguf.quants import quant_shape_to_byte_shape, quantize
 
 from localchat.errors import EngineError, UsageError
 from localchat.models.files import validate_model_file
-from quantize.gguf_convert import _copy_metadata, dequantize_gguf
+from localchat.models.gguf_reader import read_gguf
+from quantize.gguf_convert import dequantize_gguf
+from quantize.gguf_copy import copy_metadata, float32, shape_of
 from quantize.llama_cpp_process import quantize_in_child
 from quantize.progress import Progress
 from quantize.safe_output import atomic_output_file
@@ -47,14 +49,6 @@ def tensor_type(name: str, shape: tuple[int, ...], base: Q, has_output: bool) ->
     return base
 
 
-def _float32(t: gguf.ReaderTensor) -> np.ndarray:
-    shape = tuple(int(d) for d in reversed(t.shape))  # ggml lists the fastest dimension first
-    data = np.asarray(t.data)
-    if t.tensor_type != Q.F32:
-        data = dequantize(data, t.tensor_type)
-    return data.astype(np.float32, copy=False).reshape(shape)
-
-
 def _encode(data: np.ndarray, qtype: Q) -> np.ndarray:
     if qtype == Q.F32:
         return np.ascontiguousarray(data, dtype=np.float32)
@@ -67,36 +61,36 @@ def write_plain(src: Path, out: Path, type_name: str, threads: int | None = None
     """Write `out` (a temporary name the caller renames): `src` with plain type `type_name`."""
     file_type, base = PLAIN_TYPES[type_name]
     facts = validate_model_file(src)
-    reader = gguf.GGUFReader(str(src))
-    names = {t.name for t in reader.tensors}
+    reader = read_gguf(src)
     writer = gguf.GGUFWriter(str(out), facts.architecture)
     try:
-        _copy_metadata(reader, writer, int(file_type))
-        if base in QUANTIZED_PLAIN and "general.quantization_version" not in reader.fields:
+        copy_metadata(reader, writer, {"general.file_type": int(file_type)})
+        if base in QUANTIZED_PLAIN and "general.quantization_version" not in reader.metadata:
             writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         plan = []
-        for t in reader.tensors:
-            shape = tuple(int(d) for d in reversed(t.shape))
-            qtype = tensor_type(t.name, shape, base, "output.weight" in names)
-            plan.append((t, qtype))
+        for name in reader.tensors:
+            shape = shape_of(reader, name)
+            qtype = tensor_type(name, shape, base, "output.weight" in reader.tensors)
+            plan.append((name, qtype))
             if qtype in (Q.F32, Q.F16):
                 dtype = np.float32 if qtype == Q.F32 else np.float16
-                writer.add_tensor_info(t.name, shape, np.dtype(dtype),
+                writer.add_tensor_info(name, shape, np.dtype(dtype),
                                        int(np.prod(shape)) * np.dtype(dtype).itemsize)
             else:
                 byte_shape = quant_shape_to_byte_shape(shape, qtype)
-                writer.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8),
+                writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8),
                                        int(np.prod(byte_shape)), raw_dtype=qtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         bar = Progress(f"quantizing to {type_name}", len(plan))
-        for t, qtype in plan:
-            writer.write_tensor_data(_encode(_float32(t), qtype))
-            bar.advance(note=t.name)
+        for name, qtype in plan:
+            writer.write_tensor_data(_encode(float32(reader, name), qtype))
+            bar.advance(note=name)
         bar.close()
     finally:
         writer.close()
+        reader.close()
     return out
 
 

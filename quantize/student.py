@@ -12,13 +12,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
-from gguf.quants import dequantize, quant_shape_to_byte_shape, quantize
+from gguf.quants import quantize
 
 from localchat.engine.executors.torch.rope import RotaryEmbedding
 from localchat.engine.executors.torch.weights import LlamaConfig
 from localchat.errors import UsageError
 from localchat.models.gguf_reader import read_gguf
 from quantize.fake_quant import fake_quant
+from quantize.gguf_copy import add_copied_tensor, copy_metadata, float32
 
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
@@ -119,12 +120,7 @@ class Student(torch.nn.Module):
 
 
 def _float32(f, name: str) -> torch.Tensor:
-    t = f.tensors[name]
-    shape = tuple(reversed(t.shape))
-    raw = f.tensor_data(name)
-    arr = (np.frombuffer(raw, dtype=np.float32).copy() if t.ggml_type == Q.F32 else
-           dequantize(raw.reshape(shape[:-1] + (-1,)), t.ggml_type).astype(np.float32))
-    return torch.from_numpy(arr.reshape(shape))
+    return torch.from_numpy(np.array(float32(f, name)))  # a writable copy
 
 
 def student_from_target(target: Path, layers: list[int]) -> Student:
@@ -147,32 +143,18 @@ def write_student_gguf(student: Student, target: Path, out: Path,
     """`out` (a temporary name the caller renames): the target's metadata with the draft's
     block count, its embedding/head tensors copied byte for byte, the trained layers as
     matrix_type (Q8_0, Q4_1 or Q4_0) and norms as F32."""
-    reader = gguf.GGUFReader(str(target))
+    reader = read_gguf(target)
     arch = student.config.arch
     writer = gguf.GGUFWriter(str(out), arch)
     try:
-        for name, field in reader.fields.items():
-            if name.startswith("GGUF.") or name == "general.architecture":
-                continue
-            value = field.contents()
-            if name == f"{arch}.block_count":
-                value = len(student.blocks)
-            elif name == "general.name":
-                value = f"{value} draft ({len(student.blocks)} layers)"
-            elif name == "general.file_type":  # the layers are Q8_0 whatever the target's were
-                value = int(FILE_TYPES[matrix_type])
-            sub_type = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(name, value, field.types[0], sub_type=sub_type)
-        copied = {t.name: t for t in reader.tensors if not t.name.startswith("blk.")}
-        plan: list[tuple[str, object]] = []
-        for name, t in copied.items():
-            plan.append((name, np.asarray(t.data)))
-            shape = tuple(int(d) for d in reversed(t.shape))
-            if t.tensor_type in (Q.F32, Q.F16):
-                writer.add_tensor_info(name, shape, np.asarray(t.data).dtype, t.n_bytes)
-            else:
-                writer.add_tensor_info(name, quant_shape_to_byte_shape(shape, t.tensor_type),
-                                       np.dtype(np.uint8), t.n_bytes, raw_dtype=t.tensor_type)
+        target_name = reader.metadata.get("general.name")
+        copy_metadata(reader, writer, {
+            f"{arch}.block_count": len(student.blocks),
+            "general.name": f"{target_name} draft ({len(student.blocks)} layers)",
+            "general.file_type": int(FILE_TYPES[matrix_type]),  # the layers are matrix_type
+        })
+        plan: list[tuple[str, object]] = [(name, add_copied_tensor(reader, name, writer))
+                                          for name in reader.tensors if not name.startswith("blk.")]
         for j, block in enumerate(student.blocks):
             for key in LAYER_TENSORS:
                 data = block.w[key].detach().float().numpy()
@@ -194,4 +176,5 @@ def write_student_gguf(student: Student, target: Path, out: Path,
             writer.write_tensor_data(data)
     finally:
         writer.close()
+        reader.close()
     return out

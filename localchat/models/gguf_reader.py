@@ -79,13 +79,15 @@ class GGUFFile:
 
     def __init__(self, path: Path, file_size: int, version: int, alignment: int,
                  data_offset: int, metadata: dict[str, Any],
-                 tensors: dict[str, TensorInfo], mm: mmap.mmap) -> None:
+                 tensors: dict[str, TensorInfo], mm: mmap.mmap,
+                 value_types: dict[str, tuple[int, int | None]] | None = None) -> None:
         self.path = path
         self.file_size = file_size
         self.version = version
         self.alignment = alignment
         self.data_offset = data_offset
         self.metadata = metadata
+        self.value_types = value_types or {}  # key -> (value type, array item type or None)
         self.tensors = tensors
         self._mm: mmap.mmap | None = mm
         self._buf: np.ndarray | None = np.frombuffer(mm, dtype=np.uint8)
@@ -157,6 +159,7 @@ class _Parser:
     def __init__(self, path: Path, mm: mmap.mmap) -> None:
         self.path, self.mm, self.size, self.pos = path, mm, len(mm), 0
         self.types: dict[str, int] = {}  # value type of each key, as stored
+        self.item_types: dict[str, int] = {}  # item type of each array key
 
     def fail(self, field: str, problem: str,
              lead: str = "is truncated or corrupt") -> GGUFFormatError:
@@ -218,8 +221,9 @@ class _Parser:
                 raise self.fail(f"tensor '{_show(t.name)}'.data",
                                 f"bytes {t.offset}..{t.offset + t.n_bytes} run past the end "
                                 f"of the file ({self.size} bytes)")
+        value_types = {k: (t, self.item_types.get(k)) for k, t in self.types.items()}
         return GGUFFile(self.path, self.size, version, alignment, data_offset, metadata,
-                        {t.name: t for t in tensors}, self.mm)
+                        {t.name: t for t in tensors}, self.mm, value_types)
 
     def header(self) -> int:
         self.need(4, "header.magic")
@@ -248,6 +252,8 @@ class _Parser:
                 raise self.fail(f"kv[{i}].key", f"duplicate key '{_show(key)}'")
             field = _show(key)
             vtype = self.types[key] = self.u32(f"{field}.type")
+            if vtype == _T.ARRAY:
+                self.item_types[key] = int.from_bytes(self.mm[self.pos:self.pos + 4], "little")
             metadata[key] = self.value(field, vtype)
         return metadata
 

@@ -161,23 +161,21 @@ def base_model_copy(src: Path, dst: Path) -> Path:
     import gguf
 
     from localchat.models.files import chat_markers
+    from localchat.models.gguf_reader import read_gguf
+    from quantize.gguf_copy import add_copied_tensor, copy_metadata
 
-    reader = gguf.GGUFReader(str(src))
-    markers = set(chat_markers(reader.fields["tokenizer.ggml.tokens"].contents()))
-    arch = reader.fields["general.architecture"].contents()
-    writer = gguf.GGUFWriter(str(dst), arch)
-    for name, f in reader.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "tokenizer.chat_template"):
-            continue
-        value = f.contents()
-        if name == "tokenizer.ggml.tokens":
-            value = [f"<|base_{i}|>" if t in markers else t for i, t in enumerate(value)]
-        sub_type = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, value, f.types[0], sub_type=sub_type)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with read_gguf(src) as reader:
+        tokens = reader.metadata["tokenizer.ggml.tokens"]
+        markers = set(chat_markers(tokens))
+        writer = gguf.GGUFWriter(str(dst), reader.metadata["general.architecture"])
+        renamed = [f"<|base_{i}|>" if t in markers else t for i, t in enumerate(tokens)]
+        copy_metadata(reader, writer, {"tokenizer.ggml.tokens": renamed},
+                      drop=("tokenizer.chat_template",))
+        data = [add_copied_tensor(reader, name, writer) for name in reader.tensors]
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for tensor in data:
+            writer.write_tensor_data(tensor)
+        writer.close()
     return dst
