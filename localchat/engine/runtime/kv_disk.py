@@ -30,11 +30,11 @@ class DiskCache:
     """Snapshots for one executor's KV. Every method runs on the compute thread."""
 
     def __init__(self, executor: Executor, blocks: BlockManager, store: KVSnapshotStore,
-                 *, min_tokens: int = MIN_TOKENS) -> None:
+                 *, min_tokens: int | None = None) -> None:
         self.executor, self.blocks, self.store = executor, blocks, store
         self.identity = executor.kv_identity()
         self.model = executor.info.path
-        self.min_tokens = min_tokens
+        self.min_tokens = MIN_TOKENS if min_tokens is None else min_tokens
         self.restored_tokens = 0  # totals, for the engine's stats
         self.restore_s = 0.0
         self.saved = 0
