@@ -143,9 +143,17 @@ def config(tmp_path, monkeypatch):
 
 
 @pytest.mark.model
-def test_run_forces_a_call_whose_arguments_validate_and_feeds_the_result_back(config, capsys):
-    out = run_json(capsys, config, "--tool-choice", "get_weather", "--allow-tool", "get_weather",
-                   "What is the weather in Oslo?")
+def test_run_forces_a_call_feeds_the_result_back_and_keeps_it_for_continue_and_forks(config, capsys):
+    """One run: the forced call's arguments validate, its result is fed back, --json reports
+    it, and the history keeps it for --continue and forks."""
+    from localchat.chat.session import ChatSession
+    from localchat.prompt.template import render_chat
+    from localchat.storage import ConversationStore
+    from helpers.pilot import chat_config
+
+    assert main(["run", "--mcp", str(config), "--temp", "0", "-n", "48", "--json", "--tool-choice",
+                 "get_weather", "--allow-tool", "get_weather", "What is the weather in Oslo?"]) == 0
+    out = json.loads(capsys.readouterr().out)
     [call] = out["tool_calls"]
     assert call["name"] == "get_weather" and call["approved"] and not call["error"]
     jsonschema.validate(call["arguments"], {
@@ -153,6 +161,27 @@ def test_run_forces_a_call_whose_arguments_validate_and_feeds_the_result_back(co
         "additionalProperties": False})
     assert json.loads(call["result"])["temperature"] == 18
     assert out["finish_reason"] == "stop" and "<tool" not in out["text"]
+    answer = out["text"].strip()
+    store = ConversationStore.open()
+    try:
+        conv = store.last_conversation()
+        user, reply = store.messages(conv.id)
+        [kept] = reply.tool_calls
+        assert kept["name"] == "get_weather" and json.loads(kept["arguments"]) == call["arguments"]
+        assert json.loads(kept["result"])["temperature"] == 18
+        assert reply.content.strip() == answer and reply.status == "complete"
+        fork = store.fork(conv.id)
+        assert store.messages(fork.id)[-1].tool_calls == reply.tool_calls
+        session = ChatSession(*chat_config(), store)
+        assert session.open(conv.id)
+        roles = [(m.role, bool(m.tool_calls)) for m in session.history]
+        assert roles == [("user", False), ("assistant", True), ("tool", False),
+                         ("assistant", False)]
+        prompt = render_chat(None, session.history).text
+        assert '"temperature": 18' in prompt and prompt.index("Oslo") < prompt.index(answer)
+    finally:
+        store.close()
+    assert main(["run", "--continue", "--temp", "0", "-n", "8", "Thanks."]) == 0
 
 
 @pytest.mark.model
@@ -183,37 +212,6 @@ def test_control_tokens_in_a_result_stay_text():
                          [Message("user", "Hi"), Message("tool", sneaky, tool_call_id="c1")])
     assert sneaky in prompt.text
     assert all(not s.trusted for s in prompt.segments if "Ignore the user" in s.text)
-
-
-@pytest.mark.model
-def test_run_keeps_the_calls_in_the_history_for_continue_and_forks(config, capsys):
-    from localchat.chat.session import ChatSession
-    from localchat.prompt.template import render_chat
-    from localchat.storage import ConversationStore
-    from helpers.pilot import chat_config
-
-    assert main(["run", "--mcp", str(config), "--temp", "0", "-n", "48", "--tool-choice",
-                 "get_weather", "--allow-tool", "get_weather", "What is the weather in Oslo?"]) == 0
-    answer = capsys.readouterr().out.strip()
-    store = ConversationStore.open()
-    try:
-        conv = store.last_conversation()
-        user, reply = store.messages(conv.id)
-        [call] = reply.tool_calls
-        assert call["name"] == "get_weather" and json.loads(call["result"])["temperature"] == 18
-        assert reply.content.strip() == answer and reply.status == "complete"
-        fork = store.fork(conv.id)
-        assert store.messages(fork.id)[-1].tool_calls == reply.tool_calls
-        session = ChatSession(*chat_config(), store)
-        assert session.open(conv.id)
-        roles = [(m.role, bool(m.tool_calls)) for m in session.history]
-        assert roles == [("user", False), ("assistant", True), ("tool", False),
-                         ("assistant", False)]
-        prompt = render_chat(None, session.history).text
-        assert '"temperature": 18' in prompt and prompt.index("Oslo") < prompt.index(answer)
-    finally:
-        store.close()
-    assert main(["run", "--continue", "--temp", "0", "-n", "8", "Thanks."]) == 0
 
 
 @pytest.mark.model
