@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from helpers import tiers
+from helpers import cpus, tiers
 
 # A run started in the background (`cmd &` in a script, nohup) inherits SIGINT ignored, and so
 # would every process the tests start: the tests that press Ctrl+C on one need it back.
@@ -32,6 +32,11 @@ os.environ.setdefault("LOCALCHAT_EAGER", "1")
 os.environ.setdefault("LOCALCHAT_ENGINE", "llama.cpp")
 
 
+# Each xdist worker computes on its share of the CPUs (tests/helpers/cpus.py): the engines'
+# default threads follow, as they would in a cpuset.
+cpus.run_on(cpus.worker_share())
+
+
 def pytest_addoption(parser):
     tiers.add_option(parser)
 
@@ -43,6 +48,15 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_sessionstart(session):
     tiers.guard_fast_tier(session.config)
+
+
+@pytest.fixture
+def all_cpus():
+    """The test runs on every CPU (tests about threads, or timing a multi-threaded step), its
+    worker back on its share afterwards."""
+    cpus.run_on(cpus.ALL)
+    yield
+    cpus.run_on(cpus.worker_share())
 
 
 @pytest.fixture(autouse=True)

@@ -156,7 +156,7 @@ def test_default_slots_stay_within_half_the_free_memory(tmp_path, measured_rule,
 
 @pytest.mark.subprocess
 @pytest.mark.model
-def test_the_bundled_model_is_measured_once_and_the_faster_chosen(monkeypatch, capsys):
+def test_the_bundled_model_is_measured_once_and_the_faster_chosen(monkeypatch, capsys, all_cpus):
     """A real probe of both executors on the bundled model (shorter replies than a user's
     probe: the flow is under test, not the figures): the figures kept, the choice the one
     they say is faster for each use, and later choices made without measuring."""

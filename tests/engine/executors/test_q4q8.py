@@ -12,7 +12,9 @@ from helpers.teacher_forced import teacher_forced
 from localchat.engine.executors.torch import kernels, q4q8, q4x8, q6x8
 from localchat.formats.gguf_blocks import pack_nibbles
 
-pytestmark = pytest.mark.skipif(not q4q8.available(), reason="no AVX2 CPU or C++ compiler")
+# every CPU: the kernels split their tiles among threads, and that split is under test too
+pytestmark = [pytest.mark.skipif(not q4q8.available(), reason="no AVX2 CPU or C++ compiler"),
+              pytest.mark.usefixtures("all_cpus")]
 
 
 def _rounded_activations(x: np.ndarray, act: str):

@@ -62,7 +62,7 @@ def test_torch_greedy_speculation_is_identical_to_plain_decoding(plain_replies, 
         eng.close()
 
 
-def test_useless_draft_is_switched_off_and_changes_nothing(plain_replies, useless_draft):
+def test_useless_draft_is_switched_off_and_changes_nothing(plain_replies, useless_draft, all_cpus):
     eng = open_engine(EngineConfig("default", engine="torch", ctx_size=1024, threads=2,
                       kv_memory=1024 * 23040, draft=str(useless_draft)))
     try:

@@ -120,7 +120,7 @@ def test_llama_cpp_gives_the_same_logits_on_one_thread_and_two(bundled):
 
 
 @pytest.mark.model
-def test_an_engine_without_named_threads_probes_fewer_and_decodes_the_same_tokens():
+def test_an_engine_without_named_threads_probes_fewer_and_decodes_the_same_tokens(all_cpus):
     from helpers.replies import reply_tokens
     from localchat.engine import EngineConfig, open_engine
 
