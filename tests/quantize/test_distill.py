@@ -16,6 +16,7 @@ from localchat.engine.runtime.executor_api import Chunk
 from localchat.engine.executors.llamacpp import LlamaCppExecutor
 from localchat.models.files import validate_model_file
 from localchat.models.specs import resolve_model
+from localchat.engine.choice import default_threads
 from quantize.distill import _batch, agreement, file_agreement, kd_loss
 from quantize.distill_data import chat_prompts, teacher_replies
 from quantize.student import default_layers, student_from_target, write_student_gguf
@@ -29,7 +30,7 @@ TARGET = Path(resolve_model("default"))
 def replies():
     """The target's greedy replies to four prompts, with its top-k labels."""
     facts = validate_model_file(TARGET)
-    executor = LlamaCppExecutor(facts, n_ctx=512, threads=2, parallel=4)
+    executor = LlamaCppExecutor(facts, n_ctx=512, threads=default_threads(), parallel=4)
     try:
         return teacher_replies(executor, facts.chat_template, chat_prompts()[:4], 24, 10_000,
                                parallel=4)
@@ -107,7 +108,8 @@ def test_a_student_trained_as_q4_1_is_what_llama_cpp_runs_from_the_q4_1_file(rep
 
 
 def _llama_cpp_logits(model: Path, tokens: torch.Tensor) -> torch.Tensor:
-    executor = LlamaCppExecutor(validate_model_file(model), n_ctx=256, threads=2, parallel=1)
+    executor = LlamaCppExecutor(validate_model_file(model), n_ctx=256, threads=default_threads(),
+                                parallel=1)
     try:
         return torch.from_numpy(executor.forward([Chunk(
             slot=0, tokens=tokens.tolist(), start=0, n_logits=len(tokens), block_table=[],
@@ -182,4 +184,4 @@ def test_distill_argument_errors_are_one_line(tmp_path):
 
 @pytest.mark.model
 def test_file_agreement_of_the_target_itself_is_high(replies, tmp_path):
-    assert file_agreement(TARGET, replies[:2], threads=2) > 0.95
+    assert file_agreement(TARGET, replies[:2], threads=default_threads()) > 0.95

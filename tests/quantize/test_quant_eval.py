@@ -87,7 +87,7 @@ def test_quality_measures_on_known_distributions():
 def test_eval_table_json_shape(capsys):
     """A reduced table (64 scored tokens, two schemes) through the real CLI."""
     assert main(["eval", "--table", "--schemes", "int4-tensor,Q8_0", "--tokens", "64",
-                 "--window", "96", "--threads", "2", "--json"]) == 0
+                 "--window", "96", "--json"]) == 0
     captured = capsys.readouterr()
     result = json.loads(captured.out)
     assert {"perplexity", "perplexity_ci95", "model"} <= result["reference"].keys()
@@ -116,7 +116,7 @@ def test_eval_table_scores_a_draft_beside_the_schemes(tmp_path, capsys):
     and no matrix columns; --drafts without --table is refused in one line."""
     draft = write_random_model(tmp_path / "draft.gguf")
     assert main(["eval", "--table", "--schemes", "Q8_0", "--drafts", str(draft), "--tokens", "64",
-                 "--window", "96", "--threads", "2"]) == 0
+                 "--window", "96"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("| draft: 2 of 30 layers"))
     assert row.count("| – ") == 3  # no bits per weight or matrix error for a cut-down model

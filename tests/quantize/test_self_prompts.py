@@ -14,6 +14,7 @@ from localchat.engine.executors.llamacpp import LlamaCppExecutor
 from localchat.engine.runtime.executor_api import Chunk
 from localchat.models.files import validate_model_file
 from localchat.models.specs import resolve_model
+from localchat.engine.choice import default_threads
 from quantize.self_prompts import TOP_K, self_prompts, user_turn_prefix
 
 pytestmark = pytest.mark.model  # loads the bundled model
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.model  # loads the bundled model
 @pytest.fixture(scope="module")
 def target():
     facts = validate_model_file(Path(resolve_model("default")))
-    executor = LlamaCppExecutor(facts, n_ctx=1024, threads=2, parallel=4)
+    executor = LlamaCppExecutor(facts, n_ctx=1024, threads=default_threads(), parallel=4)
     yield executor, facts.chat_template
     executor.close()
 
@@ -38,10 +39,11 @@ def test_the_prefix_is_the_template_up_to_the_user_s_text(target):
 
 def test_self_prompts_are_the_target_s_own_user_turns_and_repeat_with_a_seed(target):
     executor, template = target
-    prompts = self_prompts(executor, template, 4, seed=1, parallel=4)
-    assert len(prompts) == 4 and len(set(prompts)) == 4
-    assert self_prompts(executor, template, 4, seed=1, parallel=4) == prompts
-    assert self_prompts(executor, template, 4, seed=2, parallel=4) != prompts
+    few = {"parallel": 2, "max_tokens": 64}  # 2 prompts: 1.3 s a call on one core, not 4.5-9
+    prompts = self_prompts(executor, template, 2, seed=1, **few)
+    assert len(prompts) == 2 and len(set(prompts)) == 2
+    assert self_prompts(executor, template, 2, seed=1, **few) == prompts
+    assert self_prompts(executor, template, 2, seed=2, **few) != prompts
     prefix = user_turn_prefix(executor.vocab, template)
     for prompt in prompts:
         tokens = prefix + executor.vocab.tokenize_text(prompt)

@@ -15,6 +15,7 @@ from localchat.engine.runtime.executor_api import Chunk
 from localchat.errors import ConfigError
 from localchat.models.planner import batches_exactly, chosen_cache_types, default_cache_types
 from localchat.models.specs import resolve_model_facts
+from localchat.engine.choice import default_threads
 
 FACTS = resolve_model_facts("default")
 PROMPT = ("The lighthouse keeper climbed the spiral stairs every evening, counting the "
@@ -59,7 +60,8 @@ def test_a_prompt_batched_with_another_keeps_its_bits_only_with_exact_batching(e
     """Alone, a prompt of 64 or more tokens takes ggml's tiled attention kernel (f16 K and V);
     beside a shorter one llama.cpp splits the pass into equal parts per sequence, each under
     64, another kernel. With exact batching both runs are the same bits."""
-    executor = LlamaCppExecutor(FACTS, n_ctx=256, threads=2, parallel=2, exact_batching=exact)
+    executor = LlamaCppExecutor(FACTS, n_ctx=256, threads=default_threads(), parallel=2,
+                                exact_batching=exact)
     try:
         assert executor.cache_types == (("q8_0", "f16") if exact else ("f16", "f16"))
         prompt, other = (executor.vocab.tokenize_text(t) for t in (PROMPT, OTHER))

@@ -16,6 +16,7 @@ from localchat.engine.runtime.executor_api import Chunk
 from localchat.errors import ContextOverflowError, UsageError
 from localchat.models.files import validate_model_file
 from localchat.models.specs import resolve_model
+from localchat.engine.choice import default_threads
 
 GREEDY = SamplingParams(temperature=0.0)
 CAPITAL = [Message("user", "Which city is the capital of France?")]
@@ -219,7 +220,7 @@ def test_rows_not_wanted_are_left_out():
     """Chunk.no_logits: those rows are not computed and the others come back in order,
     the same as when every row is wanted (the output layer's rows are independent)."""
     executor = LlamaCppExecutor(validate_model_file(resolve_model("default")), n_ctx=256,
-                                threads=2, parallel=1)
+                                threads=default_threads(), parallel=1)
     tokens = executor.vocab.tokenize_text("The capital of France is Paris, and the capital")
 
     def rows(no_logits):
@@ -243,7 +244,7 @@ def test_a_chunk_past_the_slots_kv_is_refused_not_computed():
     from localchat.errors import EngineError
 
     executor = LlamaCppExecutor(validate_model_file(resolve_model("default")), n_ctx=256,
-                                threads=2, parallel=1)
+                                threads=default_threads(), parallel=1)
     tokens = executor.vocab.tokenize_text("The capital of France is")
 
     def chunk(start, toks):
@@ -264,7 +265,7 @@ def test_one_token_chunks_give_the_rows_a_whole_chunk_gives_and_the_rows_stay_ou
     not wanting its row: the wanted rows are those of the same tokens computed as the
     last of a longer chunk, and a later pass leaves the returned rows as they were."""
     executor = LlamaCppExecutor(validate_model_file(resolve_model("default")), n_ctx=256,
-                                threads=2, parallel=3)
+                                threads=default_threads(), parallel=3)
     a = executor.vocab.tokenize_text("The capital of France is")
     b = executor.vocab.tokenize_text("Bees make honey from the")
 
