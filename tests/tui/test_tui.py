@@ -97,7 +97,7 @@ async def test_history_longer_than_context_drops_oldest_turns_and_says_so(small_
                   engine=small_engine)
     async with app.run_test(size=(100, 40)) as pilot:
         await wait_until(pilot, lambda: app.query_one(GaugeBar).state == "ready")
-        for i in range(6):  # ~60 tokens a turn against a 256-token context
+        for i in range(4):  # ~60 tokens a turn against a 256-token context: the 4th drops one
             await send(pilot, f"Fact {i}: " + "the ocean is deep and the sky is wide. " * 5)
             await wait_until(pilot, lambda: not app.generating and len(app.session.history) == 2 * (i + 1) + 1)
         notices = [str(n.render()) for n in app.query(".notice")]
