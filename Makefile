@@ -33,21 +33,23 @@ VARIANT_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARI
 chat: $(STAMP)
 	$(VENV)/bin/localchat $(ARGS)
 
-# Two pytest workers (pytest-xdist): much of the suite waits on processes, servers and the
-# TUI, so on 2 cores the default run takes ~8 min instead of ~12 (docs/testing.md).
+# Two pytest workers (pytest-xdist), each on its share of the CPUs (tests/helpers/cpus.py); a
+# worker that runs out of tests takes queued ones from the other (worksteal: 7:25 against
+# 8:29-8:37 on 2 cores, where the last tests ran on one core). docs/testing.md.
 # TEST_WORKERS=0 runs in one process (and -x, --pdb and the like behave as usual).
 TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist worksteal)
 
 # The tests start Python processes (the CLI, servers): compiling localchat once first spares
 # each of them compiling it again (0.1 s a start where PYTHONDONTWRITEBYTECODE is set, as in CI).
 test: $(STAMP)
 	$(PY) -m compileall -q localchat > /dev/null
-	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The tests that need no model, process or TUI (tests/helpers/tiers.py, docs/testing.md), on
 # the same workers: 32 s instead of 48 on 2 cores.
 test-fast: $(STAMP)
-	$(PY) -m pytest --fast -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest --fast $(XDIST) $(PYTEST_ARGS)
 
 # The linter (pyproject.toml's [tool.ruff]): CI runs it before the tests.
 lint: $(STAMP)
