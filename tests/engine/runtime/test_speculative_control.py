@@ -183,6 +183,22 @@ def test_a_concave_verify_cost_and_a_noisy_first_probe_still_find_the_peak():
     assert tokens / seconds * STEP > 1.3  # the best γ gives ~1.55x
 
 
+def test_one_slow_pass_at_a_larger_gamma_does_not_keep_it_from_being_tried_again():
+    """Quoting on llama.cpp (α = 1, β ≈ 0.5 at every γ, measured): passes timed while γ
+    ramps up pay for a new batch shape, so 6 and 8 once measured β 0.67. The choice stayed
+    at γ 5 for whole replies (1.44x where a fixed γ 15 gave 1.9x); a γ with fewer than
+    SETTLED_SAMPLES passes is now tried as if no worse than the best settled β, and its
+    own passes decide."""
+    a = AdaptiveGamma(alpha=1.0)
+    for _ in range(3):
+        a.observe_plain(STEP)
+    for g, beta in ((1, 0.88), (2, 0.5), (3, 0.5), (6, 0.67), (8, 0.68)) + ((5, 0.5),) * 3:
+        a.observe_round(g, g, 0.0, (1 + beta * g) * STEP)
+    assert a.peak() == 5  # on what was measured, 5 is best
+    choices = drive(a, 12, accept=lambda g: g, c=0.0, beta=0.5)
+    assert choices[0] > 8 and a.peak() >= 12, choices  # larger γs tried, and now measured best
+
+
 def test_alpha_counts_drafts_so_a_long_accepted_round_outweighs_a_short_rejected_one():
     a = AdaptiveGamma(alpha=0.6)
     a.observe_acceptance(8, 8)  # 8 drafts kept

@@ -16,6 +16,11 @@ from statistics import median
 
 
 ESTABLISHED_ROUNDS = 4  # measured rounds after which a key's α is its own, not its prior's
+# verify passes timed at a γ before its β is taken as measured; until then the γ choice is
+# optimistic about it (no worse than the best settled β), so one slow pass (a new batch
+# shape, a busy moment) cannot keep a larger γ from ever being tried again
+SETTLED_SAMPLES = 3
+EXPLORE_GAIN = 1.05  # ... where that would gain 5 % or more over the measured best γ
 
 
 def expected_speedup(alpha: float, gamma: int, c: float, verify_extra: float = 0.0) -> float:
@@ -82,6 +87,7 @@ class AdaptiveGamma:
     _plain_since_probe: int = 0
     _probe_wait: int = 0
     _probing: bool = False
+    _exploring: bool = False
     _rounds_in_a_row: int = 0
     _extra_medians: dict | None = None
     _measured: int = 0  # rounds and acceptances observed: what peak()'s cache is valid for
@@ -89,8 +95,13 @@ class AdaptiveGamma:
 
     @property
     def probing(self) -> bool:
-        """The γ last chosen explores (speculation is off and this round tries it)."""
+        """The γ last chosen probes (speculation is off and this round tries it)."""
         return self._probing
+
+    @property
+    def exploring(self) -> bool:
+        """The γ last chosen is not the measured best but one whose β is not settled yet."""
+        return self._exploring
 
     def established(self, key=None) -> bool:
         """α for this evidence rests on measured rounds, not on its prior alone."""
@@ -140,11 +151,19 @@ class AdaptiveGamma:
             self.gamma = self.fixed
         else:
             best = self.peak(key)
+            self._exploring = False
             if self.predicted(best, key) > 1.0:
                 self._probe_wait = self.probe_every
                 self._rounds_in_a_row += 1
                 # now and then a plain step, so the target's step time follows the load
-                self.gamma = 0 if self._rounds_in_a_row > self.remeasure_every else best
+                if self._rounds_in_a_row > self.remeasure_every:
+                    self.gamma = 0
+                else:
+                    self.gamma = best
+                    wider = self.peak(key, unsettled=True)
+                    if wider != best and self.predicted(wider, key, unsettled=True) >= \
+                            EXPLORE_GAIN * self.predicted(best, key):
+                        self.gamma, self._exploring = wider, True
             else:  # off: a round at once if none was timed yet, then now and then, each at
                 # the peak γ for an optimistic α (and β, at a γ not measured): probes explore
                 self._plain_since_probe += 1
@@ -155,22 +174,34 @@ class AdaptiveGamma:
                     self._plain_since_probe = 0
         return self.gamma
 
-    def peak(self, key=None, optimistic: bool = False) -> int:
+    def peak(self, key=None, optimistic: bool = False, unsettled: bool = False) -> int:
         """The γ (≥ 1) with the highest predicted speedup (optimistic: for the acceptance
-        the recent rounds allow at best, see optimistic_alpha). Asked every step: kept
-        until a round or an acceptance changes α, c or β."""
-        cached = self._peaks.get((key, optimistic))
+        the recent rounds allow at best, see optimistic_alpha; unsettled: β at γs with
+        fewer than SETTLED_SAMPLES passes no worse than the best settled one). Asked every
+        step: kept until a round or an acceptance changes α, c or β."""
+        cached = self._peaks.get((key, optimistic, unsettled))
         if cached is not None and cached[0] == self._measured:
             return cached[1]
         alpha = self.optimistic_alpha(key) if optimistic else None
-        best = max(range(1, self.gamma_max + 1), key=lambda g: self.predicted(g, key, alpha))
-        self._peaks[(key, optimistic)] = (self._measured, best)
+        best = max(range(1, self.gamma_max + 1),
+                   key=lambda g: self.predicted(g, key, alpha, unsettled))
+        self._peaks[(key, optimistic, unsettled)] = (self._measured, best)
         return best
 
-    def predicted(self, gamma: int | None = None, key=None, alpha: float | None = None) -> float:
+    def predicted(self, gamma: int | None = None, key=None, alpha: float | None = None,
+                  unsettled: bool = False) -> float:
         g = self.gamma if gamma is None else gamma
         alpha = self.alpha_for(key) if alpha is None else alpha
-        return expected_speedup(alpha, g, self.c_for(key), self.extra_at(g))
+        extra = self.extra_at(g)
+        if unsettled and len(self._extra.get(g, ())) < SETTLED_SAMPLES:
+            extra = min(extra, self._settled_floor())
+        return expected_speedup(alpha, g, self.c_for(key), extra)
+
+    def _settled_floor(self) -> float:
+        """The lowest β among γs with SETTLED_SAMPLES passes timed (the prior if none)."""
+        medians = self.extra_by_gamma
+        return min((medians[g] for g, v in self._extra.items() if len(v) >= SETTLED_SAMPLES),
+                   default=self.verify_extra)
 
     def optimistic_alpha(self, key=None) -> float:
         """α with the prior's drafts counted as all kept: 1.0 before any round, falling
