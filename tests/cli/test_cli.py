@@ -315,7 +315,7 @@ def test_a_kv_cache_the_memory_cannot_hold_is_refused_before_allocating(monkeypa
 
 def test_attached_text_feeds_prompt_lookup_drafts_and_the_stats_show_it(tmp_path):
     code = tmp_path / "units.py"
-    code.write_text((Path(__file__).parents[2] / "localchat" / "units.py").read_text()[:1500])
+    code.write_text((Path(__file__).parents[2] / "localchat" / "units.py").read_text()[:700])
     args = ("run", "--no-history", "--temp", "0", "-n", "60", "--draft", "ngram", "--json")
     quoted = localchat(*args, "--attach", str(code), "Repeat the attached file exactly.")
     unquoted = localchat(*args, "Write a story about a cat.")
