@@ -27,15 +27,11 @@ def add_option(parser: pytest.Parser) -> None:
 
 
 def mark_and_select(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Add the tier marks each test needs; under --fast, deselect every marked test.
-    Otherwise the modules with a model, process or TUI test run first and the fast tier's
-    last, so the workers end on short tests and neither waits long for the other."""
+    """Add the tier marks each test needs; under --fast, deselect every marked test."""
     for item in items:
         for name in needs(item):
             item.add_marker(name)
     if not config.getoption("fast"):
-        heavy = {item.path for item in items if any(item.get_closest_marker(t) for t in TIERS)}
-        items.sort(key=lambda item: item.path not in heavy)  # stable: modules stay whole
         return
     keep, dropped = [], []
     for item in items:
