@@ -156,7 +156,7 @@ class Runner:
         new_tokens, passed = self._forward_and_choose(chunks, masks)
         self.observer.forced_kept += self.speculator.cut_rejected(chunks, new_tokens)
         self.scheduler.after_step(chunks)
-        self._observe(chunks, passed, round_)
+        self._observe(chunks, passed, round_, new_tokens)
         for chunk in (c for c in chunks if c.samples):
             self._hand_out(chunk, new_tokens[chunk.seq.seq_id])
         return True
@@ -177,10 +177,11 @@ class Runner:
         logits = with_decided_rows(self.executor.forward(passed), decided, chunks)
         return choose_tokens(chunks, logits, masks), passed
 
-    def _observe(self, chunks: list[ScheduledChunk], passed: list[Chunk], round_) -> None:
+    def _observe(self, chunks: list[ScheduledChunk], passed: list[Chunk], round_,
+                 new_tokens: dict[int, list]) -> None:
         timing = self.observer.finish(chunks, passed)
         self.observer.forced_proposed += round_.forced
-        self.speculator.record(round_, decoding=self.observer.decoding,
+        self.speculator.record(round_, new_tokens, decoding=self.observer.decoding,
                                draft_s=timing.draft_s, verify_s=timing.verify_s,
                                step_s=timing.step_s,
                                tokens_passed=sum(len(c.tokens) for c in passed),

@@ -13,7 +13,7 @@ from localchat.engine.runtime.speculative.state import FLOOR
 
 
 def plan(b: int, alpha: float = 1.0, limit: int = 99) -> BatchPlan:
-    return BatchPlan(alphas=[alpha] * b, limits=[limit] * b, sampling=b, base_tokens=b)
+    return BatchPlan(chains=[[alpha] * 16] * b, limits=[limit] * b, sampling=b, base_tokens=b)
 
 
 def drive(bg: BatchGamma, steps: int, b: int, target, draft_row, *, accept=lambda g: g,

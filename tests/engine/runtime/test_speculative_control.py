@@ -226,9 +226,11 @@ def test_reported_alpha_is_per_judged_draft_as_in_the_speedup_formula():
     assert alpha_of([stats, {"accepted": 3, "judged": 3}]) == pytest.approx(8 / 10)
 
 
-def lookup_reply(steps: int, key: int, *, accept, beta: float = 0.6) -> tuple[list[int], float]:
+def lookup_reply(steps: int, key: int, *, accept, beta: float = 0.6,
+                 quoting: bool = False) -> tuple[list[int], float]:
     """One reply on a fresh controller (a one-shot `run`) drafting by prompt lookup with
-    evidence `key` at every step; (γ per step, the reply's time ÷ plain decoding's)."""
+    evidence `key` at every step (quoting: a match that grows by each token decoded, up to
+    16); (γ per step, the reply's time ÷ plain decoding's)."""
     from localchat.engine.runtime.speculative.drafts import NgramDraft
 
     a = AdaptiveGamma(alpha_priors=NgramDraft.alpha_priors, c_prior=0.0)
@@ -246,6 +248,7 @@ def lookup_reply(steps: int, key: int, *, accept, beta: float = 0.6) -> tuple[li
             seconds = STEP
             spec.record(0, 0, 0.0, STEP, STEP)
             tokens += 1
+        key = min(16, key + (kept + 1 if g else 1)) if quoting else key
         spent += seconds
     return choices, spent / (tokens * STEP)
 
@@ -266,7 +269,7 @@ def test_a_lookup_reply_that_keeps_nothing_costs_at_most_3_percent(key, steps):
 def test_quoting_drafts_from_its_first_tokens_and_ramps_up():
     """A match of 8+ tokens (quoting) may spend a step at once; what it gains pays for
     longer rounds, so a quoted reply is soon drafting at full length."""
-    choices, cost = lookup_reply(128, 8, accept=lambda g: g)
+    choices, cost = lookup_reply(128, 8, accept=lambda g: g, quoting=True)
     assert choices[:3] == [0, 0, 0]  # three plain steps time the target first
     # then 1, 2, 3, 5, 9, ...: each new γ is priced at a whole step a draft until timed near
     # it, and paid for by the credit earned

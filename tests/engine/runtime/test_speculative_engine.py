@@ -231,3 +231,35 @@ def test_bench_reports_the_speculative_section_per_task():
         for key in ("alpha", "c", "beta", "speedup", "predicted_speedup", "no_draft_tok_s"):
             assert key in task
     assert spec["speedup"] == spec["tasks"]["chat"]["speedup"]
+
+
+@pytest.mark.model
+def test_repeated_quoting_drafts_from_its_first_tokens_and_keeps_plain_decodings_text():
+    """A quoting reply's first tokens follow 2- to 7-token matches, where a reply had no
+    credit for a round: they decoded plain in every reply, as their match lengths never got
+    measured rounds. Each such plain step now judges the lookup's guess for free, so after a
+    few quoting replies a quote drafts from its first tokens. Passes are charged to a fake
+    clock (a compute-bound target: 1 + 0.5 steps a draft), so the decisions are this
+    model's, not this machine's; exact batching, so the text must be plain decoding's."""
+    from helpers.fake_clock import Clock, tokens_of
+    from localchat.bench.speculative import TASKS
+
+    engine = open_engine(EngineConfig("default", engine="llama.cpp", threads=2, ctx_size=1024,
+                                      exact_batching=True, draft="auto"))
+    try:
+        clock = Clock()
+        engine.runner.clock = clock
+        passes = clock.charge(engine.runner.executor, lambda ch: 0.01 * (
+            1 + 0.5 * (tokens_of(ch) - 1) if tokens_of(ch) <= 17 else 0.3 * tokens_of(ch)))
+        prompt = TASKS["quote"][0]
+        plain = reply(engine, prompt, SamplingParams(temperature=0.0, seed=1), n=32)[0]
+        leads = []  # plain decode steps before each reply's first round
+        for _ in range(5):
+            passes.clear()
+            tokens, stats = reply(engine, prompt, n=32)
+            assert tokens == plain and stats["accepted"] > 0
+            sizes = [sum(n for n, _ in p) for p in passes[1:]]  # after the prompt's pass
+            leads.append(next(i for i, n in enumerate(sizes) if n > 1))
+        assert leads[0] >= 5 and leads[-1] <= 1, leads
+    finally:
+        engine.close()

@@ -14,13 +14,18 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from statistics import median
 
+from localchat.engine.runtime.speculative.acceptance import (
+    ESTABLISHED_ROUNDS, MatchAcceptance, chain_tokens, expected_tokens)
 
-ESTABLISHED_ROUNDS = 4  # measured rounds after which a key's α is its own, not its prior's
 # verify passes timed at a γ before its β is taken as measured; until then the γ choice is
 # optimistic about it (no worse than the best settled β), so one slow pass (a new batch
 # shape, a busy moment) cannot keep a larger γ from ever being tried again
 SETTLED_SAMPLES = 3
 EXPLORE_GAIN = 1.05  # ... where that would gain 5 % or more over the measured best γ
+# A lookup key's α is a rate over at most `window` single guesses (± 0.1): its rounds are
+# taken where they are predicted to gain this much (at 1.0, γ 1 at a one-token match's α
+# 0.25 drafted at a predicted 1.04 on torch, and lost)
+KEYED_GAIN = 1.05
 
 
 def expected_speedup(alpha: float, gamma: int, c: float, verify_extra: float = 0.0) -> float:
@@ -29,13 +34,12 @@ def expected_speedup(alpha: float, gamma: int, c: float, verify_extra: float = 0
     tokens costs more than scoring one)."""
     if gamma == 0:
         return 1.0
-    return expected_tokens(alpha, gamma) / (gamma * c + 1 + verify_extra * gamma)
+    return expected_tokens(alpha, gamma) / round_cost(gamma, c, verify_extra)
 
 
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """Tokens a round of γ drafts yields on average (the kept drafts and the target's
-    own), each draft kept with probability α while all before it were."""
-    return gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+def round_cost(gamma: int, c: float, verify_extra: float) -> float:
+    """A round of γ drafts in plain target steps: drafting them, verifying γ + 1 tokens."""
+    return gamma * c + 1 + verify_extra * gamma
 
 
 def structural_c(draft_bytes: int, draft_layers: int, target_bytes: int,
@@ -80,9 +84,8 @@ class AdaptiveGamma:
     _c_all: deque = field(default_factory=deque)
     _c_by_key: dict = field(default_factory=dict)  # lookup and model drafts cost differently
     _extra: dict = field(default_factory=dict)  # γ -> recent extras measured at that γ
-    _alpha_by_key: dict = field(default_factory=dict)
     _rounds: deque = field(default_factory=deque)  # (accepted, tried) of recent rounds
-    _rounds_by_key: dict = field(default_factory=dict)
+    _keys: MatchAcceptance | None = None  # α per match length (made from alpha_priors)
     _alpha_prior: float | None = None
     _plain_since_probe: int = 0
     _probe_wait: int = 0
@@ -92,6 +95,7 @@ class AdaptiveGamma:
     _extra_medians: dict | None = None
     _measured: int = 0  # rounds and acceptances observed: what peak()'s cache is valid for
     _peaks: dict = field(default_factory=dict)
+    _peaks_at: int = -1
 
     @property
     def probing(self) -> bool:
@@ -103,10 +107,16 @@ class AdaptiveGamma:
         """The γ last chosen is not the measured best but one whose β is not settled yet."""
         return self._exploring
 
+    @property
+    def keys(self) -> MatchAcceptance:
+        if self._keys is None:
+            self._keys = MatchAcceptance(self.alpha_priors, self.prior_weight, self.window)
+        return self._keys
+
     def established(self, key=None) -> bool:
         """α for this evidence rests on measured rounds, not on its prior alone."""
-        rounds = self._rounds if key is None else self._rounds_by_key.get(key, ())
-        return len(rounds) >= ESTABLISHED_ROUNDS
+        return len(self._rounds) >= ESTABLISHED_ROUNDS if key is None else \
+            self.keys.established(key)
 
     def worst_loss(self, gamma: int, key=None, unmeasured: float | None = None) -> float:
         """What a round of γ drafts costs, in plain steps, if none is kept: drafting them
@@ -116,6 +126,15 @@ class AdaptiveGamma:
         if unmeasured is not None and not self.measured_near(gamma):
             extra = max(extra, unmeasured)
         return gamma * (self.c_for(key) + extra) if gamma else 0.0
+
+    def expected_loss(self, gamma: int, key=None, unmeasured: float | None = None) -> float:
+        """What a round of γ drafts costs beyond the tokens it yields on average at this
+        evidence's α, in plain steps: worst_loss where α is 0; at most 0 where α is 1,
+        whatever the verify pass costs, if no more than a step a draft."""
+        if not gamma:
+            return 0.0
+        return 1 + self.worst_loss(gamma, key, unmeasured) - \
+            chain_tokens(self.acceptance(key), gamma)
 
     def measured_near(self, gamma: int) -> bool:
         """A verify pass of about γ drafts was timed (β at γ is measured, not extrapolated)."""
@@ -144,6 +163,7 @@ class AdaptiveGamma:
         return self._extra_medians
 
     def choose(self, key=None) -> int:
+        """γ for the next round after evidence `key` (0: a plain step)."""
         if self.target_step_s is None or (
                 self.fixed is None and len(self._plain) < self.plain_first):
             self.gamma = 0  # time plain target steps first: c, β and the speedup need them
@@ -152,7 +172,7 @@ class AdaptiveGamma:
         else:
             best = self.peak(key)
             self._exploring = False
-            if self.predicted(best, key) > 1.0:
+            if self.predicted(best, key) > (1.0 if key is None else KEYED_GAIN):
                 self._probe_wait = self.probe_every
                 self._rounds_in_a_row += 1
                 # now and then a plain step, so the target's step time follows the load
@@ -167,35 +187,48 @@ class AdaptiveGamma:
             else:  # off: a round at once if none was timed yet, then now and then, each at
                 # the peak γ for an optimistic α (and β, at a γ not measured): probes explore
                 self._plain_since_probe += 1
-                self._probing = not self._c_all or \
-                    self._plain_since_probe >= (self._probe_wait or self.probe_every)
+                self._probing = (not self._c_all or self._plain_since_probe >= (
+                    self._probe_wait or self.probe_every)) and self._worth_probing(key)
                 self.gamma = self.peak(key, optimistic=True) if self._probing else 0
                 if self._probing:
                     self._plain_since_probe = 0
         return self.gamma
+
+    def _worth_probing(self, key) -> bool:
+        """Evidence whose first drafts plain steps judge for free (a lookup's guesses, see
+        observe_shadow) is probed only where its optimistic α predicts a gain; a draft
+        model's α is learnt from rounds alone, so it is always probed."""
+        if key is None:
+            return True
+        gamma = self.peak(key, optimistic=True)
+        return self.predicted(gamma, key, self.acceptance(key, optimistic=True)) > 1.0
 
     def peak(self, key=None, optimistic: bool = False, unsettled: bool = False) -> int:
         """The γ (≥ 1) with the highest predicted speedup (optimistic: for the acceptance
         the recent rounds allow at best, see optimistic_alpha; unsettled: β at γs with
         fewer than SETTLED_SAMPLES passes no worse than the best settled one). Asked every
         step: kept until a round or an acceptance changes α, c or β."""
-        cached = self._peaks.get((key, optimistic, unsettled))
-        if cached is not None and cached[0] == self._measured:
-            return cached[1]
-        alpha = self.optimistic_alpha(key) if optimistic else None
-        best = max(range(1, self.gamma_max + 1),
-                   key=lambda g: self.predicted(g, key, alpha, unsettled))
-        self._peaks[(key, optimistic, unsettled)] = (self._measured, best)
-        return best
+        if self._peaks_at != self._measured:
+            self._peaks, self._peaks_at = {}, self._measured
+        cache = (key, optimistic, unsettled)
+        if cache not in self._peaks:
+            acceptance = self.acceptance(key, optimistic)
+            self._peaks[cache] = max(range(1, self.gamma_max + 1), key=lambda g: self.predicted(
+                g, key, acceptance, unsettled))
+        return self._peaks[cache]
 
-    def predicted(self, gamma: int | None = None, key=None, alpha: float | None = None,
-                  unsettled: bool = False) -> float:
+    def predicted(self, gamma: int | None = None, key=None,
+                  acceptance: list[float] | None = None, unsettled: bool = False) -> float:
+        """The speedup a round of γ drafts is expected to give at this evidence (at
+        `acceptance`'s rates, where given: see acceptance())."""
         g = self.gamma if gamma is None else gamma
-        alpha = self.alpha_for(key) if alpha is None else alpha
+        if g == 0:
+            return 1.0
+        chain = self.acceptance(key) if acceptance is None else acceptance
         extra = self.extra_at(g)
         if unsettled and len(self._extra.get(g, ())) < SETTLED_SAMPLES:
             extra = min(extra, self._settled_floor())
-        return expected_speedup(alpha, g, self.c_for(key), extra)
+        return chain_tokens(chain, g) / round_cost(g, self.c_for(key), extra)
 
     def _settled_floor(self) -> float:
         """The lowest β among γs with SETTLED_SAMPLES passes timed (the prior if none)."""
@@ -207,8 +240,9 @@ class AdaptiveGamma:
         """α with the prior's drafts counted as all kept: 1.0 before any round, falling
         fast when drafts are rejected (a probe of a useless draft stays short, a good
         draft's probe is long enough to show its gain)."""
-        rounds = self._rounds if key is None else self._rounds_by_key.get(key, ())
-        kept, tried = sum(a for a, _ in rounds), sum(t for _, t in rounds)
+        if key is not None:
+            return self.keys.rate(key, self._fallback(), optimistic=True)
+        kept, tried = sum(a for a, _ in self._rounds), sum(t for _, t in self._rounds)
         return (kept + self.prior_weight) / (tried + self.prior_weight)
 
     def extra_at(self, gamma: int) -> float:
@@ -228,10 +262,25 @@ class AdaptiveGamma:
         return table[min(table)]
 
     def alpha_for(self, key=None) -> float:
-        """The acceptance expected after this evidence (the overall α where there is none)."""
+        """The chance a draft after this evidence is kept (the overall α where there is
+        no key)."""
+        return self.alpha if key is None else self.keys.rate(key, self._fallback())
+
+    def prior(self, key) -> float:
+        """This evidence's α before any is measured."""
+        return self.keys.prior(key, self._fallback())
+
+    def acceptance(self, key=None, optimistic: bool = False) -> list[float]:
+        """The chance each of a round's drafts is kept once all before it were: α for
+        each without a key; after a k-token match, the rate at k, k + 1, ... (the match
+        each kept draft extends). optimistic: the first's prior counted as kept."""
         if key is None:
-            return self.alpha
-        return self._alpha_by_key.get(key, self.alpha_priors.get(key, self.alpha))
+            return [self.optimistic_alpha() if optimistic else self.alpha] * self.gamma_max
+        return self.keys.chain(key, self.gamma_max, self._fallback(), optimistic)
+
+    def _fallback(self) -> float:
+        """The prior of a key with none of its own: α as it was before the first round."""
+        return self.alpha if self._alpha_prior is None else self._alpha_prior
 
     def _keep(self, recent: deque, value: float) -> None:
         recent.append(value)
@@ -251,9 +300,14 @@ class AdaptiveGamma:
             self._alpha_prior = self.alpha
         self.alpha = self._estimate(self._rounds, (accepted, tried), self._alpha_prior)
         if key is not None:
-            prior = self.alpha_priors.get(key, self._alpha_prior)
-            self._alpha_by_key[key] = self._estimate(
-                self._rounds_by_key.setdefault(key, deque()), (accepted, tried), prior)
+            self.keys.observe(key, gamma, accepted)
+
+    def observe_shadow(self, key, kept: bool) -> None:
+        """A plain step where evidence `key` guessed the token at no cost: whether its
+        first draft would have been kept (evidence whose rounds are priced out until it
+        is established otherwise never is); the overall α is the rounds' alone."""
+        self._measured += 1
+        self.keys.guess(key, kept)
 
     def _estimate(self, rounds: deque, new: tuple[int, int], prior: float) -> float:
         """α over the recent rounds: drafts kept ÷ drafts judged (a round's first rejected

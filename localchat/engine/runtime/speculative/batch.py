@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
 
-from localchat.engine.runtime.speculative.adaptive import expected_tokens
+from localchat.engine.runtime.speculative.acceptance import chain_tokens
 from localchat.engine.runtime.speculative.state import FLOOR, JUDGE_AFTER, JUDGE_WINDOW
 
 
@@ -63,11 +63,12 @@ class CostCurve:
 
 @dataclass
 class BatchPlan:
-    """A step's sequences as the batch controller sees them: each speculating one's α and
-    γ limit (room left), how many rows sample a token (the batch size the guard keys
-    on), the step's tokens without drafts."""
+    """A step's sequences as the batch controller sees them: each speculating one's
+    acceptance (the chance each draft is kept once all before it were, see
+    AdaptiveGamma.acceptance) and γ limit (room left), how many rows sample a token (the
+    batch size the guard keys on), the step's tokens without drafts."""
 
-    alphas: list[float]
+    chains: list[list[float]]
     limits: list[int]
     sampling: int
     base_tokens: int
@@ -102,7 +103,7 @@ class BatchGamma:
         rows = sum(1 for g in gammas if g)
         if not rows:
             return 1.0
-        extra = sum(expected_tokens(a, g) - 1 for a, g in zip(plan.alphas, gammas) if g)
+        extra = sum(chain_tokens(chain, g) - 1 for chain, g in zip(plan.chains, gammas) if g)
         draft_s = self.draft.at(rows, 0.0) if self.draft.count(rows) else \
             c * (self.target.at(rows, beta_s) or plain_s)
         verify_s = self.target.at(plan.base_tokens + sum(gammas), beta_s)

@@ -38,6 +38,10 @@ class DraftSource(Protocol):
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[Proposal]:
         """Up to γ draft tokens after each (sequence, γ)'s tokens."""
 
+    def peek(self, seq: Sequence) -> int | None:
+        """The token propose() would put first for seq, where knowing it costs nothing (a
+        lookup's, after evidence()); None otherwise."""
+
     def settle(self, seq: Sequence) -> None: ...
 
     def retain(self, running: set[int]) -> None: ...
@@ -62,6 +66,9 @@ class ModelDraft:
 
     def evidence(self, seq: Sequence) -> None:
         return None
+
+    def peek(self, seq: Sequence) -> None:
+        return None  # a forward pass of the draft
 
     def prefill(self, seqs: list[Sequence]) -> None:
         """The whole prompt, as the catch-up in the first round read it (a self-draft's
@@ -196,7 +203,11 @@ class NgramDraft:
         self._live[seq.seq_id] = seq
         length, follow = self.lookup(seq.tokens)
         self._found[seq.seq_id] = (len(seq.tokens), follow)
-        return min(length, 8) if length else False
+        return length or False
+
+    def peek(self, seq: Sequence) -> int | None:
+        at, follow = self._found.get(seq.seq_id, (-1, []))
+        return follow[0] if at == len(seq.tokens) and follow else None
 
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[Proposal]:
         out = []
@@ -276,6 +287,9 @@ class LookupThenModel:
             return None
         self._looked_up.add(seq.seq_id)
         return key
+
+    def peek(self, seq: Sequence) -> int | None:
+        return self.lookup.peek(seq) if seq.seq_id in self._looked_up else None
 
     def prefill(self, seqs: list[Sequence]) -> None:
         self.model.prefill(seqs)

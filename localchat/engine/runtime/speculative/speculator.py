@@ -33,11 +33,13 @@ def draft_cost_prior(draft: DraftSource | None, target: Executor) -> float:
 @dataclass
 class Round:
     """One step's speculation: the draft source's chunks with the drafts proposed for each,
-    the batch controller's plan where it chose γ, and the tokens grammars forced."""
+    the batch controller's plan where it chose γ, the tokens grammars forced, and the
+    lookup's free guess for each chunk that decodes plain despite its evidence."""
 
     drafted: list[tuple[ScheduledChunk, int]] = field(default_factory=list)
     plan: BatchPlan | None = None
     forced: int = 0
+    shadows: list[tuple[ScheduledChunk, int]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.drafted)
@@ -115,6 +117,9 @@ class Speculator:
             budget -= gamma
             requests.append((seq, gamma))
             owners.append(chunk)
+            guess = self.draft.peek(seq) if gamma == 0 and evidence else None
+            if guess is not None:
+                round_.shadows.append((chunk, guess))
         proposals = self.draft.propose(requests) if any(g for _, g in requests) else \
             [([], None)] * len(requests)
         for chunk, ff in forced:
@@ -146,9 +151,16 @@ class Speculator:
                 kept_forced += len(chunk.drafts)
         return kept_forced
 
-    def record(self, round_: Round, *, decoding: bool, draft_s: float, verify_s: float,
-               step_s: float, tokens_passed: int, rows: int) -> None:
-        """The round's timings to the controllers: each sequence's (alone), the batch's."""
+    def record(self, round_: Round, new_tokens: dict[int, list], *, decoding: bool,
+               draft_s: float, verify_s: float, step_s: float, tokens_passed: int,
+               rows: int) -> None:
+        """The round's timings to the controllers: each sequence's (alone), the batch's;
+        and whether the target chose the lookup's guess where a sequence drafted nothing
+        (a one-draft round's acceptance, measured at no cost)."""
+        for chunk, guess in round_.shadows:
+            chosen = new_tokens.get(chunk.seq.seq_id)
+            if chosen:
+                chunk.seq.speculation.shadow(chosen[0] == guess)
         catch_up_s = self.draft.catch_up_s if round_ else 0.0
         draft_s = max(0.0, draft_s - catch_up_s)
         for chunk, proposed in round_.drafted:
@@ -172,7 +184,7 @@ class Speculator:
         if len(chunks) < 2 or self.adaptive.fixed is not None or not candidates:
             return None
         live = [(ev, room) for _, ev, room in candidates if ev is not False]
-        return BatchPlan(alphas=[self.adaptive.alpha_for(ev) for ev, _ in live],
+        return BatchPlan(chains=[self.adaptive.acceptance(ev) for ev, _ in live],
                          limits=[max(0, room) for _, room in live],
                          sampling=sum(1 for c in chunks if c.samples),
                          base_tokens=sum(c.end - c.start for c in chunks))

@@ -54,17 +54,20 @@ class Speculation:
         return self.affordable(max(0, min(self.adaptive.choose(key), limit)), key)
 
     def affordable(self, gamma: int, key=None) -> int:
-        """γ, or less where a prompt-lookup round's gain is not yet shown (a probe, a match
-        length with no measured rounds, or a γ with no verify timed near it) and losing it
-        would cost this reply more than its credit. A draft model's rounds (no key) are its
-        guard's to judge, as before."""
+        """γ, or less where a prompt-lookup round's gain is not yet shown and its price
+        would cost this reply more than its credit: a probe, a match length with too few
+        measured rounds, or any round once the reply has lost more than its credit, at
+        what losing every draft costs; a γ with no verify timed near it, at what it is
+        expected to lose at the key's measured α if the pass costs a whole step a draft.
+        A draft model's rounds (no key) are its guard's to judge."""
         a = self.adaptive
-        if gamma == 0 or a.fixed is not None or key is None or not (
-                a.probing or not a.established(key) or not a.measured_near(gamma)):
+        proven = a.established(key) and not a.probing and self.credit >= 0
+        if gamma == 0 or a.fixed is not None or key is None or (
+                proven and a.measured_near(gamma)):
             return gamma
-        allowance = self.credit + (STRONG_ADVANCE if a.alpha_priors.get(key, 0.0) >= STRONG_PRIOR
-                                   else 0.0)
-        while gamma > 0 and a.worst_loss(gamma, key, unmeasured=UNMEASURED_BETA) > allowance:
+        allowance = self.credit + (STRONG_ADVANCE if a.prior(key) >= STRONG_PRIOR else 0.0)
+        price = a.expected_loss if proven else a.worst_loss
+        while gamma > 0 and price(gamma, key, unmeasured=UNMEASURED_BETA) > allowance:
             gamma -= 1
         return gamma
 
@@ -92,6 +95,12 @@ class Speculation:
         self.adaptive.observe_round(proposed, accepted, draft_s, verify_s, self.key)
         self._recent.append((accepted + 1, step_s - catch_up_s))
         self._judge()
+
+    def shadow(self, kept: bool) -> None:
+        """This plain step's evidence guessed its token for free (a lookup's first draft):
+        kept or not, a one-draft round at that evidence, for α alone."""
+        if self.key is not None and self.adaptive.fixed is None:
+            self.adaptive.observe_shadow(self.key, kept)
 
     def _settle_credit(self, proposed: int, accepted: int, seconds: float,
                        batched: bool) -> None:
