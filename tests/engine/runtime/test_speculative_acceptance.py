@@ -39,7 +39,7 @@ def test_each_draft_of_a_round_is_judged_at_the_match_it_extends():
     keys.observe(2, 4, 2)  # kept at 2 and 3, missed at 4
     keys.observe(7, 4, 4)  # 7, then 8 and longer (judged as 8)
     assert {k: list(v) for k, v in keys._judged.items()} == {
-        2: [0, 1], 3: [1], 4: [0], 7: [1], 8: [1, 1, 1]}
+        2: [(0, 1), (1, 1)], 3: [(1, 1)], 4: [(0, 1)], 7: [(1, 1)], 8: [(3, 3)]}
     assert keys.rate(2, 0.6) == pytest.approx((1 + 0.35 * 2) / (2 + 2))
     assert keys.rate(12, 0.6) == keys.rate(8, 0.6)  # judged as 8 tokens long
     assert keys.chain(3, 3, 0.6) == [keys.rate(3, 0.6), keys.rate(4, 0.6), keys.rate(5, 0.6)]

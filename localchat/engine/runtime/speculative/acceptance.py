@@ -31,32 +31,40 @@ def chain_tokens(chain: list[float], gamma: int) -> float:
 
 @dataclass
 class MatchAcceptance:
-    """Per match length, the recent drafts judged there (kept or not); the rate is theirs
-    with the length's prior (the longest prior for longer matches, the caller's fallback
-    where there is none) counting as `weight` drafts."""
+    """Per match length, its recent events (kept, judged): each round or guess that judged
+    drafts there; the rate is theirs with the length's prior (the longest prior for longer
+    matches, the caller's fallback where there is none) counting as `weight` drafts."""
 
     priors: dict
     weight: float = 2.0
-    window: int = 16  # drafts kept per match length
+    window: int = 16  # events kept per match length
     longest: int = 8  # longer matches are judged as this long
-    _judged: dict = field(default_factory=dict)  # length -> deque of 0/1
+    _judged: dict = field(default_factory=dict)  # length -> deque of (kept, judged)
 
     def observe(self, key: int, gamma: int, accepted: int) -> None:
         """A round of γ drafts after a `key`-token match, `accepted` of them kept (the first
-        miss judged, the drafts after it not)."""
+        miss judged, the drafts after it not): an event at each length it judged drafts at
+        (a quote's 15 kept drafts after an 8-token match are one event, as a chat's miss
+        there is, so that one miss does not outweigh the quote)."""
+        events: dict[int, list[int]] = {}
         for i in range(min(gamma, accepted + 1)):
-            self._add(key + i, i < accepted)
+            kept_judged = events.setdefault(min(key + i, self.longest), [0, 0])
+            kept_judged[0] += i < accepted
+            kept_judged[1] += 1
+        for length, (kept, judged) in events.items():
+            self._add(length, kept, judged)
 
     def guess(self, key: int, kept: bool) -> None:
         """A plain step's free guess after a `key`-token match."""
-        self._add(key, kept)
+        self._add(key, int(kept), 1)
 
     def rate(self, key: int, fallback: float, optimistic: bool = False) -> float:
         """The chance a draft after a `key`-token match is kept (optimistic: with the
         prior's drafts counted as kept)."""
-        judged = self._judged.get(min(key, self.longest), ())
+        events = self._judged.get(min(key, self.longest), ())
         prior = 1.0 if optimistic else self.prior(key, fallback)
-        return (sum(judged) + prior * self.weight) / (len(judged) + self.weight)
+        return (sum(k for k, _ in events) + prior * self.weight) / (
+            sum(j for _, j in events) + self.weight)
 
     def chain(self, key: int, gamma: int, fallback: float,
               optimistic: bool = False) -> list[float]:
@@ -74,6 +82,6 @@ class MatchAcceptance:
         shorter = [k for k in self.priors if isinstance(k, int) and k < key]
         return self.priors[max(shorter)] if shorter else fallback
 
-    def _add(self, key: int, kept: bool) -> None:
+    def _add(self, key: int, kept: int, judged: int) -> None:
         self._judged.setdefault(min(key, self.longest), deque(maxlen=self.window)).append(
-            int(kept))
+            (kept, judged))
