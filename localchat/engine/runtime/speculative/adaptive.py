@@ -94,7 +94,7 @@ class AdaptiveGamma:
     _rounds_in_a_row: int = 0
     _extra_medians: dict | None = None
     _measured: int = 0  # rounds and acceptances observed: what peak()'s cache is valid for
-    _peaks: dict = field(default_factory=dict)
+    _peaks: dict = field(default_factory=dict)  # peaks and acceptances, while _measured holds
     _peaks_at: int = -1
 
     @property
@@ -274,9 +274,15 @@ class AdaptiveGamma:
         """The chance each of a round's drafts is kept once all before it were: α for
         each without a key; after a k-token match, the rate at k, k + 1, ... (the match
         each kept draft extends). optimistic: the first's prior counted as kept."""
-        if key is None:
-            return [self.optimistic_alpha() if optimistic else self.alpha] * self.gamma_max
-        return self.keys.chain(key, self.gamma_max, self._fallback(), optimistic)
+        if self._peaks_at != self._measured:
+            self._peaks, self._peaks_at = {}, self._measured
+        cached = self._peaks.get(("acceptance", key, optimistic))
+        if cached is None:
+            cached = [self.optimistic_alpha() if optimistic else self.alpha] * self.gamma_max \
+                if key is None else \
+                self.keys.chain(key, self.gamma_max, self._fallback(), optimistic)
+            self._peaks[("acceptance", key, optimistic)] = cached
+        return cached
 
     def _fallback(self) -> float:
         """The prior of a key with none of its own: α as it was before the first round."""
