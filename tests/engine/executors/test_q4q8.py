@@ -188,11 +188,14 @@ def _assert_rows_batch_exactly(layer, x):
         assert torch.equal(layer(x[i:i + 1]), whole[i:i + 1])
 
 
-# N tails: 37 rows = 4 tiles of 8 and 5; 3 rows, less than a tile
-@pytest.mark.parametrize("n,k", [(40, 512), (37, 480), (3, 256)])
-def test_q4_0_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k):
+# N tails: 37 rows = 4 tiles of 8 and 5; 3 rows, less than a tile; AVX-512 holds two tiles a
+# vector: 40 rows leave the 5th tile alone, 45 end in a pair of 8 and 5 rows
+@ISAS
+@pytest.mark.parametrize("n,k", [(40, 512), (37, 480), (3, 256), (45, 256)])
+def test_q4_0_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k, isa, monkeypatch):
     """Q4_0 repacked 8 rows interleaved (4.5 bits, the last tile padded) sums (q − 8)·d as
     llama.cpp's Q4_0 dot product does, as q4s8 does up to float summation order."""
+    monkeypatch.setenv("LOCALCHAT_Q4Q8_ISA", isa)
     rng = np.random.default_rng(3)
     q = rng.integers(0, 16, (n, k))
     d = (rng.random((n, k // 32)) * 0.02).astype(np.float16)
@@ -208,11 +211,13 @@ def test_q4_0_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k):
     _assert_rows_batch_exactly(layer, torch.from_numpy(x))
 
 
+@ISAS
 @pytest.mark.parametrize("n,k", [(40, 512), (37, 480), (3, 256)])
-def test_q4_1_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k):
+def test_q4_1_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k, isa, monkeypatch):
     """Q4_1 repacked 8 rows interleaved (5 bits: nibbles, float16 d and m, the last tile
     padded) sums q·d·dx + m·sx as llama.cpp's Q4_1 dot product does, as q4q8 does up to float
     summation order."""
+    monkeypatch.setenv("LOCALCHAT_Q4Q8_ISA", isa)
     rng = np.random.default_rng(5)
     q = rng.integers(0, 16, (n, k))
     d = (rng.random((n, k // 32)) * 0.02).astype(np.float16)
@@ -231,10 +236,12 @@ def test_q4_1_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k):
     _assert_rows_batch_exactly(layer, torch.from_numpy(x))
 
 
+@ISAS
 @pytest.mark.parametrize("n,k", [(40, 512), (37, 512), (3, 256)])
-def test_q4_k_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k):
+def test_q4_k_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k, isa, monkeypatch):
     """Q4_K repacked 8 rows interleaved (4.75 bits) takes llama.cpp's route (integer sums per
     256 times the 6-bit scales, one float multiply by d·dx; the offsets alike) to its sums."""
+    monkeypatch.setenv("LOCALCHAT_Q4Q8_ISA", isa)
     from localchat.formats.gguf_blocks import group_scales
 
     rng = np.random.default_rng(4)
@@ -255,12 +262,15 @@ def test_q4_k_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k):
 
 # N tails as above; "extreme": codes −32 or 31 (the first 8 rows all 31), sc −128 or 127,
 # each activation row one value (all its codes ±127): the largest int16 pair sums there are
+@ISAS
 @pytest.mark.parametrize("n,k,values", [(40, 512, "random"), (37, 512, "random"),
-                                        (3, 256, "random"), (16, 512, "extreme")])
-def test_q6_k_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k, values):
+                                        (3, 256, "random"), (45, 256, "random"),
+                                        (16, 512, "extreme")])
+def test_q6_k_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k, values, isa, monkeypatch):
     """Q6_K repacked 8 rows interleaved (6.625 bits, the last tile padded) takes llama.cpp's
     route (integer sums per 256 of Σ (q − 32)·x times the int8 sc, one float multiply by d·dx)
     to its sums, as q6q8 does up to float summation order."""
+    monkeypatch.setenv("LOCALCHAT_Q4Q8_ISA", isa)
     rng = np.random.default_rng(5)
     if values == "extreme":
         codes = rng.choice(np.array([-32, 31], dtype=np.int8), (n, k))
@@ -283,6 +293,31 @@ def test_q6_k_interleaved_by_8_rows_is_llama_cpps_sum_and_batches_exactly(n, k, 
     one_row_at_a_time = q4q8.Q6Q8Linear(*held)(torch.from_numpy(x))
     torch.testing.assert_close(ours, one_row_at_a_time, rtol=1e-5, atol=1e-5)
     _assert_rows_batch_exactly(layer, torch.from_numpy(x))
+
+
+@pytest.mark.skipif(q4q8.isa() != "avx512-vnni", reason="this CPU has no AVX-512 VNNI")
+@pytest.mark.parametrize("n", [8, 16, 37, 40, 45])
+def test_the_8_row_kernels_return_the_same_bits_on_avx512_as_on_avx2(n, monkeypatch):
+    """The interleaved tiles compiled for AVX-512 VNNI (16 rows a vector, vpdpbusd) and for
+    AVX2 (8 rows, vpmaddubsw) sum the same integers: every output bit agrees, at every batch."""
+    rng = np.random.default_rng(n)
+    k = 512
+    q = packed(rng.integers(0, 16, (n, k)))
+    d, m = (torch.from_numpy((rng.random((n, k // 32)) * 0.02).astype(np.float16)) for _ in "dm")
+    sc, mn = (torch.from_numpy(rng.integers(0, 64, (n, k // 32)).astype(np.uint8)) for _ in "sm")
+    sup = torch.from_numpy((rng.random((n, k // 256, 2)) * 1e-3).astype(np.float32))
+    six = [torch.from_numpy(rng.integers(-32, 32, (n, k)).astype(np.int8)),
+           torch.from_numpy(rng.integers(-128, 128, (n, k // 16)).astype(np.int8)),
+           torch.from_numpy((rng.random((n, k // 256)) * 1e-3).astype(np.float32))]
+    layers = [q4x8.Q4S8x8Linear(q, d), q4x8.Q41x8Linear(q, d, m), q4x8.Q4Kx8Linear(q, sc, mn, sup),
+              q6x8.Q6Kx8Linear(*six)]
+    x = torch.from_numpy(rng.standard_normal((9, k)).astype(np.float32))
+    for layer in layers:
+        for rows in (1, 4, 9):
+            monkeypatch.setenv("LOCALCHAT_Q4Q8_ISA", "avx2")
+            narrow = layer(x[:rows])
+            monkeypatch.setenv("LOCALCHAT_Q4Q8_ISA", "native")
+            assert torch.equal(layer(x[:rows]), narrow), (type(layer).__name__, rows)
 
 
 @pytest.mark.parametrize("four_bit", ["q4q8", "q41x8"])  # q41x8: Q4_1 8 rows interleaved

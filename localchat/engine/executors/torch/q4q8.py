@@ -22,9 +22,26 @@ from localchat.paths import cache_dir
 
 GROUP = 32  # weights per scale: GGUF's blocks
 
-# q4x8.cpp and q6x8.cpp (the 8-row interleaved ops) follow q4q8.cpp in one translation unit
-_SOURCE = "\n".join((Path(__file__).parent / name).read_text(encoding="utf-8")
-                    for name in ("q4q8.cpp", "q4x8.cpp", "q6x8.cpp"))
+
+def _text(name: str) -> str:
+    return (Path(__file__).parent / name).read_text(encoding="utf-8")
+
+
+def _x8_target(namespace: str, wide: int, target: str | None) -> str:
+    """The 8-row interleaved tiles (x8_vec.cpp's vector layer) compiled for one target in
+    their own namespace: AVX2 (the build's flags), or AVX-512 VNNI under a target pragma."""
+    body = "\n".join(_text(name) for name in ("x8_vec.cpp", "q4x8_tiles.cpp", "q6x8_tiles.cpp"))
+    code = f"#define X8_WIDE {wide}\nnamespace {{\nnamespace {namespace} {{\n{body}\n}}\n}}\n#undef X8_WIDE\n"
+    if target is None:
+        return code
+    return f'#pragma GCC push_options\n#pragma GCC target("{target}")\n{code}#pragma GCC pop_options\n'
+
+
+# One translation unit: q4q8.cpp, the tiles once per target, then the 8-row ops (q4x8.cpp,
+# q6x8.cpp), which call the AVX-512 tiles where q4q8.cpp's has_vnni() holds
+_SOURCE = "\n".join((_text("q4q8.cpp"), _x8_target("x8_avx2", 0, None),
+                      _x8_target("x8_avx512", 1, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"),
+                      _text("q4x8.cpp"), _text("q6x8.cpp")))
 SOURCE_DIGEST = hashlib.blake2b(f"{torch.__version__}{_SOURCE}".encode(), digest_size=8).hexdigest()
 
 
