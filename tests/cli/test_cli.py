@@ -322,7 +322,9 @@ def test_attached_text_feeds_prompt_lookup_drafts_and_the_stats_show_it(tmp_path
     assert quoted.returncode == 0 and unquoted.returncode == 0, quoted.stderr + unquoted.stderr
     with_file, without = json.loads(quoted.stdout)["draft"], json.loads(unquoted.stdout)["draft"]
     assert with_file["source"] == "ngram" and with_file["accepted"] > 0, with_file
-    assert with_file["acceptance_rate"] > without["acceptance_rate"], (with_file, without)
+    # the quote keeps many times the drafts a story does (a story may keep one, at a rate of 1.0)
+    assert with_file["accepted"] > 4 * without["accepted"], (with_file, without)
+    assert with_file["acceptance_rate"] > 0.5, with_file
 
 
 def test_attach_puts_a_named_text_file_before_the_prompt_and_refuses_binaries(tmp_path):

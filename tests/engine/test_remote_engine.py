@@ -52,7 +52,8 @@ def wait_for(url: str, proc: subprocess.Popen, log, timeout: float = 60) -> None
 
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory):
-    """llama-cpp-python's server on the bundled GGUF, with an API key, 2048 context."""
+    """llama-cpp-python's server on the bundled GGUF, with an API key, 2048 context, and
+    flash attention on as in our llama.cpp executor (off, a near-tie token differed on AVX-512)."""
     from localchat.models.specs import bundled_model_path
 
     port = free_port()
@@ -61,7 +62,7 @@ def server_url(tmp_path_factory):
         proc = subprocess.Popen(
             [sys.executable, "-m", "llama_cpp.server", "--model", str(bundled_model_path()),
              "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
-             "--n_threads", "2", "--api_key", KEY],
+             "--n_threads", "2", "--api_key", KEY, "--flash_attn", "true"],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_for(f"http://127.0.0.1:{port}/v1/models", proc, log)
@@ -85,7 +86,7 @@ def local():
     does not compute to the same bits (docs/architecture.md, "Exact batching")."""
     from localchat.engine import EngineConfig, open_engine
 
-    eng = open_engine(EngineConfig("default", ctx_size=1024))
+    eng = open_engine(EngineConfig("default", engine="llama.cpp", ctx_size=1024))
     yield eng
     eng.close()
 
