@@ -6,6 +6,8 @@
 // both, so the two targets return the same bits, and a row the same bits alone as in a batch.
 
 #if X8_WIDE
+#define X8_OP(name) _mm512_##name          // an element-wise intrinsic at this width
+#define X8_SI(name) _mm512_##name##_si512  // one on the whole register
 constexpr int LANES = 16;  // weight rows a vector holds: tiles a and b
 using vi = __m512i;
 using vf = __m512;
@@ -30,24 +32,6 @@ inline vi u8_to_i32(const uint8_t* a, const uint8_t* b) {  // 8 bytes of each ti
 }
 inline vi u8_to_i16(const uint8_t* a, const uint8_t* b) { return _mm512_cvtepu8_epi16(load_halves(a, b)); }
 inline vi i8_to_i16(const int8_t* a, const int8_t* b) { return _mm512_cvtepi8_epi16(load_halves(a, b)); }
-inline vi set1_i8(char v) { return _mm512_set1_epi8(v); }
-inline vi set1_i32(int32_t v) { return _mm512_set1_epi32(v); }
-inline vf set1_f(float v) { return _mm512_set1_ps(v); }
-inline vi zero_i() { return _mm512_setzero_si512(); }
-inline vf zero_f() { return _mm512_setzero_ps(); }
-inline vi and_i(vi a, vi b) { return _mm512_and_si512(a, b); }
-inline vi or_i(vi a, vi b) { return _mm512_or_si512(a, b); }
-inline vi srli16(vi a, int n) { return _mm512_srli_epi16(a, n); }
-inline vi slli32(vi a, int n) { return _mm512_slli_epi32(a, n); }
-inline vi add32(vi a, vi b) { return _mm512_add_epi32(a, b); }
-inline vi sub32(vi a, vi b) { return _mm512_sub_epi32(a, b); }
-inline vi madd16(vi a, vi b) { return _mm512_madd_epi16(a, b); }
-inline vf to_f(vi a) { return _mm512_cvtepi32_ps(a); }
-inline vf mul_f(vf a, vf b) { return _mm512_mul_ps(a, b); }
-inline vf add_f(vf a, vf b) { return _mm512_add_ps(a, b); }
-inline vf sub_f(vf a, vf b) { return _mm512_sub_ps(a, b); }
-inline vf fmadd_f(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
-inline void store_f(float* p, vf v) { _mm512_storeu_ps(p, v); }
 
 // A sum of unsigned-code × int8 products per lane: here int32
 inline vi dot(vi acc, vi codes, vi x) { return _mm512_dpbusd_epi32(acc, codes, x); }
@@ -59,6 +43,8 @@ inline vi scale_low16(vi pairs) { return _mm512_srai_epi32(_mm512_slli_epi32(pai
 inline vi scale_high16(vi pairs) { return _mm512_srai_epi32(pairs, 16); }
 inline vi scaled(vi acc, vi scale) { return _mm512_mullo_epi32(acc, scale); }  // Σ · scale, int32
 #else
+#define X8_OP(name) _mm256_##name
+#define X8_SI(name) _mm256_##name##_si256
 constexpr int LANES = 8;  // weight rows a vector holds: tile a (b is not read)
 using vi = __m256i;
 using vf = __m256;
@@ -77,24 +63,6 @@ inline vi u8_to_i16(const uint8_t* a, const uint8_t*) {
 inline vi i8_to_i16(const int8_t* a, const int8_t*) {
   return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)a));
 }
-inline vi set1_i8(char v) { return _mm256_set1_epi8(v); }
-inline vi set1_i32(int32_t v) { return _mm256_set1_epi32(v); }
-inline vf set1_f(float v) { return _mm256_set1_ps(v); }
-inline vi zero_i() { return _mm256_setzero_si256(); }
-inline vf zero_f() { return _mm256_setzero_ps(); }
-inline vi and_i(vi a, vi b) { return _mm256_and_si256(a, b); }
-inline vi or_i(vi a, vi b) { return _mm256_or_si256(a, b); }
-inline vi srli16(vi a, int n) { return _mm256_srli_epi16(a, n); }
-inline vi slli32(vi a, int n) { return _mm256_slli_epi32(a, n); }
-inline vi add32(vi a, vi b) { return _mm256_add_epi32(a, b); }
-inline vi sub32(vi a, vi b) { return _mm256_sub_epi32(a, b); }
-inline vi madd16(vi a, vi b) { return _mm256_madd_epi16(a, b); }
-inline vf to_f(vi a) { return _mm256_cvtepi32_ps(a); }
-inline vf mul_f(vf a, vf b) { return _mm256_mul_ps(a, b); }
-inline vf add_f(vf a, vf b) { return _mm256_add_ps(a, b); }
-inline vf sub_f(vf a, vf b) { return _mm256_sub_ps(a, b); }
-inline vf fmadd_f(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-inline void store_f(float* p, vf v) { _mm256_storeu_ps(p, v); }
 
 // A sum of unsigned-code × int8 products per lane: here int16 pairs (exact while a lane sums
 // at most 32767: each caller says why it does)
@@ -113,6 +81,28 @@ inline vi scale_high16(vi pairs) {
 }
 inline vi scaled(vi acc, vi scale) { return _mm256_madd_epi16(acc, scale); }  // Σ · scale, int32
 #endif
+
+// The element-wise operations, the same at both widths
+inline vi set1_i8(char v) { return X8_OP(set1_epi8)(v); }
+inline vi set1_i32(int32_t v) { return X8_OP(set1_epi32)(v); }
+inline vf set1_f(float v) { return X8_OP(set1_ps)(v); }
+inline vi zero_i() { return X8_SI(setzero)(); }
+inline vf zero_f() { return X8_OP(setzero_ps)(); }
+inline vi and_i(vi a, vi b) { return X8_SI(and)(a, b); }
+inline vi or_i(vi a, vi b) { return X8_SI(or)(a, b); }
+inline vi srli16(vi a, int n) { return X8_OP(srli_epi16)(a, n); }
+inline vi slli32(vi a, int n) { return X8_OP(slli_epi32)(a, n); }
+inline vi add32(vi a, vi b) { return X8_OP(add_epi32)(a, b); }
+inline vi sub32(vi a, vi b) { return X8_OP(sub_epi32)(a, b); }
+inline vi madd16(vi a, vi b) { return X8_OP(madd_epi16)(a, b); }
+inline vf to_f(vi a) { return X8_OP(cvtepi32_ps)(a); }
+inline vf mul_f(vf a, vf b) { return X8_OP(mul_ps)(a, b); }
+inline vf add_f(vf a, vf b) { return X8_OP(add_ps)(a, b); }
+inline vf sub_f(vf a, vf b) { return X8_OP(sub_ps)(a, b); }
+inline vf fmadd_f(vf a, vf b, vf c) { return X8_OP(fmadd_ps)(a, b, c); }
+inline void store_f(float* p, vf v) { X8_OP(storeu_ps)(p, v); }
+#undef X8_OP
+#undef X8_SI
 
 constexpr int TILES = LANES / 8;  // 8-row tiles a vector holds
 
