@@ -97,14 +97,15 @@ def _compare(a: str, b: str, la: torch.Tensor, lb: torch.Tensor) -> Comparison:
 
 def llama_cpp_logits(path, tokens: list[int], threads: int = 2) -> torch.Tensor:
     """llama.cpp's logits at every position of one prompt pass over `tokens`."""
-    from localchat.engine.executors.llama_lib import llama_cpp
+    import localchat.engine.executors.llama_lib  # noqa: F401 -- the CPU check before libllama
+    from llama_cpp import Llama
 
     from localchat.engine.executors import llamacpp_vocab  # noqa: F401  (keeps llama.cpp's log off the terminal)
     from localchat.engine.executors.llamacpp_backends import load_cpu_backend
 
     load_cpu_backend()  # a GGML_BACKEND_DL build registers no CPU backend of its own
 
-    llm = llama_cpp.Llama(str(path), n_ctx=len(tokens), n_batch=512, logits_all=True,
+    llm = Llama(str(path), n_ctx=len(tokens), n_batch=512, logits_all=True,
                           n_threads=threads, n_threads_batch=threads, verbose=False)
     try:
         llm.eval(tokens)

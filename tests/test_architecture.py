@@ -32,6 +32,25 @@ def test_commands_that_load_no_model_import_no_engine():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.subprocess
+def test_a_one_shot_reply_on_llama_cpp_loads_neither_torch_nor_llama_cpps_high_level_half():
+    """`run PROMPT -n 1` on llama.cpp needs only llama.cpp's bindings: torch (~1.4 s) and
+    llama_cpp's Llama class with its chat formats (~55 ms) stay unimported, and the package
+    still completes itself for code that asks it for Llama afterwards."""
+    code = ("import contextlib, io, sys\n"
+            "from localchat.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "    assert main(['run', 'Hi', '-n', '1', '--engine', 'llama.cpp']) == 0\n"
+            "assert out.getvalue().strip(), 'no reply'\n"
+            "print(sorted(m for m in ('torch', 'llama_cpp.llama', 'llama_cpp.llama_chat_format')\n"
+            "             if m in sys.modules))\n"
+            "import llama_cpp\n"
+            "from llama_cpp.llama import Llama\n"
+            "print(llama_cpp.Llama is Llama, bool(llama_cpp.__version__))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[]", "True True"]
+
 def test_the_architecture_map_names_every_module():
     """docs/architecture.md's "Module map" is the map a newcomer reads: no module may be missing."""
     from pathlib import Path
