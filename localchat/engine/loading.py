@@ -1,29 +1,44 @@
 """Wiring a LoadPlan: the executor for a model file (from its spec), the draft source, and
-the runtime over them. Executors load on the compute thread, where they will run."""
+the runtime over them. Executors load on the compute thread, where they will run, started
+before the runtime's own imports, which then overlap the file's load."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
 from localchat.engine.choice import ExecutorSpec, LoadPlan, TorchSpec
 from localchat.engine.runtime.compute_thread import COMPUTE
-from localchat.engine.runtime.engine import RuntimeEngine
 from localchat.errors import ConfigError
 from localchat.models.facts import GGUFFacts
+
+if TYPE_CHECKING:
+    from localchat.engine.runtime.engine import RuntimeEngine
+
+
+def start_executor(facts: GGUFFacts, spec: ExecutorSpec) -> Future:
+    """facts' executor, built from its spec whole on the compute thread (its module's
+    imports too), started now; its future."""
+    def build():
+        if isinstance(spec, TorchSpec):
+            from localchat.engine.executors.torch.executor import TorchExecutor
+
+            return TorchExecutor(
+                facts, n_ctx=spec.n_ctx, threads=spec.threads, kv_memory=spec.kv_memory,
+                device=spec.device, compiled=spec.compiled, ahead_of_time=spec.ahead_of_time)
+        from localchat.engine.executors.llamacpp import LlamaCppExecutor
+
+        return LlamaCppExecutor(
+            facts, n_ctx=spec.n_ctx, threads=spec.threads, parallel=spec.parallel,
+            gpu_layers=spec.gpu_layers, cache_types=spec.cache_types,
+            exact_batching=spec.exact_batching, flash_attn=spec.flash_attn)
+
+    return COMPUTE.submit(build)
 
 
 def load_executor(facts: GGUFFacts, spec: ExecutorSpec):
     """facts' executor, built from its spec whole, on the compute thread."""
-    if isinstance(spec, TorchSpec):
-        from localchat.engine.executors.torch.executor import TorchExecutor
-
-        return COMPUTE.call(lambda: TorchExecutor(
-            facts, n_ctx=spec.n_ctx, threads=spec.threads, kv_memory=spec.kv_memory,
-            device=spec.device, compiled=spec.compiled, ahead_of_time=spec.ahead_of_time))
-    from localchat.engine.executors.llamacpp import LlamaCppExecutor
-
-    return COMPUTE.call(lambda: LlamaCppExecutor(
-        facts, n_ctx=spec.n_ctx, threads=spec.threads, parallel=spec.parallel,
-        gpu_layers=spec.gpu_layers, cache_types=spec.cache_types,
-        exact_batching=spec.exact_batching, flash_attn=spec.flash_attn))
+    return start_executor(facts, spec).result()
 
 
 def kv_store(budget: int):
@@ -36,9 +51,11 @@ def kv_store(budget: int):
 def load_runtime(plan: LoadPlan) -> RuntimeEngine:
     """The runtime over the plan's executor and its draft (prompt lookup or a draft model
     on the same executor)."""
+    loading = start_executor(plan.facts, plan.spec)
+    from localchat.engine.runtime.engine import RuntimeEngine  # while the file loads
     from localchat.engine.runtime.speculative.drafts import LookupThenModel, ModelDraft, NgramDraft
 
-    executor = load_executor(plan.facts, plan.spec)
+    executor = loading.result()
     source, draft = None, plan.draft
     try:
         if draft is not None and draft.auto and not executor.supports_rollback:

@@ -33,16 +33,21 @@ class ComputeThread:
 
     def call(self, fn: Callable[..., T], *args) -> T:
         """fn(*args) on the compute thread; its result, or its exception raised here."""
-        if self.on_thread():
-            return fn(*args)
+        return self.submit(fn, *args).result()
+
+    def submit(self, fn: Callable[..., T], *args) -> "Future[T]":
+        """fn(*args) started on the compute thread; its future (run here, done, where this
+        is the compute thread or the interpreter is shutting down)."""
         future: Future = Future()
         with self._cond:
-            if self._exiting:  # the interpreter is shutting down: the loop is gone
-                return fn(*args)
-            self._tasks.append((fn, args, future))
-            self._start()
-            self._cond.notify()
-        return future.result()
+            inline = self.on_thread() or self._exiting  # exiting: the loop is gone
+            if not inline:
+                self._tasks.append((fn, args, future))
+                self._start()
+                self._cond.notify()
+        if inline:
+            _run(fn, args, future)
+        return future
 
     def add(self, stepper: Stepper) -> None:
         with self._cond:
@@ -86,13 +91,17 @@ class ComputeThread:
                 tasks, self._tasks = self._tasks, []
                 steppers = list(self._steppers)
             for fn, args, future in tasks:
-                if future.set_running_or_notify_cancel():
-                    try:
-                        future.set_result(fn(*args))
-                    except BaseException as exc:  # noqa: BLE001 -- the caller re-raises it
-                        future.set_exception(exc)
+                _run(fn, args, future)
             ran = [s.step() for s in steppers if s.has_work()]
             idle = bool(ran) and not any(ran)
+
+
+def _run(fn: Callable, args: tuple, future: Future) -> None:
+    if future.set_running_or_notify_cancel():
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 -- the caller re-raises it
+            future.set_exception(exc)
 
 
 COMPUTE = ComputeThread()  # one per process: see the module docstring
