@@ -197,3 +197,13 @@ def test_bench_engines_measures_afresh_keeps_and_says_the_choice_per_use(monkeyp
     assert report["figures"] == {name: asdict(f) for name, f in measured.items()}
     assert {use: tuple(c) for use, c in report["choice"].items()} == {
         use: faster(LLAMA, TORCH, use) for use in ("one-shot", "chat", "many")}
+
+
+def test_the_figures_key_reads_llama_cpps_version_as_importlib_metadata_does():
+    """installed_version() (a dist-info name on sys.path) agrees with importlib.metadata,
+    whose import the one-shot start no longer pays; an absent one is "none"."""
+    from importlib.metadata import version
+
+    assert engine_figures.installed_version("llama_cpp_python") == version("llama-cpp-python")
+    assert engine_figures.installed_version("torch") == version("torch")
+    assert engine_figures.installed_version("no_such_distribution_here") == "none"

@@ -23,6 +23,19 @@ def test_calls_run_on_the_compute_thread_and_raise_in_the_caller():
         compute.call(lambda: 1 / 0)
 
 
+def test_a_submitted_call_runs_while_the_caller_goes_on():
+    """submit() (an executor loading while the runtime imports): the caller is not held,
+    the call runs on the compute thread, its future gives the result or the exception."""
+    compute, release = ComputeThread(), threading.Event()
+    future = compute.submit(lambda: release.wait(10) and threading.current_thread().name)
+    assert not future.done()  # held by the event: the caller went on without it
+    release.set()
+    assert future.result(10) == "localchat-compute"
+    with pytest.raises(ZeroDivisionError):
+        compute.submit(lambda: 1 / 0).result(10)
+    assert compute.call(lambda: compute.submit(lambda: 7).done())  # inside: run at once
+
+
 @pytest.fixture(scope="module")
 def model_and_kv():
     engine = open_engine(EngineConfig("default", engine="torch", ctx_size=256, threads=2,
