@@ -5,6 +5,7 @@ Only the ctypes bindings load; the package's high-level half loads when first as
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import sys
 import threading
@@ -41,7 +42,11 @@ def _register_lazy_package() -> None:
             return submodule
         with lock:
             if package.__dict__.pop("__getattr__", None) is not None:
-                spec.loader.exec_module(package)
+                bindings = sys.modules["llama_cpp.llama_cpp"]
+                callback, data = bindings.llama_log_callback(), ctypes.c_void_p()
+                bindings.llama_log_get(ctypes.byref(callback), ctypes.byref(data))
+                spec.loader.exec_module(package)  # its _logger sets a callback printing to stderr
+                bindings.llama_log_set(callback, data)  # the log stays where it went
         return getattr(package, name)
 
     package.__getattr__ = complete

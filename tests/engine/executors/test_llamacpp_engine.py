@@ -4,6 +4,8 @@ reuse, context limits, stop strings and control-token safety."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -285,3 +287,21 @@ def test_one_token_chunks_give_the_rows_a_whole_chunk_gives_and_the_rows_stay_ou
     assert np.array_equal(stepped, kept)  # the later pass wrote its rows elsewhere
     assert np.allclose(stepped, whole, atol=1e-3)
     assert stepped.argmax(-1).tolist() == whole.argmax(-1).tolist()
+
+
+@pytest.mark.subprocess
+def test_llama_cpps_log_stays_captured_after_its_package_completes():
+    """llama_lib loads llama_cpp without its __init__; code that later asks the package for
+    Llama runs it, and its _logger sets a callback printing to stderr: ours must stay set
+    (llama.cpp's lines off the terminal, the KV-size line still read back)."""
+    code = ("from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary, llama_log_text\n"
+            "from localchat.models.specs import resolve_model\n"
+            "import llama_cpp\n"
+            "assert llama_cpp.Llama\n"
+            "before = len(llama_log_text())\n"
+            "LlamaCppVocabulary.vocab_only(str(resolve_model('default'))).close()\n"
+            "print(len(llama_log_text()) > before)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
+    assert "llama_model_loader" not in out.stderr
