@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -314,17 +313,23 @@ def test_a_kv_cache_the_memory_cannot_hold_is_refused_before_allocating(monkeypa
 
 
 def test_attached_text_feeds_prompt_lookup_drafts_and_the_stats_show_it(tmp_path):
-    code = tmp_path / "units.py"
-    code.write_text((Path(__file__).parents[2] / "localchat" / "units.py").read_text()[:700])
-    args = ("run", "--no-history", "--temp", "0", "-n", "60", "--draft", "ngram", "--json")
-    quoted = localchat(*args, "--attach", str(code), "Repeat the attached file exactly.")
+    """An attached passage the reply copies is where prompt lookup finds its drafts. γ is
+    fixed (--num-draft-tokens): the adaptive γ follows timings, which a loaded machine
+    changes, and on llama.cpp the drafting pattern can move a near tie in the reply."""
+    from localchat.bench.speculative import PASSAGE
+
+    text = tmp_path / "passage.txt"
+    text.write_text(PASSAGE)
+    args = ("run", "--no-history", "--temp", "0", "-n", "60", "--draft", "ngram",
+            "--num-draft-tokens", "4", "--json")
+    quoted = localchat(*args, "--attach", str(text), "Repeat the attached text exactly.")
     unquoted = localchat(*args, "Write a story about a cat.")
     assert quoted.returncode == 0 and unquoted.returncode == 0, quoted.stderr + unquoted.stderr
     with_file, without = json.loads(quoted.stdout)["draft"], json.loads(unquoted.stdout)["draft"]
-    assert with_file["source"] == "ngram" and with_file["accepted"] > 0, with_file
-    # the quote keeps many times the drafts a story does (a story may keep one, at a rate of 1.0)
-    assert with_file["accepted"] > 4 * without["accepted"], (with_file, without)
-    assert with_file["acceptance_rate"] > 0.5, with_file
+    assert with_file["source"] == "ngram" and with_file["accepted"] >= 30, with_file
+    assert with_file["acceptance_rate"] > 0.9, with_file
+    # a story's lookups match only what it wrote itself, and few of those drafts are kept
+    assert without["acceptance_rate"] < with_file["acceptance_rate"] / 3, (with_file, without)
 
 
 def test_attach_puts_a_named_text_file_before_the_prompt_and_refuses_binaries(tmp_path):
