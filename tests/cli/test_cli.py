@@ -417,3 +417,17 @@ def test_a_base_model_is_said_once_and_run_raw_continues_plain_text(tmp_path, en
     normal = localchat("run", text, "-n", "2", "--temp", "0")  # a chat model: nothing said
     assert normal.returncode == 0 and "base model" not in normal.stderr
     assert_one_line_error(localchat("run", "--raw", "--continue", text), "--raw")
+
+
+def test_a_one_shot_run_restores_the_chat_templates_first_block_from_the_last_run():
+    """Every full 16-token block is kept on disk (kv_disk.MIN_TOKENS): a second process's
+    different prompt restores the system prompt's block the first one saved, and the same
+    prompt again restores all of its full blocks and gives the same greedy reply."""
+    args = ("run", "--engine", "llama.cpp", "--temp", "0", "-n", "8", "--json")
+    runs = [json.loads(localchat(*args, prompt).stdout)
+            for prompt in ("Say hi.", "Name a colour.", "Say hi.")]
+    first, other, again = runs
+    assert first["restored_tokens"] == 0 and first["kv_saved"].startswith("saved: ")
+    assert other["restored_tokens"] == 16, other  # the template's system prompt, one block
+    assert again["restored_tokens"] == first["prompt_tokens"] // 16 * 16 > 16, again
+    assert again["text"] == first["text"]

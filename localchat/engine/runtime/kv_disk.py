@@ -14,7 +14,10 @@ from localchat.engine.runtime.sequence import Sequence
 from localchat.errors import EngineError
 from localchat.storage.kv_snapshots import KVSnapshotStore
 
-MIN_TOKENS = 256  # shorter prefixes prefill about as fast as they load: not saved or restored
+# One block: every full block is worth keeping. A 16-token prefix restored in 2.3 ms against
+# ~100 ms of llama.cpp prefill (Ice Lake, bundled model), so a one-shot `run` restores the
+# chat template's system prompt that every prompt starts with.
+MIN_TOKENS = 16
 
 
 def chain_keys(tokens: list[int], block_size: int) -> list[bytes]:
@@ -89,8 +92,7 @@ class DiskCache:
         n = seq.computed // self.blocks.block_size * self.blocks.block_size
         seq.kv_note = ("not saved: this model's cache cannot be restored exactly"
                        if not self.enabled else
-                       f"not saved: shorter than {self.min_tokens} tokens (a short prefix "
-                       "prefills about as fast as it loads)" if n < self.min_tokens else
+                       f"not saved: shorter than {self.min_tokens} tokens" if n < self.min_tokens else
                        f"saved: {n:,} tokens")
 
     def save(self, seq: Sequence) -> None:

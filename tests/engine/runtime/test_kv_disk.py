@@ -18,7 +18,7 @@ from localchat.storage.kv_snapshots import SUFFIX, snapshot_dir
 pytestmark = pytest.mark.model  # loads the bundled model
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"
-MIN_TOKENS = 64  # the product's 256, scaled down with the prompts below: 4x less prefill
+MIN_TOKENS = 64  # above the product's one block, so the tests below have prompts on each side
 
 
 @pytest.fixture(autouse=True)
