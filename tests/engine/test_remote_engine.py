@@ -79,14 +79,17 @@ def remote(server_url):
     eng.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def local():
-    """The local reference: a llama.cpp engine of the bundled model only these tests use. The
-    session's `engine` may hold a prompt's prefix computed batched, which its default f16 cache
-    does not compute to the same bits (docs/architecture.md, "Exact batching")."""
+    """The local reference: a llama.cpp engine of the bundled model, fresh for each test (a
+    loaded one may hold a prompt's prefix from another test, the chat template's system
+    prompt at least, computed in another batch, which its default f16 cache does not compute
+    to the same bits: docs/architecture.md, "Exact batching"), with no snapshots and the
+    server's 2 threads."""
     from localchat.engine import EngineConfig, open_engine
 
-    eng = open_engine(EngineConfig("default", engine="llama.cpp", ctx_size=1024))
+    eng = open_engine(EngineConfig("default", engine="llama.cpp", ctx_size=1024, threads=2,
+                                   kv_disk=0))
     yield eng
     eng.close()
 
