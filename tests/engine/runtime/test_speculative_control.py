@@ -226,11 +226,12 @@ def test_reported_alpha_is_per_judged_draft_as_in_the_speedup_formula():
     assert alpha_of([stats, {"accepted": 3, "judged": 3}]) == pytest.approx(8 / 10)
 
 
-def lookup_reply(steps: int, key: int, *, accept, beta: float = 0.6,
-                 quoting: bool = False) -> tuple[list[int], float]:
+def lookup_reply(steps: int, key: int, *, accept, beta: float = 0.6, quoting: bool = False,
+                 first_round_steps: float | None = None) -> tuple[list[int], float]:
     """One reply on a fresh controller (a one-shot `run`) drafting by prompt lookup with
     evidence `key` at every step (quoting: a match that grows by each token decoded, up to
-    16); (γ per step, the reply's time ÷ plain decoding's)."""
+    16, and each plain step's free guess is right); (γ per step, the reply's time ÷ plain
+    decoding's). first_round_steps: what the first round's pass costs instead (a slow one)."""
     from localchat.engine.runtime.speculative.drafts import NgramDraft
 
     a = AdaptiveGamma(alpha_priors=NgramDraft.alpha_priors, c_prior=0.0)
@@ -242,10 +243,14 @@ def lookup_reply(steps: int, key: int, *, accept, beta: float = 0.6,
         if g:
             kept = accept(g)
             seconds = (1 + beta * g) * STEP
+            if first_round_steps is not None and not spec.rounds:
+                seconds = first_round_steps * STEP
             spec.record(g, kept, 0.0, seconds, seconds)
             tokens += kept + 1
         else:
             seconds = STEP
+            if quoting:
+                spec.shadow(True)
             spec.record(0, 0, 0.0, STEP, STEP)
             tokens += 1
         key = min(16, key + (kept + 1 if g else 1)) if quoting else key
@@ -275,6 +280,19 @@ def test_quoting_drafts_from_its_first_tokens_and_ramps_up():
     # it, and paid for by the credit earned
     assert 0 < choices[3] <= 2 and choices[7] >= 8
     assert cost < 0.7, (choices, cost)
+
+
+def test_a_quote_whose_first_pass_was_slow_drafts_again_once_its_guesses_are_right():
+    """A one-shot quote's first round (one draft, kept) was timed at 2.5 plain steps on a
+    noisy VM: the reply fell behind its credit, and its guesses, every one right, waited 9
+    plain steps for the credit to come back. Its own streak of kept judgments now lets it
+    price rounds at the measured α within the strong match's one-step advance."""
+    choices, cost = lookup_reply(64, 2, accept=lambda g: g, quoting=True, first_round_steps=2.5)
+    first = next(i for i, g in enumerate(choices) if g)
+    assert choices[first] == 1
+    waited = next(i for i, g in enumerate(choices[first + 1:]) if g)
+    assert waited <= 4, choices
+    assert cost < 0.8, (choices, cost)
 
 
 def test_no_measured_speedup_is_reported_for_a_few_rounds():

@@ -24,6 +24,11 @@ MIN_MEASURED_ROUNDS = 8  # fewer drafted rounds: no measured speedup is reported
 # up from its first tokens; what it gains then pays for longer rounds.
 STRONG_PRIOR = 0.9
 STRONG_ADVANCE = 1.0
+# A reply whose own last judgments (free guesses, rounds) were all kept, this many in a row,
+# prices its rounds at the measured α even while it is behind its credit by less than the
+# advance: one slow first pass (a noisy VM) had held a quoting reply to plain steps for 9
+# steps while every guess was right. A miss ends the streak.
+STRONG_STREAK = 3
 # A round at a γ with no verify pass timed near it is unproven too, and its drafts are priced
 # as a compute-bound target verifies them: a whole plain step each. (β's prior is an
 # average, and extrapolated beyond the γs measured: a 24-token reply lost 4 % to one rejected
@@ -43,6 +48,7 @@ class Speculation:
         self.switched_off = 0  # times the guard turned this request's drafting off
         self.credit = 0.0  # plain steps this reply may still lose to unproven rounds
         self.rounds = 0  # drafted rounds
+        self.streak = 0  # this reply's judgments kept in a row (guesses and whole rounds)
 
     def choose(self, limit: int, key=None) -> int:
         """γ for this step given the draft's evidence `key`, at most `limit` (room left in
@@ -56,16 +62,19 @@ class Speculation:
     def affordable(self, gamma: int, key=None) -> int:
         """γ, or less where a prompt-lookup round's gain is not yet shown and its price
         would cost this reply more than its credit: a probe, a match length with too few
-        measured rounds, or any round once the reply has lost more than its credit, at
+        measured rounds, or any round once the reply has lost more than its credit (unless
+        its last STRONG_STREAK judgments were kept and the advance covers the loss), at
         what losing every draft costs; a γ with no verify timed near it, at what it is
         expected to lose at the key's measured α if the pass costs a whole step a draft.
         A draft model's rounds (no key) are its guard's to judge."""
         a = self.adaptive
-        proven = a.established(key) and not a.probing and self.credit >= 0
-        if gamma == 0 or a.fixed is not None or key is None or (
-                proven and a.measured_near(gamma)):
+        if gamma == 0 or a.fixed is not None or key is None:
             return gamma
         allowance = self.credit + (STRONG_ADVANCE if a.prior(key) >= STRONG_PRIOR else 0.0)
+        proven = a.established(key) and not a.probing and (self.credit >= 0 or (
+            self.streak >= STRONG_STREAK and allowance >= 0))
+        if proven and self.credit >= 0 and a.measured_near(gamma):
+            return gamma
         price = a.expected_loss if proven else a.worst_loss
         while gamma > 0 and price(gamma, key, unmeasured=UNMEASURED_BETA) > allowance:
             gamma -= 1
@@ -83,6 +92,8 @@ class Speculation:
         s.target_passes += 1
         s.tokens += accepted + 1
         self._settle_credit(proposed, accepted, step_s - catch_up_s, batched)
+        if proposed:
+            self.streak = self.streak + 1 if accepted == proposed else 0
         if batched:
             if proposed:
                 self._count(proposed, accepted)
@@ -99,6 +110,7 @@ class Speculation:
     def shadow(self, kept: bool) -> None:
         """This plain step's evidence guessed its token for free (a lookup's first draft):
         kept or not, a one-draft round at that evidence, for α alone."""
+        self.streak = self.streak + 1 if kept else 0
         if self.key is not None and self.adaptive.fixed is None:
             self.adaptive.observe_shadow(self.key, kept)
 
