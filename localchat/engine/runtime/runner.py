@@ -151,7 +151,7 @@ class Runner:
         self.speculator.prefill(chunks)
         self.observer.start(chunks)
         round_ = self.speculator.propose(chunks)
-        self.observer.drafted()
+        self.observer.drafted(chunks)
         masks = self._masks(chunks)
         new_tokens, passed = self._forward_and_choose(chunks, masks)
         self.observer.forced_kept += self.speculator.cut_rejected(chunks, new_tokens)
@@ -179,11 +179,11 @@ class Runner:
 
     def _observe(self, chunks: list[ScheduledChunk], passed: list[Chunk], round_,
                  new_tokens: dict[int, list]) -> None:
-        timing = self.observer.finish(chunks, passed)
+        timing = self.observer.finish(chunks)
         self.observer.forced_proposed += round_.forced
         self.speculator.record(round_, new_tokens, decoding=self.observer.decoding,
                                draft_s=timing.draft_s, verify_s=timing.verify_s,
-                               step_s=timing.step_s,
+                               step_s=timing.step_s, settled=timing.settled,
                                tokens_passed=sum(len(c.tokens) for c in passed),
                                rows=sum(len(c.drafts) + 1 for c in chunks))
 

@@ -10,7 +10,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from localchat.engine.runtime.executor_api import Chunk
 from localchat.engine.runtime.scheduler import ScheduledChunk
 from localchat.engine.runtime.thread_governor import ThreadGovernor
 
@@ -20,6 +19,7 @@ class StepTiming:
     draft_s: float  # from the step's start to its drafts being ready
     verify_s: float  # the forward pass, choosing tokens and cutting rejected drafts
     step_s: float
+    settled: bool = True  # at the thread count the governor chose (not a probe's candidate)
 
 
 class StepObserver:
@@ -33,30 +33,38 @@ class StepObserver:
         self.masked_rows = 0
         self.forced_proposed = self.forced_kept = 0  # tokens grammars forced, drafted and kept
         self._decoding = False
+        self._shape: tuple[int, int] | None = None  # (sequences, tokens) of a decoding step
         self._t0 = self._t_drafted = 0.0
 
     def start(self, chunks: list[ScheduledChunk]) -> None:
+        """Before drafting: a draft model drafts at the chosen thread count."""
         self._decoding = all(c.decodes for c in chunks)  # before the step's tokens are handed out
         if self.threads is not None:
-            self.threads.before_step(eligible=self._decoding)
+            self.threads.before_step(None)
         self._t0 = self.clock()
 
-    def drafted(self) -> None:
+    def drafted(self, chunks: list[ScheduledChunk]) -> None:
+        """The drafts are in the chunks: the step's shape sets the target's thread count."""
         self._t_drafted = self.clock()
+        self._shape = (len(chunks), sum(c.end - c.start + len(c.drafts) for c in chunks)) \
+            if self._decoding else None
+        if self.threads is not None:
+            self.threads.before_step(self._shape)
 
     def masked(self, seconds: float, rows: int) -> None:
         self.mask_s += seconds
         self.masked_rows += rows
 
-    def finish(self, chunks: list[ScheduledChunk], passed: list[Chunk]) -> StepTiming:
+    def finish(self, chunks: list[ScheduledChunk]) -> StepTiming:
         t_verified = self.clock()
         step_s = t_verified - self._t0
+        settled = self.threads is None or self.threads.settled
         if self.threads is not None:
-            self.threads.observe((len(passed), sum(len(c.tokens) for c in passed))
-                                 if self._decoding else None, step_s)
+            self.threads.observe(self._shape, step_s)
         self.steps += 1
         self.steps_by_batch_size[len(chunks)] += 1
-        return StepTiming(self._t_drafted - self._t0, t_verified - self._t_drafted, step_s)
+        return StepTiming(self._t_drafted - self._t0, t_verified - self._t_drafted, step_s,
+                          settled)
 
     @property
     def decoding(self) -> bool:

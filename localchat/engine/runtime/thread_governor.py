@@ -10,13 +10,15 @@ from typing import Callable, Hashable
 
 FIRST_PROBE_AFTER = 4  # decoding steps before the first probe (load may be there at start)
 CLEAR_LOSS = 1.5  # a probe stops early once the candidate is this much slower
+PROBE_LIMIT = 4  # a probe ends after this many times probe_steps steps, compared or not
 Key = Hashable  # the step's shape: steps are compared only with steps of the same shape
 
 
 class ThreadGovernor:
     """Probes another thread count now and then (one more or fewer, further each time that way
-    loses; alternated with the current count step by step, so both see the same load), moves
-    when it is clearly faster, and probes at once when the current count's steps slow down."""
+    loses; alternated with the current count on each step shape, so both see the same load and
+    a shape is only compared with itself), moves when it is clearly faster, and probes at once
+    when the current count's steps slow down."""
 
     def __init__(self, max_threads: int, set_threads: Callable[[int], None], *,
                  interval: int = 64, max_interval: int = 1024, probe_steps: int = 6,
@@ -37,12 +39,23 @@ class ThreadGovernor:
         self.switches = self.probes = 0
         self.counts_used: set[int] = set()  # every thread count a step ran with
 
-    def before_step(self, eligible: bool) -> None:
-        """Set the thread count for the next step (eligible: a step observe() will time)."""
+    def before_step(self, key: Key | None) -> None:
+        """Set the thread count for the next step, of shape `key` (None: a step observe() will
+        not time): during a probe, the candidate for every other step of each shape. A
+        speculative round whose γ is new runs at the current count, not at a count that has
+        nothing to be compared with."""
         want = self.threads
-        if self._probe is not None and eligible and len(self._probe) % 2 == 0:
-            want = self._candidate
+        if self._probe is not None and key is not None:
+            counts = [n for n, k, _ in self._probe if k == key]
+            if counts.count(self.threads) > counts.count(self._candidate):
+                want = self._candidate
         self._apply(want)
+
+    @property
+    def settled(self) -> bool:
+        """The step runs at the chosen count (not a probe's candidate): its time is the one
+        other instruments (the speculation cost model) should learn from."""
+        return self._applied == self.threads
 
     def observe(self, key: Key | None, seconds: float) -> None:
         """The step just run took `seconds`; key None: not comparable (not timed)."""
@@ -50,7 +63,8 @@ class ThreadGovernor:
             return
         if self._probe is not None:
             self._probe.append((self._applied, key, seconds))
-            if len(self._probe) >= 2 * self.probe_steps or self._clearly_slower():
+            if self._compared() or self._clearly_slower() or \
+                    len(self._probe) >= PROBE_LIMIT * self.probe_steps:
                 self._decide()
             return
         recent = self._recent[key]
@@ -83,6 +97,11 @@ class ThreadGovernor:
         for n, key, s in self._probe:
             by_key[key][n].append(s)
         return by_key
+
+    def _compared(self) -> bool:
+        """Some shape has probe_steps steps at each count."""
+        return any(min(len(t[self.threads]), len(t[self._candidate])) >= self.probe_steps
+                   for t in self._by_key().values())
 
     def _clearly_slower(self) -> bool:
         """Two candidate steps each slower than every current one by CLEAR_LOSS: stop the

@@ -295,6 +295,21 @@ def test_a_quote_whose_first_pass_was_slow_drafts_again_once_its_guesses_are_rig
     assert cost < 0.8, (choices, cost)
 
 
+def test_steps_at_a_thread_count_the_governor_probes_teach_the_cost_model_nothing():
+    """The governor runs every other plain step at 1 thread while it probes (1.5x a step
+    on 2 cores): those steps' times had entered the plain-step median, and rounds run at
+    1 thread had measured β at 1.4 and charged a quoting reply's credit."""
+    a = AdaptiveGamma(c_prior=0.0)
+    spec = Speculation("ngram", a)
+    for _ in range(3):
+        spec.record(0, 0, 0.0, STEP, STEP)
+    spec.record(0, 0, 0.0, 1.5 * STEP, 1.5 * STEP, untimed=True)
+    spec.record(0, 0, 0.0, 1.5 * STEP, 1.5 * STEP, untimed=True)
+    spec.record(4, 4, 0.0, 5 * STEP, 5 * STEP, untimed=True)
+    assert a.target_step_s == STEP and not a.extra_by_gamma
+    assert spec.stats.accepted == 4 and spec.credit > 0  # α is learnt, the round priced
+
+
 def test_no_measured_speedup_is_reported_for_a_few_rounds():
     from localchat.engine.runtime.speculative.state import MIN_MEASURED_ROUNDS
 

@@ -31,7 +31,7 @@ class Machine:
 def run(governor: ThreadGovernor, machine: Machine, steps: int, key=KEY) -> list[int]:
     used = []
     for _ in range(steps):
-        governor.before_step(eligible=key is not None)
+        governor.before_step(key)
         used.append(machine.threads)
         governor.observe(key, machine.step_s())
     return used
@@ -72,18 +72,49 @@ def test_many_cores_walk_down_one_thread_at_a_time_to_the_free_ones():
     assert governor.threads == 8 and min(quiet.calls) == 4  # probes 7, 6, then 4, never less
 
 
-def test_steps_of_other_shapes_are_not_compared():
+def test_each_step_shape_is_compared_with_itself():
+    """Steps of two shapes interleaved (a decode step and a 4-draft round, 5x its cost):
+    the probe alternates the counts on each shape, so each is compared with itself (an
+    alternation over all steps had run every round at one count: nothing comparable)."""
     machine = Machine(cores=2, busy=1)
     governor = ThreadGovernor(2, machine.set_threads, interval=8, probe_steps=3)
     run(governor, machine, FIRST_PROBE_AFTER)  # the first probe starts
-    for i in range(6):  # the probe's steps alternate shapes: no pair is comparable
-        governor.before_step(eligible=True)
-        governor.observe((1, 1) if machine.threads == 1 else (1, 5), machine.step_s())
-    assert governor.threads == 2 and machine.threads == 2
+    seen = set()
+    for i in range(12):
+        key = (1, 1) if i % 2 else (1, 5)
+        governor.before_step(key)
+        seen.add((key, machine.threads))
+        governor.observe(key, machine.step_s() * key[1])
+    assert seen == {((1, 1), 1), ((1, 1), 2), ((1, 5), 1), ((1, 5), 2)}
+    assert governor.threads == 1  # one core is busy: 1 thread wins on either shape
     run(governor, machine, 30, key=None)  # prefill steps: not timed, no probe
-    assert governor.threads == 2 and set(machine.calls) <= {1, 2}
-    run(governor, machine, 20)
-    assert governor.threads == 1
+    assert governor.threads == 1 and set(machine.calls) <= {1, 2}
+
+
+def test_a_step_of_a_new_shape_runs_at_the_current_count_during_a_probe():
+    """A speculative round whose γ was not seen in the probe has nothing to be compared
+    with at the candidate count: it runs at the chosen one, and says so (settled)."""
+    machine = Machine(cores=2)
+    governor = ThreadGovernor(2, machine.set_threads, interval=8, probe_steps=3)
+    run(governor, machine, FIRST_PROBE_AFTER)  # the first probe starts
+    assert governor._probe is not None
+    governor.before_step((1, 9))  # a 8-draft round
+    assert machine.threads == 2 and governor.settled
+    governor.observe((1, 9), machine.step_s())
+    governor.before_step((1, 9))  # the same shape again: now the candidate's turn
+    assert machine.threads == 1 and not governor.settled
+    governor.before_step(None)  # drafting, before the step's shape is known
+    assert machine.threads == 2 and governor.settled
+
+
+def test_a_probe_of_shapes_that_never_repeat_ends():
+    machine = Machine(cores=2)
+    governor = ThreadGovernor(2, machine.set_threads, interval=8, probe_steps=3)
+    run(governor, machine, FIRST_PROBE_AFTER)
+    for g in range(2, 2 + 12):  # every round a new γ: all at the current count
+        governor.before_step((1, g))
+        governor.observe((1, g), machine.step_s())
+    assert governor._probe is None and set(machine.calls) == {2}
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +171,53 @@ def test_an_engine_without_named_threads_probes_fewer_and_decodes_the_same_token
         assert governor.probes >= 2 and 1 in governor.counts_used
     finally:
         governed.close()
+
+
+@pytest.mark.model
+def test_drafted_rounds_run_at_the_chosen_count_while_the_governor_probes(all_cpus):
+    """Prompt lookup × the thread governor on llama.cpp: a quoting reply decodes the same
+    tokens as a fixed count without drafts, and each round whose shape the probe had not
+    timed yet ran at the chosen count (every other round had run at the candidate's 1
+    thread, 1.35x slower, and taught the speculation cost model its times)."""
+    from helpers.replies import reply_tokens
+    from localchat.bench.speculative import TASKS
+    from dataclasses import replace
+
+    from localchat.engine import EngineConfig, open_engine
+
+    prompt = TASKS["quote"][0]
+    base = EngineConfig("default", engine="llama.cpp", ctx_size=512, exact_batching=True)
+    fixed = open_engine(replace(base, threads=2))
+    try:
+        expected, _ = reply_tokens(fixed, prompt, 64)
+    finally:
+        fixed.close()
+    drafted = open_engine(replace(base, draft="auto"))
+    try:
+        governor = drafted.runner.observer.threads
+        governor.interval = governor.base_interval = 4  # probe often
+        steps = []  # (shape, probing, count applied, count chosen) per step
+        before_step = governor.before_step
+
+        def logged(key):
+            before_step(key)
+            if key is not None:
+                steps.append((key, governor._probe is not None, governor._applied,
+                              governor.threads))
+
+        governor.before_step = logged
+        got, draft = reply_tokens(drafted, prompt, 64)
+    finally:
+        drafted.close()
+    assert got == expected
+    assert draft["accepted"] >= 30, draft
+    seen: set = set()
+    new_rounds = []
+    for key, probing, applied, chosen in steps:
+        if probing and key[1] > 1 and key not in seen:
+            new_rounds.append(applied == chosen)
+        seen.add(key)
+        if not probing:
+            seen.clear()
+    assert new_rounds and all(new_rounds), steps
+    assert 1 in governor.counts_used  # the probe ran

@@ -153,8 +153,9 @@ class Speculator:
 
     def record(self, round_: Round, new_tokens: dict[int, list], *, decoding: bool,
                draft_s: float, verify_s: float, step_s: float, tokens_passed: int,
-               rows: int) -> None:
-        """The round's timings to the controllers: each sequence's (alone), the batch's;
+               rows: int, settled: bool = True) -> None:
+        """The round's timings to the controllers: each sequence's (alone), the batch's
+        (not where the step ran at a thread count the governor was probing: only α then);
         and whether the target chose the lookup's guess where a sequence drafted nothing
         (a one-draft round's acceptance, measured at no cost)."""
         for chunk, guess in round_.shadows:
@@ -165,8 +166,9 @@ class Speculator:
         draft_s = max(0.0, draft_s - catch_up_s)
         for chunk, proposed in round_.drafted:
             chunk.seq.speculation.record(proposed, len(chunk.drafts), draft_s, verify_s,
-                                         step_s, catch_up_s, batched=round_.plan is not None)
-        if round_.plan is not None and decoding:
+                                         step_s, catch_up_s,
+                                         untimed=round_.plan is not None or not settled)
+        if round_.plan is not None and decoding and settled:
             self.batch.observe(round_.plan, tokens_passed,
                                [proposed for _, proposed in round_.drafted], rows, draft_s,
                                verify_s)

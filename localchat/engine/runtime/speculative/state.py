@@ -81,20 +81,21 @@ class Speculation:
         return gamma
 
     def record(self, proposed: int, accepted: int, draft_s: float, verify_s: float,
-               step_s: float, catch_up_s: float = 0.0, batched: bool = False) -> None:
+               step_s: float, catch_up_s: float = 0.0, untimed: bool = False) -> None:
         """A decode step of this request: `proposed` drafts (0: a plain step), `accepted`
         of them kept; draft_s drafting them, verify_s the target's pass, step_s the whole
         step, catch_up_s of it the draft's catch-up (a one-off after rounds off: the
-        guard does not count it against drafting). batched: a step the batch controller
-        chose for (its timings are the batch's; only α is learnt here)."""
+        guard does not count it against drafting). untimed: a step whose timings are not
+        this request's (the batch controller chose for it, or the thread governor probed
+        another count in it): only α is learnt here."""
         self.decode_s += step_s
         s = self.stats
         s.target_passes += 1
         s.tokens += accepted + 1
-        self._settle_credit(proposed, accepted, step_s - catch_up_s, batched)
+        self._settle_credit(proposed, accepted, step_s - catch_up_s, untimed)
         if proposed:
             self.streak = self.streak + 1 if accepted == proposed else 0
-        if batched:
+        if untimed:
             if proposed:
                 self._count(proposed, accepted)
                 self.adaptive.observe_acceptance(proposed, accepted, self.key)
@@ -115,16 +116,16 @@ class Speculation:
             self.adaptive.observe_shadow(self.key, kept)
 
     def _settle_credit(self, proposed: int, accepted: int, seconds: float,
-                       batched: bool) -> None:
+                       untimed: bool) -> None:
         """A plain step earns CREDIT_SHARE of a step; a round pays what it cost beyond the
-        plain steps its tokens would have taken (a gain adds to the credit). A batched
-        step's time is the batch's: its round pays the cost model's price instead."""
+        plain steps its tokens would have taken (a gain adds to the credit). An untimed
+        round pays the cost model's price instead."""
         step = self.adaptive.target_step_s
         if not proposed:
             self.credit += CREDIT_SHARE
             return
         self.rounds += 1
-        if batched:
+        if untimed:
             lost = self.adaptive.worst_loss(proposed, self.key) - accepted
         elif step:
             lost = seconds / step - (accepted + 1)
