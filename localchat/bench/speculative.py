@@ -48,6 +48,7 @@ SHORT = (
 )
 SHORT_TOKENS = 64
 SHORT_REPEATS = 5
+QUOTE_REPEATS = 2  # the one-shot quote: each quote prompt this often from a fresh engine
 GREEDY = SamplingParams(temperature=0.0)
 
 
@@ -111,14 +112,14 @@ def _fresh(config: EngineConfig, prompt: str) -> tuple[float, tuple[int, ...], d
         engine.close()
 
 
-def _short(config: EngineConfig, repeats: int = SHORT_REPEATS) -> dict:
-    """Each short prompt `repeats` times: without a draft, with it, without again, each on a
+def _one_shot(config: EngineConfig, prompts=SHORT, repeats: int = SHORT_REPEATS) -> dict:
+    """Each prompt `repeats` times: without a draft, with it, without again, each on a
     freshly loaded engine (a one-shot `run` against `run --no-draft`). Per prompt the median
     ratio (a reply of a few tokens is a few milliseconds: one run is mostly noise); the
     lowest of those, and the lowest among prompts whose replies kept no draft."""
     plain = config.without_draft()
     ratios, kept_none, drafts, identical, own, own_none = [], [], [], True, [], []
-    for prompt in SHORT:
+    for prompt in prompts:
         runs, kept = [], 0
         for _ in range(repeats):
             before, base_out, _ = _fresh(plain, prompt)
@@ -141,7 +142,8 @@ def _short(config: EngineConfig, repeats: int = SHORT_REPEATS) -> dict:
             "own_steps_lowest": min(own), "own_steps_lowest_nothing_kept":
                 min(own_none) if own_none else None, "alpha": alpha_of(drafts),
             "proposed": sum(d.get("proposed", 0) for d in drafts), "identical_output": identical,
-            "prompts": len(SHORT), "gen_tokens": SHORT_TOKENS, "repeats": repeats,
+            "own_steps_median": statistics.median(own),
+            "prompts": len(prompts), "gen_tokens": SHORT_TOKENS, "repeats": repeats,
             "per_prompt": {"ratio": ratios, "draft_stats": drafts}}
 
 
@@ -163,11 +165,14 @@ def bench_speculative(config: EngineConfig, gen_tokens: int) -> dict:
             drafted.close()
     finally:
         plain.close()
-    print("benchmarking short one-shot replies, each engine loaded afresh…", file=sys.stderr)
-    short = _short(config)
+    print("benchmarking short and quoting one-shot replies, each engine loaded afresh…",
+          file=sys.stderr)
+    short = _one_shot(config)
+    quote = _one_shot(config, TASKS["quote"], QUOTE_REPEATS)
     head = {k: v for k, v in tasks["chat"].items() if k != "per_prompt"}
     return {"draft": config.draft.record(), "source": source, "engine": config.engine,
-            "gen_tokens": gen_tokens, **head, "tasks": tasks, "short": short}
+            "gen_tokens": gen_tokens, **head, "tasks": tasks, "short": short,
+            "quote_one_shot": quote}
 
 
 def format_speculative(s: dict) -> str:
@@ -200,6 +205,14 @@ def format_speculative(s: dict) -> str:
         lines.append(
             f"         in each reply's own plain steps: lowest {short['own_steps_lowest']:.3f}x"
             + (f", lowest where none was kept {own:.3f}x" if own is not None else ""))
+    quote = s.get("quote_one_shot")
+    if quote:
+        lines.append(
+            f"  quote, one-shot: {quote['prompts']} quote prompts × {quote['gen_tokens']} tokens, "
+            f"a fresh engine each, median of {quote['repeats']} runs a prompt: median "
+            f"{quote['speedup']:.2f}x, lowest {quote['lowest']:.2f}x; in own plain steps median "
+            f"{quote['own_steps_median']:.2f}x, α {quote['alpha']:.2f}, {quote['proposed']} "
+            f"drafts proposed, identical {'yes' if quote['identical_output'] else 'NO'}")
     lines.append("  (tok/s: decode rate; α: drafts kept ÷ proposed; c: a draft step ÷ a target "
                  "step; β: a verify pass's extra cost per draft token, in target steps; predicted: from "
                  "α, c, β; engine: the speedup the controller measured against its timed plain "

@@ -222,7 +222,7 @@ def test_auto_with_a_kept_draft_looks_up_first_then_asks_the_model(useless_draft
 @pytest.mark.slow
 def test_bench_reports_the_speculative_section_per_task():
     done = localchat("bench", "--engines", "llama.cpp", "-p", "16", "-g", "16", "-r", "1",
-                     "--draft", "ngram", "--json", timeout=1200)  # 3 loads, 27 replies
+                     "--draft", "ngram", "--json", timeout=1200)  # 3 loads, 27 replies, 108 one-shot
     assert done.returncode == 0, done.stderr
     spec = json.loads(done.stdout)["speculative"]
     assert spec["source"] == "ngram" and set(spec["tasks"]) == {"chat", "quote"}
@@ -231,6 +231,9 @@ def test_bench_reports_the_speculative_section_per_task():
         for key in ("alpha", "c", "beta", "speedup", "predicted_speedup", "no_draft_tok_s"):
             assert key in task
     assert spec["speedup"] == spec["tasks"]["chat"]["speedup"]
+    for one_shot in (spec["short"], spec["quote_one_shot"]):  # each reply from a fresh engine
+        assert one_shot["identical_output"] is True
+    assert spec["quote_one_shot"]["prompts"] == 3 and spec["quote_one_shot"]["alpha"] > 0.9
 
 
 @pytest.mark.model
