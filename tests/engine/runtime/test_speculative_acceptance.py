@@ -76,7 +76,8 @@ def test_free_guesses_establish_a_match_length_that_no_round_was_priced_for():
         spec.choose(99, key)
         spec.shadow(True)
         spec.record(0, 0, 0.0, STEP, STEP)
-    assert spec.choose(99, 4) == 0  # one guess each: not yet established
+    assert Speculation("ngram", a).choose(99, 4) == 0  # one guess each: not yet established
+    assert 0 < spec.choose(99, 4) <= 2  # this reply's own 5 right guesses vouch for one step
     for _ in range(3):
         for key in range(4, 9):
             a.observe_shadow(key, True)

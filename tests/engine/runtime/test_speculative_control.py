@@ -284,15 +284,43 @@ def test_quoting_drafts_from_its_first_tokens_and_ramps_up():
 
 def test_a_quote_whose_first_pass_was_slow_drafts_again_once_its_guesses_are_right():
     """A one-shot quote's first round (one draft, kept) was timed at 2.5 plain steps on a
-    noisy VM: the reply fell behind its credit, and its guesses, every one right, waited 9
+    noisy VM: the reply fell behind its credit, and its guesses, every one right, waited 11
     plain steps for the credit to come back. Its own streak of kept judgments now lets it
-    price rounds at the measured α within the strong match's one-step advance."""
+    price rounds at the measured α within the one-step advance once the match length is
+    established (8+ tokens: a few guesses)."""
     choices, cost = lookup_reply(64, 2, accept=lambda g: g, quoting=True, first_round_steps=2.5)
     first = next(i for i, g in enumerate(choices) if g)
-    assert choices[first] == 1
+    assert choices[first] == 1 and first == 3  # at the 5-token match: the reply's guesses vouch
     waited = next(i for i, g in enumerate(choices[first + 1:]) if g)
-    assert waited <= 4, choices
+    assert waited <= 5, choices
     assert cost < 0.8, (choices, cost)
+
+
+@pytest.mark.parametrize("key", [2, 5, 8])
+@pytest.mark.parametrize("steps", [16, 64, 256])
+def test_guesses_that_come_right_while_rounds_miss_vouch_once(key, steps):
+    """A reply's own right guesses vouch for a step beyond its credit; once one of its
+    rounds missed they vouch no more (each 3 right guesses had bought another γ 1 round
+    that missed: 3 in a 16-token reply)."""
+    from localchat.engine.runtime.speculative.drafts import NgramDraft
+    from localchat.engine.runtime.speculative.state import CREDIT_SHARE, STRONG_ADVANCE
+
+    spec = Speculation("ngram", AdaptiveGamma(alpha_priors=NgramDraft.alpha_priors, c_prior=0.0))
+    choices, spent = [], 0.0
+    while len(choices) < steps:
+        g = spec.choose(99, key)
+        choices.append(g)
+        seconds = (1 + 0.6 * g) * STEP
+        if not g:
+            spec.shadow(True)
+        spec.record(g, 0, 0.0, seconds, seconds)
+        spent += seconds
+    rounds = [g for g in choices if g]
+    assert rounds and not spec.vouched
+    if steps == 16:
+        assert len(rounds) <= (2 if key >= 8 else 1), choices
+    cost = spent / (steps * STEP)
+    assert cost <= 1 + CREDIT_SHARE + (STRONG_ADVANCE + 0.6 * max(rounds)) / steps, choices
 
 
 def test_steps_at_a_thread_count_the_governor_probes_teach_the_cost_model_nothing():

@@ -240,8 +240,9 @@ def test_bench_reports_the_speculative_section_per_task():
 def test_repeated_quoting_drafts_from_its_first_tokens_and_keeps_plain_decodings_text():
     """A quoting reply's first tokens follow 2- to 7-token matches, where a reply had no
     credit for a round: they decoded plain in every reply, as their match lengths never got
-    measured rounds. Each such plain step now judges the lookup's guess for free, so after a
-    few quoting replies a quote drafts from its first tokens. Passes are charged to a fake
+    measured rounds. Each such plain step now judges the lookup's guess for free: a reply's
+    own first 3 right guesses vouch for a round (the first reply had led with 5+ plain steps),
+    and after a few quoting replies a quote drafts from its first tokens. Passes are charged to a fake
     clock (a compute-bound target: 1 + 0.5 steps a draft), so the decisions are this
     model's, not this machine's; exact batching, so the text must be plain decoding's."""
     from helpers.fake_clock import Clock, tokens_of
@@ -263,6 +264,6 @@ def test_repeated_quoting_drafts_from_its_first_tokens_and_keeps_plain_decodings
             assert tokens == plain and stats["accepted"] > 0
             sizes = [sum(n for n, _ in p) for p in passes[1:]]  # after the prompt's pass
             leads.append(next(i for i, n in enumerate(sizes) if n > 1))
-        assert leads[0] >= 5 and leads[-1] <= 1, leads
+        assert leads[0] <= 3 and leads[-1] <= 1, leads
     finally:
         engine.close()

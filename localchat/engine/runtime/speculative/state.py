@@ -25,9 +25,10 @@ MIN_MEASURED_ROUNDS = 8  # fewer drafted rounds: no measured speedup is reported
 STRONG_PRIOR = 0.9
 STRONG_ADVANCE = 1.0
 # A reply whose own last judgments (free guesses, rounds) were all kept, this many in a row,
-# prices its rounds at the measured α even while it is behind its credit by less than the
-# advance: one slow first pass (a noisy VM) had held a quoting reply to plain steps for 9
-# steps while every guess was right. A miss ends the streak.
+# and none of whose rounds missed, has the advance at any match length, and prices its rounds
+# at the measured α even while behind its credit by less than the advance: a quote's first
+# tokens (2- to 7-token matches) had decoded plain, and one slow first pass (a noisy VM) held
+# it to plain steps for 9 more while every guess was right.
 STRONG_STREAK = 3
 # A round at a γ with no verify pass timed near it is unproven too, and its drafts are priced
 # as a compute-bound target verifies them: a whole plain step each. (β's prior is an
@@ -49,6 +50,7 @@ class Speculation:
         self.credit = 0.0  # plain steps this reply may still lose to unproven rounds
         self.rounds = 0  # drafted rounds
         self.streak = 0  # this reply's judgments kept in a row (guesses and whole rounds)
+        self.round_missed = False  # a round of this reply had a draft rejected
 
     def choose(self, limit: int, key=None) -> int:
         """γ for this step given the draft's evidence `key`, at most `limit` (room left in
@@ -70,9 +72,10 @@ class Speculation:
         a = self.adaptive
         if gamma == 0 or a.fixed is not None or key is None:
             return gamma
-        allowance = self.credit + (STRONG_ADVANCE if a.prior(key) >= STRONG_PRIOR else 0.0)
+        strong = a.prior(key) >= STRONG_PRIOR or self.vouched
+        allowance = self.credit + (STRONG_ADVANCE if strong else 0.0)
         proven = a.established(key) and not a.probing and (self.credit >= 0 or (
-            self.streak >= STRONG_STREAK and allowance >= 0))
+            self.vouched and allowance >= 0))
         if proven and self.credit >= 0 and a.measured_near(gamma):
             return gamma
         price = a.expected_loss if proven else a.worst_loss
@@ -95,6 +98,7 @@ class Speculation:
         self._settle_credit(proposed, accepted, step_s - catch_up_s, untimed)
         if proposed:
             self.streak = self.streak + 1 if accepted == proposed else 0
+            self.round_missed = self.round_missed or accepted < proposed
         if untimed:
             if proposed:
                 self._count(proposed, accepted)
@@ -107,6 +111,13 @@ class Speculation:
         self.adaptive.observe_round(proposed, accepted, draft_s, verify_s, self.key)
         self._recent.append((accepted + 1, step_s - catch_up_s))
         self._judge()
+
+    @property
+    def vouched(self) -> bool:
+        """This reply's own evidence says it quotes: its last STRONG_STREAK judgments were
+        kept and none of its rounds missed (guesses that keep coming right while its rounds
+        miss earn no second advance)."""
+        return self.streak >= STRONG_STREAK and not self.round_missed
 
     def shadow(self, kept: bool) -> None:
         """This plain step's evidence guessed its token for free (a lookup's first draft):
