@@ -178,12 +178,14 @@ def test_drafted_rounds_run_at_the_chosen_count_while_the_governor_probes(all_cp
     """Prompt lookup × the thread governor on llama.cpp: a quoting reply decodes the same
     tokens as a fixed count without drafts, and each round whose shape the probe had not
     timed yet ran at the chosen count (every other round had run at the candidate's 1
-    thread, 1.35x slower, and taught the speculation cost model its times)."""
+    thread, 1.35x slower, and taught the speculation cost model its times). A fixed γ, so
+    that rounds happen whatever the machine's load (the adaptive one follows timings)."""
     from helpers.replies import reply_tokens
-    from localchat.bench.speculative import TASKS
     from dataclasses import replace
 
+    from localchat.bench.speculative import TASKS
     from localchat.engine import EngineConfig, open_engine
+    from localchat.engine.config import DraftChoice
 
     prompt = TASKS["quote"][0]
     base = EngineConfig("default", engine="llama.cpp", ctx_size=512, exact_batching=True)
@@ -192,7 +194,7 @@ def test_drafted_rounds_run_at_the_chosen_count_while_the_governor_probes(all_cp
         expected, _ = reply_tokens(fixed, prompt, 64)
     finally:
         fixed.close()
-    drafted = open_engine(replace(base, draft="auto"))
+    drafted = open_engine(replace(base, draft=DraftChoice("ngram", tokens=4)))
     try:
         governor = drafted.runner.observer.threads
         governor.interval = governor.base_interval = 4  # probe often
