@@ -52,6 +52,17 @@ def test_a_draft_with_full_acceptance_and_c_013_is_on_at_the_peak_gamma():
     assert a.predicted() > 4
 
 
+def test_a_draft_model_whose_prior_c_leaves_no_margin_is_not_probed():
+    """The bundled draft for its deep-2 copy: the structural c (0.43) with β's prior predicts
+    1.07 at best, with every draft kept; measured, c was 0.50-0.73 and each probe lost
+    (short one-shot replies 0.49-0.82x of plain). The deep-8 copy's prior leaves room."""
+    deep2 = AdaptiveGamma(c_prior=structural_c(95_000_000, 30, 258_000_000, 60))
+    assert 1.0 < max(deep2.predicted(g, acceptance=[1.0] * 16) for g in range(1, 17)) < 1.1
+    assert drive(deep2, 300, accept=lambda g: g, c=0.6, beta=0.5) == [0] * 300
+    deep8 = AdaptiveGamma(c_prior=structural_c(95_000_000, 30, 935_000_000, 240))
+    assert drive(deep8, 4, accept=lambda g: g, c=0.13, beta=0.3)[3] > 0
+
+
 def test_gamma_sits_where_the_predicted_gain_peaks_for_partial_acceptance():
     a = AdaptiveGamma()
     drive(a, 60, accept=lambda g: g if g <= 3 else 3, c=0.13, beta=0.05)

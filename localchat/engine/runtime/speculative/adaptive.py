@@ -26,6 +26,11 @@ EXPLORE_GAIN = 1.05  # ... where that would gain 5 % or more over the measured b
 # taken where they are predicted to gain this much (at 1.0, γ 1 at a one-token match's α
 # 0.25 drafted at a predicted 1.04 on torch, and lost)
 KEYED_GAIN = 1.05
+# A draft model's first probe, while its c is still the structural prior, only where even
+# all-kept drafts are predicted to gain this much: the prior is a guess (the bundled draft
+# for the deep-2 fixture: prior 0.43, measured 0.50-0.73), and the probe it bought (γ 16
+# at a predicted 1.07) cost short one-shot replies 18-51 % of their decoding time.
+PRIOR_PROBE_GAIN = 1.15
 
 
 def expected_speedup(alpha: float, gamma: int, c: float, verify_extra: float = 0.0) -> float:
@@ -197,11 +202,13 @@ class AdaptiveGamma:
     def _worth_probing(self, key) -> bool:
         """Evidence whose first drafts plain steps judge for free (a lookup's guesses, see
         observe_shadow) is probed only where its optimistic α predicts a gain; a draft
-        model's α is learnt from rounds alone, so it is always probed."""
-        if key is None:
+        model's α is learnt from rounds alone, so it is probed once its c is measured, and
+        before that only where the prior c leaves a margin (PRIOR_PROBE_GAIN)."""
+        if key is None and self._c_all:
             return True
         gamma = self.peak(key, optimistic=True)
-        return self.predicted(gamma, key, self.acceptance(key, optimistic=True)) > 1.0
+        predicted = self.predicted(gamma, key, self.acceptance(key, optimistic=True))
+        return predicted >= PRIOR_PROBE_GAIN if key is None else predicted > 1.0
 
     def peak(self, key=None, optimistic: bool = False, unsettled: bool = False) -> int:
         """The γ (≥ 1) with the highest predicted speedup (optimistic: for the acceptance
