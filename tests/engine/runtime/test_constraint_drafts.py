@@ -179,3 +179,46 @@ def test_masks_leave_the_matcher_where_it_was_after_drafts_past_the_end():
             assert allowed and all(vocab.is_end_of_generation(t) for t in allowed)
     finally:
         vocab.close()
+
+
+def test_masks_past_a_position_do_not_outlive_the_drafts_that_reached_it():
+    """Found by the wide test (lookup, 4 at once): drafts opened an object where the reply
+    went on with an array, and '",' was then refused inside the array. llguidance keeps a
+    mask computed at a position it is rolled back from and hands it out when other tokens
+    reach that position; the drafts' rows are masked on a copy instead."""
+    from localchat.engine.executors.llamacpp_vocab import LlamaCppVocabulary
+    from localchat.engine.runtime.guide import Guide, grammar_for, step_masks
+    from localchat.models.specs import resolve_model
+
+    vocab = LlamaCppVocabulary.vocab_only(str(resolve_model("default")))
+    try:
+        tokenizer = vocab.constraint_tokenizer()
+        inner = {"type": "array", "items": {"type": "string", "maxLength": 2}, "minItems": 2,
+                 "maxItems": 2}
+        constraint = Constraint.json_schema({
+            "type": "object", "required": [], "properties": {"tags": {
+                "type": "object", "properties": {"count": inner}, "required": [],
+                "additionalProperties": False}}})
+        grammar = grammar_for(constraint)
+
+        def guide_after(text):
+            guide = Guide.start(tokenizer, grammar, constraint)
+            guide.follow(vocab.tokenize_text(text))
+            return guide
+
+        def allowed(guide):
+            return step_masks([(guide, 0, [])], 1, tokenizer.vocab_size)[0]
+
+        prefix = '{"name": "Ann", "tags.items'
+        opened = vocab.tokenize_text('": {"')  # the drafts: an object
+        went_on = vocab.tokenize_text('": ["')  # what the reply wrote: an array
+        assert opened != went_on
+        guide = guide_after(prefix)
+        step_masks([(guide, 0, opened)], len(opened) + 1, tokenizer.vocab_size)
+        for token in went_on:
+            assert guide.consume(token)
+        straight = guide_after(prefix + '": ["')
+        assert (allowed(guide) == allowed(straight)).all()
+        assert allowed(guide)[vocab.tokenize_text('a",')[-1]]  # a string may close in the array
+    finally:
+        vocab.close()
