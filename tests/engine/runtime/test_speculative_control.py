@@ -52,15 +52,18 @@ def test_a_draft_with_full_acceptance_and_c_013_is_on_at_the_peak_gamma():
     assert a.predicted() > 4
 
 
-def test_a_draft_model_whose_prior_c_leaves_no_margin_is_not_probed():
-    """The bundled draft for its deep-2 copy: the structural c (0.43) with β's prior predicts
-    1.07 at best, with every draft kept; measured, c was 0.50-0.73 and each probe lost
-    (short one-shot replies 0.49-0.82x of plain). The deep-8 copy's prior leaves room."""
+def test_a_draft_models_first_probe_drafts_one_token_until_c_is_measured():
+    """The bundled draft for its deep-2 copy: the structural c (0.43) with every draft kept
+    predicts 1.07x at γ 16, so the first probe drafted 16; measured, c was 0.50-0.73 and
+    that probe cost short replies 18-51 % of their time. One draft times c for about a
+    step; a draft that pays (the deep-8 copy's, c 0.13) is on from the next step."""
     deep2 = AdaptiveGamma(c_prior=structural_c(95_000_000, 30, 258_000_000, 60))
-    assert 1.0 < max(deep2.predicted(g, acceptance=[1.0] * 16) for g in range(1, 17)) < 1.1
-    assert drive(deep2, 300, accept=lambda g: g, c=0.6, beta=0.5) == [0] * 300
+    assert deep2.peak(optimistic=True) == 16 and 1.0 < deep2.predicted(16, acceptance=[1.0] * 16) < 1.1
+    choices = drive(deep2, 64, accept=lambda g: g, c=0.6, beta=0.5)
+    assert choices[:4] == [0, 0, 0, 1] and sum(choices) <= 4
     deep8 = AdaptiveGamma(c_prior=structural_c(95_000_000, 30, 935_000_000, 240))
-    assert drive(deep8, 4, accept=lambda g: g, c=0.13, beta=0.3)[3] > 0
+    choices = drive(deep8, 12, accept=lambda g: g, c=0.13, beta=0.3)
+    assert choices[:4] == [0, 0, 0, 1] and all(choices[4:]) and max(choices) > 1
 
 
 def test_gamma_sits_where_the_predicted_gain_peaks_for_partial_acceptance():

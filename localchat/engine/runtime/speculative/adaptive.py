@@ -26,11 +26,12 @@ EXPLORE_GAIN = 1.05  # ... where that would gain 5 % or more over the measured b
 # taken where they are predicted to gain this much (at 1.0, γ 1 at a one-token match's α
 # 0.25 drafted at a predicted 1.04 on torch, and lost)
 KEYED_GAIN = 1.05
-# A draft model's first probe, while its c is still the structural prior, only where even
-# all-kept drafts are predicted to gain this much: the prior is a guess (the bundled draft
-# for the deep-2 fixture: prior 0.43, measured 0.50-0.73), and the probe it bought (γ 16
-# at a predicted 1.07) cost short one-shot replies 18-51 % of their decoding time.
-PRIOR_PROBE_GAIN = 1.15
+# A draft model's first probe, while its c is still the structural prior, drafts this many
+# tokens: enough to time c, at most about one step lost. The prior is a guess both ways (the
+# bundled draft for its deep-2 copy: prior 0.43, measured 0.50-0.73; a draft with more but
+# narrower layers than its target reads high), and a first probe at the optimistic peak
+# (γ 16, predicted 1.07x for deep-2) cost short one-shot replies 18-51 % of their time.
+FIRST_MODEL_PROBE = 1
 
 
 def expected_speedup(alpha: float, gamma: int, c: float, verify_extra: float = 0.0) -> float:
@@ -194,7 +195,7 @@ class AdaptiveGamma:
                 self._plain_since_probe += 1
                 self._probing = (not self._c_all or self._plain_since_probe >= (
                     self._probe_wait or self.probe_every)) and self._worth_probing(key)
-                self.gamma = self.peak(key, optimistic=True) if self._probing else 0
+                self.gamma = self._probe_gamma(key) if self._probing else 0
                 if self._probing:
                     self._plain_since_probe = 0
         return self.gamma
@@ -202,13 +203,18 @@ class AdaptiveGamma:
     def _worth_probing(self, key) -> bool:
         """Evidence whose first drafts plain steps judge for free (a lookup's guesses, see
         observe_shadow) is probed only where its optimistic α predicts a gain; a draft
-        model's α is learnt from rounds alone, so it is probed once its c is measured, and
-        before that only where the prior c leaves a margin (PRIOR_PROBE_GAIN)."""
-        if key is None and self._c_all:
+        model's α is learnt from rounds alone, so it is always probed."""
+        if key is None:
             return True
         gamma = self.peak(key, optimistic=True)
-        predicted = self.predicted(gamma, key, self.acceptance(key, optimistic=True))
-        return predicted >= PRIOR_PROBE_GAIN if key is None else predicted > 1.0
+        return self.predicted(gamma, key, self.acceptance(key, optimistic=True)) > 1.0
+
+    def _probe_gamma(self, key) -> int:
+        """A probe's γ: the peak for an optimistic α, but FIRST_MODEL_PROBE for a draft
+        model whose c is not measured yet."""
+        if key is None and not self._c_all:
+            return FIRST_MODEL_PROBE
+        return self.peak(key, optimistic=True)
 
     def peak(self, key=None, optimistic: bool = False, unsettled: bool = False) -> int:
         """The γ (≥ 1) with the highest predicted speedup (optimistic: for the acceptance
